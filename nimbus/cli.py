@@ -1,0 +1,278 @@
+"""The ``nimbus-ha`` command line: run daemons, and talk to the cluster through its leader."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nimbus import __version__
+from nimbus.config import Config, ConfigError, load_config
+
+log = logging.getLogger("nimbus.cli")
+
+config_option = click.option("--config", "-c", "config_path", type=click.Path(dir_okay=False),
+                             help="storm.yaml-style configuration file.")
+set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                          help="Override one configuration key (repeatable).")
+
+
+def _conf(config_path: str | None, overrides: tuple[str, ...]) -> Config:
+    try:
+        return load_config(config_path, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _fail_cleanly(func: Any) -> Any:
+    """Turn expected errors into a one-line message and exit status 1."""
+    import functools
+
+    from thriftpy2.thrift import TApplicationException, TException
+
+    from nimbus.client import NimbusUnavailableError
+    from nimbus.distributors import DistributorError
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (NimbusUnavailableError, DistributorError, ConfigError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except TApplicationException as exc:
+            raise click.ClickException(exc.message or str(exc)) from None
+        except TException as exc:
+            raise click.ClickException(getattr(exc, "msg", None) or repr(exc)) from None
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(__version__, prog_name="nimbus-ha")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def main(log_level: str) -> None:
+    """Highly-available nimbus: run daemons and manage topologies."""
+    logging.basicConfig(level=log_level,
+                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
+
+
+@main.command()
+@config_option
+@set_option
+@_fail_cleanly
+def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Run one nimbus in the foreground (SIGTERM or Ctrl-C to stop)."""
+    from nimbus.daemon import NimbusDaemon
+
+    conf = _conf(config_path, overrides)
+    daemon = NimbusDaemon(conf)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: daemon.request_stop())
+    daemon.start()
+    click.echo(f"nimbus {daemon.address} running", err=True)
+    daemon.run_forever()
+
+
+def _bundle(path: Path) -> tuple[Path | bytes, int]:
+    from nimbus.archive import BundleError, check_bundle, pack_directory
+
+    if path.is_dir():
+        data = pack_directory(path)
+        return data, len(data)
+    if not path.is_file():
+        raise click.ClickException(f"{path}: no such file or directory")
+    try:
+        check_bundle(path, 1 << 62)
+    except BundleError as exc:
+        raise click.ClickException(str(exc)) from None
+    return path, path.stat().st_size
+
+
+@main.command()
+@click.argument("name")
+@click.argument("path", type=click.Path(exists=False, path_type=Path))
+@click.option("--inactive", is_flag=True, help="Submit without activating.")
+@config_option
+@set_option
+@_fail_cleanly
+def submit(name: str, path: Path, inactive: bool, config_path: str | None,
+           overrides: tuple[str, ...]) -> None:
+    """Submit topology NAME from PATH (a directory or an archive); prints its id.
+
+    --set keys starting with "topology." are sent as the topology's configuration
+    (e.g. --set topology.min.replication.count=2).
+    """
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    from nimbus.client import NimbusClient
+    from nimbus.lifecycle import check_topology_name
+
+    check_topology_name(name)
+    conf = _conf(config_path, overrides)
+    topo_conf = {k: v for k, v in conf.items() if k.startswith("topology.")}
+    bundle, size = _bundle(path)
+    client = NimbusClient(conf)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), transient=True,
+                  disable=not sys.stderr.isatty(), console=None) as progress:
+        task = progress.add_task(f"uploading {name}", total=size)
+
+        def advance(n: int) -> None:
+            progress.update(task, advance=n)
+
+        topology_id = client.submit(name, bundle, topo_conf, advance, active=not inactive)
+    click.echo(topology_id)
+
+
+def _simple(action: str):  # type: ignore[no-untyped-def]
+    @click.argument("name")
+    @config_option
+    @set_option
+    @_fail_cleanly
+    def command(name: str, config_path: str | None, overrides: tuple[str, ...]) -> None:
+        from nimbus.client import NimbusClient
+
+        getattr(NimbusClient(_conf(config_path, overrides)), action)(name)
+        click.echo(f"{action}d {name}" if action.endswith("e") else f"{action}ed {name}")
+
+    command.__doc__ = f"{action.capitalize()} topology NAME (on the leader)."
+    return command
+
+
+main.command("activate")(_simple("activate"))
+main.command("deactivate")(_simple("deactivate"))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--wait", "-w", "wait_secs", type=int, default=None,
+              help="Seconds it stays KILLED before removal "
+                   "(default: topology.message.timeout.secs).")
+@config_option
+@set_option
+@_fail_cleanly
+def kill(name: str, wait_secs: int | None, config_path: str | None,
+         overrides: tuple[str, ...]) -> None:
+    """Kill topology NAME."""
+    from nimbus.client import NimbusClient
+
+    NimbusClient(_conf(config_path, overrides)).kill(name, wait_secs)
+    click.echo(f"killed {name}")
+
+
+@main.command()
+@config_option
+@set_option
+@_fail_cleanly
+def leader(config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Print host:port of the current leader."""
+    from nimbus.client import NimbusClient
+
+    click.echo(str(NimbusClient(_conf(config_path, overrides)).leader()))
+
+
+def summary_to_json(info: Any) -> dict[str, Any]:
+    """ClusterSummary as JSON with storm.thrift's field names."""
+    return {
+        "nimbuses": [{"host": n.host, "port": n.port, "uptime_secs": n.uptime_secs,
+                      "isLeader": n.isLeader, "version": n.version} for n in info.nimbuses],
+        "topologies": [{"id": t.id, "name": t.name, "status": t.status,
+                        "num_workers": t.num_workers, "uptime_secs": t.uptime_secs,
+                        "replication_count": t.replication_count} for t in info.topologies],
+        "supervisors": [{"supervisor_id": s.supervisor_id, "host": s.host,
+                         "uptime_secs": s.uptime_secs, "num_workers": s.num_workers,
+                         "num_used_workers": s.num_used_workers} for s in info.supervisors],
+    }
+
+
+@main.command("list")
+@config_option
+@set_option
+@_fail_cleanly
+def list_(config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """List topologies: name, status, replication count, id."""
+    from nimbus.client import NimbusClient
+
+    info = NimbusClient(_conf(config_path, overrides)).cluster_info()
+    if not info.topologies:
+        click.echo("No topologies running.")
+        return
+    click.echo(f"{'Topology_name':<24} {'Status':<10} {'Replicas':>8}  Id")
+    for t in sorted(info.topologies, key=lambda t: t.name):
+        click.echo(f"{t.name:<24} {t.status:<10} {t.replication_count or 0:>8}  {t.id}")
+
+
+@main.command("cluster-info")
+@click.option("--json", "as_json", is_flag=True, help="Print storm.thrift field names as JSON.")
+@config_option
+@set_option
+@_fail_cleanly
+def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Print the ClusterSummary (nimbuses, topologies, supervisors)."""
+    from nimbus.client import NimbusClient
+
+    data = summary_to_json(NimbusClient(_conf(config_path, overrides)).cluster_info())
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo("Nimbuses:")
+    for n in data["nimbuses"]:
+        click.echo(f"  {n['host']}:{n['port']:<6} {'LEADER' if n['isLeader'] else 'follower':<8}"
+                   f" up {n['uptime_secs']}s  v{n['version']}")
+    click.echo("Topologies:")
+    for t in data["topologies"]:
+        click.echo(f"  {t['name']:<24} {t['status']:<9} replicas={t['replication_count']}"
+                   f"  {t['id']}")
+    click.echo(f"Supervisors: {len(data['supervisors'])}")
+
+
+@main.command()
+@click.option("--port", type=int, default=2181, show_default=True)
+@click.option("--dir", "data_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("zookeeper-data"), show_default=True)
+@_fail_cleanly
+def zookeeper(port: int, data_dir: Path) -> None:
+    """Run a real ZooKeeper server on 127.0.0.1 for development (foreground)."""
+    from nimbus.zkserver import ZooKeeperServer, ZooKeeperUnavailableError
+
+    server = ZooKeeperServer(data_dir, port=port)
+    try:
+        server.start()
+    except ZooKeeperUnavailableError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"ZooKeeper listening on {server.hosts} (data in {data_dir}); Ctrl-C stops it")
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        server.process.wait()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.stop()
+
+
+@main.command("dev-cluster")
+@click.option("--nimbuses", type=int, default=3, show_default=True)
+@click.option("--base-port", type=int, default=6627, show_default=True)
+@click.option("--dir", "work_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("dev-cluster"), show_default=True)
+@click.option("--demo", is_flag=True,
+              help="Submit a sample topology, kill -9 the leader and show the failover.")
+@_fail_cleanly
+def dev_cluster(nimbuses: int, base_port: int, work_dir: Path, demo: bool) -> None:
+    """ZooKeeper plus N nimbuses on loopback, for a first look (Ctrl-C stops all)."""
+    from nimbus.devcluster import run_dev_cluster
+
+    run_dev_cluster(work_dir, nimbuses, base_port, demo)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,191 @@
+"""Client of the Nimbus Thrift service that finds the leader through ``nimbus.seeds``.
+
+Leader-only calls go to the leader; if a nimbus answers "not a leader, current leader is
+X" (it lost the lock since we looked) the call is retried on X, and if a nimbus is down
+the leader is looked up again, until a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.thrift import TApplicationException
+from thriftpy2.transport import TFramedTransportFactory, TTransportException
+
+from nimbus.config import Config, HostPort
+from nimbus.thrift import NOT_LEADER_PREFIX, storm
+
+CHUNK_BYTES = 512 * 1024
+CONNECTION_ERRORS = (TTransportException, ConnectionError, OSError, EOFError)
+
+
+class NimbusUnavailableError(RuntimeError):
+    """No nimbus could be reached, or no leader was found before the deadline."""
+
+
+@contextlib.contextmanager
+def connect(address: HostPort | str, timeout_s: float = 30.0) -> Iterator[Any]:
+    """A Thrift client of the Nimbus service at ``address``, closed on exit."""
+    hp = address if isinstance(address, HostPort) else HostPort.parse(str(address), 6627)
+    client = make_client(storm.Nimbus, hp.host, hp.port,
+                         proto_factory=TBinaryProtocolFactory(),
+                         trans_factory=TFramedTransportFactory(),
+                         timeout=int(timeout_s * 1000))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def not_leader_redirect(exc: Exception) -> str | None:
+    """The leader named in a "not a leader" refusal, or None for any other error."""
+    message = getattr(exc, "message", None) or ""
+    if isinstance(exc, TApplicationException) and message.startswith(NOT_LEADER_PREFIX):
+        return exc.message[len(NOT_LEADER_PREFIX):].strip() or None
+    return None
+
+
+def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0) -> int:
+    """Copy one file from a nimbus via beginFileDownload/downloadChunk; returns its size."""
+    size = 0
+    with connect(peer, timeout_s) as client, open(dest, "wb") as out:
+        session = client.beginFileDownload(remote_path)
+        while True:
+            chunk = client.downloadChunk(session)
+            if not chunk:
+                return size
+            out.write(chunk)
+            size += len(chunk)
+
+
+class NimbusClient:
+    """Talk to the cluster: find the leader, send leader-only calls there, retry."""
+
+    def __init__(self, conf: Config, deadline_s: float | None = None):
+        self.conf = conf
+        self.seeds = conf.seeds
+        self.timeout_s = max(5.0, conf.session_timeout_s * 2)
+        self.deadline_s = deadline_s if deadline_s is not None else max(
+            30.0, 3 * conf.session_timeout_s)
+
+    def find_leader(self) -> HostPort:
+        """Ask each seed in turn who leads; raises NimbusUnavailableError if none knows."""
+        errors = []
+        for seed in self.seeds:
+            try:
+                with connect(seed, self.timeout_s) as client:
+                    leader = client.getLeader()
+                return HostPort(leader.host, leader.port)
+            except CONNECTION_ERRORS as exc:
+                errors.append(f"{seed}: {exc or type(exc).__name__}")
+            except TApplicationException as exc:
+                errors.append(f"{seed}: {exc.message}")
+        raise NimbusUnavailableError("no leader found via nimbus.seeds (" + "; ".join(errors) + ")")
+
+    def any_nimbus(self, call: Callable[[Any], Any]) -> Any:
+        """Run ``call(client)`` on the first seed that answers (for read-only calls)."""
+        errors = []
+        for seed in self.seeds:
+            try:
+                with connect(seed, self.timeout_s) as client:
+                    return call(client)
+            except CONNECTION_ERRORS as exc:
+                errors.append(f"{seed}: {exc or type(exc).__name__}")
+        raise NimbusUnavailableError(
+            "no nimbus reachable via nimbus.seeds (" + "; ".join(errors) + ")")
+
+    def on_leader(self, call: Callable[[Any], Any]) -> Any:
+        """Run ``call(client)`` on the leader, following redirects and failovers."""
+        deadline = time.monotonic() + self.deadline_s
+        target: HostPort | None = None
+        last: Exception | None = None
+        pause = 0.1
+        while time.monotonic() < deadline:
+            try:
+                target = target or self.find_leader()
+                with connect(target, self.timeout_s) as client:
+                    return call(client)
+            except TApplicationException as exc:
+                redirect = not_leader_redirect(exc)
+                if redirect is None:
+                    raise
+                target, last = HostPort.parse(redirect, self.conf["nimbus.thrift.port"]), exc
+            except (NimbusUnavailableError, *CONNECTION_ERRORS) as exc:
+                target, last = None, exc
+            time.sleep(pause)  # back off before asking the cluster again
+            pause = min(2.0, pause * 2)
+        raise NimbusUnavailableError(f"no leader answered within {self.deadline_s:.0f}s: {last}")
+
+    # -- commands -------------------------------------------------------------------------
+    def cluster_info(self) -> Any:
+        """The ClusterSummary, from the leader (it sees its own writes at once) or, while
+        there is no leader, from any nimbus."""
+        try:
+            with connect(self.find_leader(), self.timeout_s) as client:
+                return client.getClusterInfo()
+        except (NimbusUnavailableError, *CONNECTION_ERRORS):
+            return self.any_nimbus(lambda c: c.getClusterInfo())
+
+    def leader(self) -> HostPort:
+        deadline = time.monotonic() + self.deadline_s
+        while True:
+            try:
+                return self.find_leader()
+            except NimbusUnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def upload_bundle(self, data_source: Path | bytes, progress: Callable[[int], None],
+                      client: Any) -> str:
+        """Upload a bundle to the connected nimbus; returns the upload location."""
+        location = client.beginFileUpload()
+        if isinstance(data_source, bytes):
+            for start in range(0, len(data_source), CHUNK_BYTES):
+                chunk = data_source[start:start + CHUNK_BYTES]
+                client.uploadChunk(location, chunk)
+                progress(len(chunk))
+        else:
+            with open(data_source, "rb") as fh:
+                for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
+                    client.uploadChunk(location, chunk)
+                    progress(len(chunk))
+        client.finishFileUpload(location)
+        return location
+
+    def submit(self, name: str, bundle: Path | bytes, topology_conf: dict[str, Any],
+               progress: Callable[[int], None] = lambda n: None, active: bool = True) -> str:
+        """Upload a bundle and submit it; returns the new topology's id."""
+        initial = storm.TopologyInitialStatus
+        status = initial.ACTIVE if active else initial.INACTIVE
+
+        def call(client: Any) -> str:
+            location = self.upload_bundle(bundle, progress, client)
+            client.submitTopologyWithOpts(
+                name, location, json.dumps(topology_conf), storm.StormTopology(
+                    spouts={}, bolts={}, state_spouts={}),
+                storm.SubmitOptions(initial_status=status))
+            info = client.getClusterInfo()
+            for summary in info.topologies:
+                if summary.name == name:
+                    return summary.id
+            raise RuntimeError(f"submitted {name!r} but the leader does not list it")
+
+        return self.on_leader(call)
+
+    def kill(self, name: str, wait_secs: int | None = None) -> None:
+        opts = storm.KillOptions(wait_secs=wait_secs)
+        self.on_leader(lambda c: c.killTopologyWithOpts(name, opts))
+
+    def activate(self, name: str) -> None:
+        self.on_leader(lambda c: c.activate(name))
+
+    def deactivate(self, name: str) -> None:
+        self.on_leader(lambda c: c.deactivate(name))

@@ -1,0 +1,317 @@
+"""Storm's cluster state in ZooKeeper behind a typed API (StormClusterState).
+
+Layout under the root (``/storm`` by default)::
+
+    storms/<id>                       StormBase, written by the leader
+    assignments/<id>                  Assignment, written by the leader
+    workerbeats/<id>/<node-port>      worker heartbeats (nimbus only creates the directory)
+    errors/<id>/<component>/e<seq>    errors, the 10 newest per component are kept
+    supervisors/<supervisor-id>       SupervisorInfo heartbeats (ephemeral)
+    code-distributor/<id>             CodeMeta (the metafile); children: replica hosts
+    nimbuses/<host:port>              NimbusInfo of every live nimbus (ephemeral)
+    leader-lock/nimbus-<seq>          the leader lock queue (ephemeral sequential)
+
+Every write that only the leader may make takes a :class:`Fence` and is one ZooKeeper
+multi-op whose first operation checks that the leader's lock node still exists. A nimbus
+whose session expired (so its lock node is gone) therefore cannot change cluster state,
+even if it has not yet noticed that it lost the lock.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.protocol.states import ZnodeStat
+
+from nimbus.records import (
+    Assignment,
+    CodeMeta,
+    ErrorInfo,
+    NimbusInfo,
+    StormBase,
+    SupervisorInfo,
+)
+
+MAX_ERRORS_PER_COMPONENT = 10
+Watch = Callable[[Any], None] | None
+
+
+class NotLeaderError(RuntimeError):
+    """A leader-only write was refused: the writer no longer holds the leader lock."""
+
+
+class ConcurrentChangeError(RuntimeError):
+    """A write lost a race with another change; re-read and try again."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Proof of leadership: the path of the leader's own lock node."""
+
+    lock_path: str
+
+
+class StormClusterState:
+    """Typed reads and writes of the cluster's state; one instance per ZooKeeper client."""
+
+    SUBTREES = ("storms", "assignments", "workerbeats", "errors", "supervisors",
+                "code-distributor", "nimbuses", "leader-lock")
+
+    def __init__(self, zk: KazooClient, root: str = "/storm"):
+        self.zk = zk
+        self.root = "/" + root.strip("/")
+
+    # -- paths -------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return posixpath.join(self.root, *parts)
+
+    def storm_path(self, topology_id: str) -> str:
+        return self.path("storms", topology_id)
+
+    def code_path(self, topology_id: str) -> str:
+        return self.path("code-distributor", topology_id)
+
+    @property
+    def leader_lock_path(self) -> str:
+        return self.path("leader-lock")
+
+    def setup(self) -> None:
+        """Create the directories of the layout (idempotent)."""
+        for sub in self.SUBTREES:
+            self.zk.retry(self.zk.ensure_path, self.path(sub))
+
+    # -- low-level helpers ---------------------------------------------------------------
+    def _children(self, path: str, watch: Watch = None) -> list[str]:
+        try:
+            return sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
+        except NoNodeError:
+            return []
+
+    def _get(self, path: str, watch: Watch = None) -> tuple[bytes, ZnodeStat] | None:
+        try:
+            return self.zk.retry(self.zk.get, path, watch=watch)
+        except NoNodeError:
+            return None
+
+    def _subtree(self, path: str) -> list[str]:
+        """Every node under ``path`` and ``path`` itself, children before parents."""
+        out: list[str] = []
+        for child in self._children(path):
+            out.extend(self._subtree(posixpath.join(path, child)))
+        if self.zk.retry(self.zk.exists, path) is not None:
+            out.append(path)
+        return out
+
+    def _commit(self, fence: Fence, build: Callable[[Any], None]) -> list[Any]:
+        """Run ``build(txn)`` inside a multi-op that first checks the leader's lock node."""
+        txn = self.zk.transaction()
+        txn.check(fence.lock_path, 0)
+        build(txn)
+        results = txn.commit()
+        if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
+            raise NotLeaderError(
+                f"refused: this nimbus no longer holds the leader lock ({fence.lock_path})"
+            )
+        for res in results[1:]:
+            if isinstance(res, Exception) and not isinstance(res, RolledBackError):
+                raise ConcurrentChangeError(f"cluster state changed concurrently: {res!r}")
+        return results[1:]
+
+    # -- topologies --------------------------------------------------------------------
+    def active_storms(self, watch: Watch = None) -> list[str]:
+        """Ids of every topology under /storms (ACTIVE, INACTIVE or KILLED)."""
+        return self._children(self.path("storms"), watch)
+
+    def storm_base(self, topology_id: str, watch: Watch = None) -> StormBase | None:
+        got = self._get(self.storm_path(topology_id), watch)
+        return StormBase.decode(got[0]) if got else None
+
+    def storm_base_versioned(self, topology_id: str) -> tuple[StormBase, int] | None:
+        got = self._get(self.storm_path(topology_id))
+        return (StormBase.decode(got[0]), got[1].version) if got else None
+
+    def find_storm_by_name(self, name: str) -> tuple[str, StormBase] | None:
+        for topology_id in self.active_storms():
+            base = self.storm_base(topology_id)
+            if base is not None and base.storm_name == name:
+                return topology_id, base
+        return None
+
+    def activate_storm(self, fence: Fence, topology_id: str, base: StormBase,
+                       assignment: Assignment) -> None:
+        """Make a submitted topology exist, atomically: all of its nodes or none."""
+
+        def build(txn: Any) -> None:
+            txn.create(self.storm_path(topology_id), base.encode())
+            txn.create(self.path("assignments", topology_id), assignment.encode())
+            txn.create(self.path("workerbeats", topology_id), b"")
+            txn.create(self.path("errors", topology_id), b"")
+
+        self._commit(fence, build)
+
+    def update_storm(self, fence: Fence, topology_id: str, base: StormBase,
+                     expected_version: int) -> None:
+        """Replace a StormBase if nobody changed it since ``expected_version`` was read."""
+        self._commit(fence, lambda txn: txn.set_data(
+            self.storm_path(topology_id), base.encode(), expected_version))
+
+    def remove_storm(self, fence: Fence, topology_id: str) -> None:
+        """Delete every node of a topology (storm, assignment, beats, errors, code)."""
+        doomed: list[str] = []
+        for sub in ("code-distributor", "errors", "workerbeats", "assignments", "storms"):
+            doomed.extend(self._subtree(self.path(sub, topology_id)))
+        if doomed:
+            self._commit(fence, lambda txn: [txn.delete(p) for p in doomed])
+
+    # -- assignments -------------------------------------------------------------------
+    def assignments(self, watch: Watch = None) -> list[str]:
+        return self._children(self.path("assignments"), watch)
+
+    def assignment_info(self, topology_id: str, watch: Watch = None) -> Assignment | None:
+        got = self._get(self.path("assignments", topology_id), watch)
+        return Assignment.decode(got[0]) if got else None
+
+    def set_assignment(self, fence: Fence, topology_id: str, assignment: Assignment) -> None:
+        self._commit(fence, lambda txn: txn.set_data(
+            self.path("assignments", topology_id), assignment.encode()))
+
+    # -- supervisors and workers (written by those daemons, read by nimbus) -------------
+    def supervisors(self, watch: Watch = None) -> list[str]:
+        return self._children(self.path("supervisors"), watch)
+
+    def supervisor_info(self, supervisor_id: str) -> SupervisorInfo | None:
+        got = self._get(self.path("supervisors", supervisor_id))
+        return SupervisorInfo.decode(got[0]) if got else None
+
+    def supervisor_heartbeat(self, supervisor_id: str, info: SupervisorInfo) -> None:
+        path = self.path("supervisors", supervisor_id)
+        try:
+            self.zk.set(path, info.encode())
+        except NoNodeError:
+            self.zk.create(path, info.encode(), ephemeral=True)
+
+    def heartbeat_storms(self) -> list[str]:
+        return self._children(self.path("workerbeats"))
+
+    def worker_heartbeat(self, topology_id: str, node: str, port: int, info: bytes) -> None:
+        path = self.path("workerbeats", topology_id, f"{node}-{port}")
+        try:
+            self.zk.set(path, info)
+        except NoNodeError:
+            self.zk.create(path, info, makepath=False)
+
+    def get_worker_heartbeat(self, topology_id: str, node: str, port: int) -> bytes | None:
+        got = self._get(self.path("workerbeats", topology_id, f"{node}-{port}"))
+        return got[0] if got else None
+
+    # -- errors ------------------------------------------------------------------------
+    def error_topologies(self) -> list[str]:
+        return self._children(self.path("errors"))
+
+    def report_error(self, topology_id: str, component_id: str, error: ErrorInfo) -> None:
+        """Append an error for a component, keeping only the newest ten."""
+        base = self.path("errors", topology_id, component_id)
+        self.zk.retry(self.zk.ensure_path, base)
+        self.zk.create(posixpath.join(base, "e"), error.encode(), sequence=True)
+        for stale in self._children(base)[:-MAX_ERRORS_PER_COMPONENT]:
+            try:
+                self.zk.delete(posixpath.join(base, stale))
+            except NoNodeError:
+                pass
+
+    def errors(self, topology_id: str, component_id: str) -> list[ErrorInfo]:
+        base = self.path("errors", topology_id, component_id)
+        out = []
+        for child in self._children(base):
+            got = self._get(posixpath.join(base, child))
+            if got:
+                out.append(ErrorInfo.decode(got[0]))
+        return out
+
+    # -- code distribution -------------------------------------------------------------
+    def code_topologies(self, watch: Watch = None) -> list[str]:
+        return self._children(self.path("code-distributor"), watch)
+
+    def code_meta(self, topology_id: str, watch: Watch = None) -> CodeMeta | None:
+        """The published metafile, or None while the upload is still in progress."""
+        if watch is not None:
+            # exists() leaves a watch even when the node is absent, so creation wakes us.
+            self.zk.retry(self.zk.exists, self.code_path(topology_id), watch=watch)
+        got = self._get(self.code_path(topology_id), watch)
+        if not got or not got[0]:
+            return None
+        return CodeMeta.decode(got[0])
+
+    def begin_code(self, fence: Fence, topology_id: str) -> None:
+        """Create a topology's code node (no metafile yet) so replicas can register."""
+        self._commit(fence, lambda txn: txn.create(self.code_path(topology_id), b""))
+
+    def publish_code(self, fence: Fence, topology_id: str, meta: CodeMeta) -> None:
+        """Publish a topology's metafile so that other nimbuses start replicating it."""
+        self._commit(fence, lambda txn: txn.set_data(self.code_path(topology_id), meta.encode()))
+
+    def remove_code(self, fence: Fence, topology_id: str) -> None:
+        doomed = self._subtree(self.code_path(topology_id))
+        if doomed:
+            self._commit(fence, lambda txn: [txn.delete(p) for p in doomed])
+
+    def replica_hosts(self, topology_id: str, watch: Watch = None) -> list[str]:
+        return self._children(self.code_path(topology_id), watch)
+
+    def register_replica(self, topology_id: str, host: str) -> bool:
+        """Announce (ephemerally) that ``host`` holds a complete copy of the code.
+
+        Returns False, registering nothing, when the topology's code node is gone: a
+        late registration must never bring back a topology that was removed.
+        """
+        path = posixpath.join(self.code_path(topology_id), host)
+        try:
+            self.zk.create(path, host.encode(), ephemeral=True)
+        except NoNodeError:
+            return False
+        except NodeExistsError:
+            # Possibly left by our own previous session until it expires: make it ours.
+            try:
+                self.zk.delete(path)
+                self.zk.create(path, host.encode(), ephemeral=True)
+            except (NoNodeError, NodeExistsError):
+                return self.zk.exists(path) is not None
+        return True
+
+    def unregister_replica(self, topology_id: str, host: str) -> None:
+        try:
+            self.zk.delete(posixpath.join(self.code_path(topology_id), host))
+        except (NoNodeError, NotEmptyError):
+            pass
+
+    # -- nimbuses ------------------------------------------------------------------------
+    def register_nimbus(self, info: NimbusInfo) -> None:
+        path = self.path("nimbuses", f"{info.host}:{info.port}")
+        try:
+            self.zk.create(path, info.encode(), ephemeral=True)
+        except NodeExistsError:
+            self.zk.delete(path)
+            self.zk.create(path, info.encode(), ephemeral=True)
+
+    def nimbuses(self, watch: Watch = None) -> list[NimbusInfo]:
+        out = []
+        for child in self._children(self.path("nimbuses"), watch):
+            got = self._get(self.path("nimbuses", child))
+            if got:
+                out.append(NimbusInfo.decode(got[0]))
+        return out
+
+    def leader_queue(self, watch: Watch = None) -> list[tuple[str, str]]:
+        """(lock node name, host:port) of every queued nimbus, the leader first."""
+        out = []
+        nodes = self._children(self.leader_lock_path, watch)
+        for node in sorted(nodes, key=lambda n: n.rsplit("-", 1)[-1]):
+            got = self._get(posixpath.join(self.leader_lock_path, node))
+            if got:
+                out.append((node, got[0].decode()))
+        return out

@@ -1,0 +1,199 @@
+"""One nimbus process: wiring, the leader's duty cycle, and orderly shutdown.
+
+Start-up order matters: the Thrift server comes first (peers download code from it), then
+the nimbus registers itself, the code sync starts, and the elector queues for the lock
+once this host holds the code of every topology. SIGTERM leaves the election *first*, so
+a planned restart fails over at once instead of after a session timeout.
+
+ZooKeeper unreachable: the elector already reports "not leader" (SUSPENDED/LOST) and
+every leader write is fenced, so the rule is simply to do nothing until reconnected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.protocol.states import KazooState
+from kazoo.retry import KazooRetry
+
+from nimbus import __version__
+from nimbus.client import fetch_file
+from nimbus.cluster_state import NotLeaderError, StormClusterState
+from nimbus.code_sync import CodeSync
+from nimbus.config import Config
+from nimbus.distributors import CodeDistributor
+from nimbus.elector import LeaderElector, NoLeaderError
+from nimbus.file_transfer import FileTransfers
+from nimbus.hookspecs import DistributorContext
+from nimbus.lifecycle import TopologyLifecycle
+from nimbus.local_code import LocalCodeStore
+from nimbus.records import NimbusInfo
+from nimbus.summary_cache import ClusterSummaryCache
+from nimbus.thrift_handler import NimbusHandler
+from nimbus.thrift_server import ThriftServer
+
+log = logging.getLogger(__name__)
+
+
+def make_zk_client(conf: Config) -> KazooClient:
+    """A started kazoo client for ``conf``; raises if ZooKeeper is unreachable."""
+    zk = KazooClient(
+        hosts=conf.zk_hosts,
+        timeout=conf.session_timeout_s,
+        connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+        command_retry=KazooRetry(max_tries=conf["storm.zookeeper.retry.times"],
+                                 delay=conf["storm.zookeeper.retry.interval"] / 1000.0,
+                                 max_delay=5.0),
+    )
+    zk.start(timeout=conf.connection_timeout_s)
+    return zk
+
+
+class NimbusDaemon:
+    """A running nimbus; :meth:`start`, then :meth:`stop` (or :meth:`run_forever`)."""
+
+    def __init__(self, conf: Config):
+        self.conf = conf
+        self.address = str(conf.nimbus_address)
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._duties_wake = threading.Event()
+        self._session_lost = False
+        self._reregister = threading.Event()
+
+        self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
+        self.zk = make_zk_client(conf)
+        self.state = StormClusterState(self.zk, conf.zk_root)
+        self.state.setup()
+        self.store = LocalCodeStore(conf.local_dir)
+        self.distributor.prepare(conf, DistributorContext(
+            zk=self.zk, zk_root=conf.zk_root, address=self.address,
+            local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
+            code_dir=self.store.root, fetch_file=fetch_file))
+        self.sync = CodeSync(self.state, self.store, self.distributor,
+                             period_s=conf["nimbus.code.sync.freq.secs"],
+                             protected=lambda: self.lifecycle.pending_ids(),
+                             on_synced=lambda: self.elector.wake())
+        self.elector = LeaderElector(
+            self.zk, self.state, self.address,
+            has_all_code=lambda: not self.sync.missing(),
+            request_sync=self.sync.wake, on_change=self._on_leadership)
+        self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
+                                           self.elector, self.address)
+        self.cache = ClusterSummaryCache(self.state, self.distributor)
+        self.transfers = FileTransfers(conf.local_dir, self.store,
+                                       conf["nimbus.max.topology.bytes"])
+        handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
+                                self.transfers, self.store, self.started_at)
+        self.server = ThriftServer(handler, conf["nimbus.host"], conf["nimbus.thrift.port"])
+        self._duties = threading.Thread(target=self._duty_loop, name="leader-duties",
+                                        daemon=True)
+        self._session = threading.Thread(target=self._session_loop, name="nimbus-session",
+                                         daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.server.start()
+        self._register()
+        self.zk.add_listener(self._on_connection_state)
+        self._session.start()
+        self.cache.start()
+        self.sync.start()
+        self._duties.start()
+        self.elector.add_to_leader_lock_queue()
+        log.info("nimbus %s started (distributor %s)", self.address, self.distributor.name)
+
+    def stop(self) -> None:
+        """Leave the election first (fast failover), then stop every thread and close."""
+        if self._stop.is_set():
+            return
+        try:
+            self.elector.stop()
+        except Exception as exc:
+            log.warning("leaving the election failed: %s", exc)
+        self._stop.set()
+        self._duties_wake.set()
+        self._reregister.set()
+        self.sync.stop()
+        self.cache.stop()
+        self._duties.join(timeout=10)
+        self._session.join(timeout=10)
+        self.server.stop()
+        self.transfers.close()
+        try:
+            self.distributor.close(self.conf)
+        finally:
+            self.zk.remove_listener(self._on_connection_state)
+            self.zk.stop()
+            self.zk.close()
+        log.info("nimbus %s stopped", self.address)
+
+    def run_forever(self) -> None:
+        while not self._stop.wait(1.0):
+            pass
+
+    def request_stop(self) -> None:
+        """Signal-safe: leave the election now; the main thread finishes the shutdown."""
+        threading.Thread(target=self.stop, name="nimbus-shutdown", daemon=False).start()
+
+    # -- membership ----------------------------------------------------------------------------
+    def _register(self) -> None:
+        self.state.register_nimbus(NimbusInfo(
+            host=self.conf["nimbus.host"], port=self.conf["nimbus.thrift.port"],
+            start_time_secs=int(self.started_at), version=__version__))
+
+    def _on_connection_state(self, state: str) -> None:
+        # kazoo's event thread: only signal. Ephemeral nodes died with a LOST session.
+        if state == KazooState.LOST:
+            self._session_lost = True
+        elif state == KazooState.CONNECTED and self._session_lost:
+            self._session_lost = False
+            self._reregister.set()
+        self.cache.wake()
+        self.sync.wake()
+
+    def _session_loop(self) -> None:
+        while not self._stop.is_set():
+            self._reregister.wait()
+            self._reregister.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._register()
+                log.info("re-registered %s after session expiry", self.address)
+            except KazooException as exc:
+                log.warning("re-registration failed, retrying: %s", exc)
+                self._stop.wait(1.0)
+                self._reregister.set()
+
+    # -- the leader's duties ------------------------------------------------------------------
+    def _on_leadership(self, leader: bool) -> None:
+        self.cache.wake()
+        if leader:
+            self._duties_wake.set()
+
+    def _duty_loop(self) -> None:
+        while not self._stop.is_set():
+            self._duties_wake.wait(self.conf["nimbus.monitor.freq.secs"])
+            self._duties_wake.clear()
+            if self._stop.is_set():
+                return
+            self.run_cycle()
+
+    def run_cycle(self) -> None:
+        """One pass of leader duties; a no-op on followers."""
+        if not self.elector.is_leader():
+            return
+        try:
+            self.lifecycle.remove_due_kills()
+            self.lifecycle.remove_orphan_code()
+        except (NotLeaderError, NoLeaderError):
+            log.info("duties skipped: leadership lost during the cycle")
+        except KazooException as exc:
+            log.warning("duties failed, retrying next cycle: %s", exc)
+        except Exception:
+            log.exception("duties failed")

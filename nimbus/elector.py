@@ -1,0 +1,212 @@
+"""Leader election over ZooKeeper (Storm's ``ILeaderElector``).
+
+Each queued nimbus owns an ephemeral sequential node under ``<root>/leader-lock``; the
+lowest node is the leader. kazoo's ``Lock`` recipe is a blocking mutex; what the design
+needs is a queue whose head can *refuse* the lock (when it lacks topology code) and
+re-queue later, and whose node path serves as a fence for leader writes, so the elector
+is built directly on kazoo's primitives and runs as one named thread:
+
+* ``is_leader()`` is true only while this nimbus holds the lowest node *and* the
+  connection is CONNECTED; a SUSPENDED or LOST connection turns it false at once.
+* After a LOST session the node is gone; the thread re-queues when the client reconnects.
+* At the head of the queue the nimbus checks ``has_all_code()``; if any topology's code
+  is missing it deletes its node, asks for a code sync, and re-queues as soon as
+  :meth:`wake` is called by the sync and the code is complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import threading
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.protocol.states import KazooState
+
+from nimbus.cluster_state import Fence, StormClusterState
+
+log = logging.getLogger(__name__)
+
+LOCK_PREFIX = "nimbus-"
+
+
+class NoLeaderError(RuntimeError):
+    """No nimbus currently holds the leader lock."""
+
+
+def _seq(node: str) -> int:
+    return int(node.rsplit("-", 1)[-1])
+
+
+class LeaderElector:
+    """Queue for, hold and give up the leader lock; see the module docstring."""
+
+    # Upper bound on how long a missed watch can delay a decision.
+    SAFETY_INTERVAL_S = 2.0
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        state: StormClusterState,
+        address: str,
+        has_all_code: Callable[[], bool],
+        request_sync: Callable[[], None] = lambda: None,
+        on_change: Callable[[bool], None] = lambda leader: None,
+    ):
+        self._zk = zk
+        self._state = state
+        self._address = address
+        self._has_all_code = has_all_code
+        self._request_sync = request_sync
+        self._on_change = on_change
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._want_queue = False
+        self._waiting_for_code = False
+        self._node: str | None = None
+        self._leader = False
+        self._thread = threading.Thread(target=self._run, name="leader-elector", daemon=True)
+        zk.add_listener(self._on_connection_state)
+
+    # -- ILeaderElector ---------------------------------------------------------------
+    def add_to_leader_lock_queue(self) -> None:
+        """Queue up for the lock; returns at once, check :meth:`is_leader` afterwards."""
+        with self._lock:
+            self._want_queue = True
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
+        self.wake()
+
+    def remove_from_leader_lock_queue(self) -> None:
+        """Leave the queue, releasing the lock at once if held (used on SIGTERM)."""
+        with self._lock:
+            self._want_queue = False
+            self._drop_node()
+
+    def is_leader(self) -> bool:
+        """True only while this nimbus holds the lock over a CONNECTED session."""
+        return self._leader and self._zk.state == KazooState.CONNECTED
+
+    def fence(self) -> Fence:
+        """The fence for a leader write; raises if this nimbus is not the leader."""
+        node = self._node
+        if not self.is_leader() or node is None:
+            raise NoLeaderError("this nimbus is not the leader")
+        return Fence(node)
+
+    def get_leader_address(self) -> str:
+        """``host:port`` of the current leader; raises NoLeaderError when there is none."""
+        queue = self._state.leader_queue()
+        if not queue:
+            raise NoLeaderError("no nimbus holds the leader lock")
+        return queue[0][1]
+
+    def get_all_nimbus_addresses(self) -> list[str]:
+        """Addresses of every live nimbus, the leader included."""
+        return [f"{n.host}:{n.port}" for n in self._state.nimbuses()]
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def wake(self) -> None:
+        """Re-evaluate soon (e.g. after a code sync completed or a watch fired)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self.remove_from_leader_lock_queue()
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._zk.remove_listener(self._on_connection_state)
+
+    @property
+    def waiting_for_code(self) -> bool:
+        return self._waiting_for_code
+
+    # -- internals ----------------------------------------------------------------------
+    def _on_connection_state(self, state: str) -> None:
+        # Runs on kazoo's event thread: only flip flags, never call ZooKeeper here.
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            self._set_leader(False)
+            if state == KazooState.LOST:
+                self._node = None  # the ephemeral node died with the session
+        self._wake.set()
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader != self._leader:
+            self._leader = leader
+            log.info("%s %s leadership", self._address, "gained" if leader else "lost")
+            try:
+                self._on_change(leader)
+            except Exception:
+                log.exception("leadership callback failed")
+
+    def _drop_node(self) -> None:
+        self._set_leader(False)
+        node, self._node = self._node, None
+        if node is not None:
+            try:
+                self._zk.delete(node)
+            except NoNodeError:
+                pass
+            except KazooException as exc:
+                log.warning("could not delete lock node %s: %s", node, exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.SAFETY_INTERVAL_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                with self._lock:
+                    self._evaluate()
+            except KazooException as exc:
+                log.warning("leader election step failed (%s); retrying", exc)
+                self._set_leader(False)
+                self._stop.wait(0.2)
+                self._wake.set()
+            except Exception:
+                log.exception("leader election step failed")
+                self._set_leader(False)
+
+    def _evaluate(self) -> None:
+        if self._zk.state != KazooState.CONNECTED:
+            self._set_leader(False)
+            return
+        if not self._want_queue:
+            self._drop_node()
+            return
+        if self._node is None:
+            if self._waiting_for_code and not self._has_all_code():
+                return  # re-queue only once the sync has fetched what was missing
+            self._waiting_for_code = False
+            self._node = self._zk.create(
+                posixpath.join(self._state.leader_lock_path, LOCK_PREFIX),
+                self._address.encode(), ephemeral=True, sequence=True,
+            )
+            log.info("%s queued for leadership as %s", self._address, self._node)
+        nodes = sorted(self._zk.get_children(self._state.leader_lock_path), key=_seq)
+        mine = posixpath.basename(self._node)
+        if mine not in nodes:
+            self._node = None
+            self._set_leader(False)
+            self._wake.set()
+            return
+        index = nodes.index(mine)
+        if index == 0:
+            if self._has_all_code():
+                self._set_leader(True)
+            else:
+                log.info("%s won the lock but lacks topology code: giving it up to sync",
+                         self._address)
+                self._drop_node()
+                self._waiting_for_code = True
+                self._request_sync()
+            return
+        self._set_leader(False)
+        predecessor = posixpath.join(self._state.leader_lock_path, nodes[index - 1])
+        if self._zk.exists(predecessor, watch=lambda event: self._wake.set()) is None:
+            self._wake.set()

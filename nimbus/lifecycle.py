@@ -1,0 +1,253 @@
+"""Topology lifecycle on the leader: submit, kill, activate, deactivate, and the duties.
+
+Submission is atomic. The code is staged on disk and distributed first; the topology
+then comes into existence in one fenced multi-op (storms, assignments, workerbeats and
+errors nodes together). A leader that dies before that op leaves no topology, only a
+code node without a storm, which the next leader's duties remove. Every write here is
+fenced by the leader lock (see ``cluster_state``), so a deposed leader changes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import re
+import shutil
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from nimbus.archive import check_bundle
+from nimbus.cluster_state import ConcurrentChangeError, StormClusterState
+from nimbus.config import Config
+from nimbus.distributors import CodeDistributor
+from nimbus.elector import LeaderElector
+from nimbus.local_code import LocalCodeStore, atomic_dir
+from nimbus.records import ACTIVE, INACTIVE, KILLED, Assignment, CodeMeta, StormBase
+
+log = logging.getLogger(__name__)
+
+BUNDLE_FILE = "stormjar.jar"   # Storm's names for a topology's files
+CONF_FILE = "stormconf.json"
+TOPOLOGY_FILE = "stormcode.ser"
+# Storm refuses these characters in topology names; we also refuse a leading dot.
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_ -]{0,127}$")
+
+
+class TopologyNotFoundError(LookupError):
+    """No live topology has that name (Storm's NotAliveException)."""
+
+
+class TopologyExistsError(ValueError):
+    """A live topology already has that name (Storm's AlreadyAliveException)."""
+
+
+class InvalidTopologyError(ValueError):
+    """A submission is malformed (Storm's InvalidTopologyException)."""
+
+
+def check_topology_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidTopologyError(
+            f"invalid topology name {name!r}: use letters, digits, '_', '-' or space "
+            "(at most 128; no '/', '.', ':' or '\\')")
+    return name
+
+
+class TopologyLifecycle:
+    """The leader's actions on topologies; each checks leadership and is fenced."""
+
+    def __init__(self, conf: Config, state: StormClusterState, store: LocalCodeStore,
+                 distributor: CodeDistributor, elector: LeaderElector, address: str):
+        self.conf = conf
+        self.state = state
+        self.store = store
+        self.distributor = distributor
+        self.elector = elector
+        self.address = address
+        self._pending: dict[str, str] = {}     # topology id -> name, submissions in flight
+        self._pending_lock = threading.Lock()
+        self._counter = itertools.count(1)
+        self._replication_changed = threading.Condition()
+
+    # -- helpers --------------------------------------------------------------------------
+    def pending_ids(self) -> set[str]:
+        with self._pending_lock:
+            return set(self._pending)
+
+    def find(self, name: str) -> tuple[str, StormBase]:
+        found = self.state.find_storm_by_name(name)
+        if found is None:
+            raise TopologyNotFoundError(f"no live topology named {name!r}")
+        return found
+
+    def _topology_setting(self, topo_conf: dict[str, Any], key: str) -> Any:
+        value = topo_conf.get(key, self.conf[key])
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidTopologyError(f"topology conf: {key!r} must be an integer")
+        return value
+
+    # -- submit ---------------------------------------------------------------------------
+    def submit(self, name: str, bundle: Path, json_conf: str, topology_bytes: bytes = b"",
+               initial_status: str = ACTIVE) -> str:
+        """Distribute a bundle, wait for replication, then create the topology atomically."""
+        fence = self.elector.fence()
+        check_topology_name(name)
+        try:
+            topo_conf = json.loads(json_conf or "{}")
+        except json.JSONDecodeError as exc:
+            raise InvalidTopologyError(f"topology conf is not JSON: {exc}") from None
+        if not isinstance(topo_conf, dict):
+            raise InvalidTopologyError("topology conf must be a JSON object")
+        min_replicas = self._topology_setting(topo_conf, "topology.min.replication.count")
+        max_wait = self._topology_setting(topo_conf, "topology.max.replication.wait.time.sec")
+        num_workers = self._topology_setting(topo_conf, "topology.workers")
+        try:
+            check_bundle(bundle, self.conf["nimbus.max.topology.bytes"])
+        except ValueError as exc:
+            raise InvalidTopologyError(str(exc)) from None
+
+        now = int(time.time())
+        topology_id = f"{name.replace(' ', '_')}-{next(self._counter)}-{now}"
+        with self._pending_lock:
+            if name in self._pending.values() or self.state.find_storm_by_name(name):
+                raise TopologyExistsError(f"topology {name!r} is already alive")
+            self._pending[topology_id] = name
+        try:
+            with atomic_dir(self.store.path(topology_id)) as staging:
+                shutil.copyfile(bundle, staging / BUNDLE_FILE)
+                (staging / CONF_FILE).write_text(json.dumps(topo_conf, sort_keys=True))
+                (staging / TOPOLOGY_FILE).write_bytes(topology_bytes)
+            self.state.begin_code(fence, topology_id)
+            metafile = self.distributor.upload(self.store.path(topology_id), topology_id)
+            self.state.publish_code(fence, topology_id, CodeMeta(
+                distributor=self.distributor.name, metafile_b64=CodeMeta.pack(
+                    metafile.read_bytes()), uploaded_by=self.address, created_secs=now))
+            replicas = self._wait_for_replication(topology_id, min_replicas, max_wait)
+            base = StormBase(storm_name=name, launch_time_secs=now, status=initial_status,
+                             num_workers=num_workers, owner=str(topo_conf.get(
+                                 "topology.submitter.user", "")))
+            self.state.activate_storm(
+                fence, topology_id, base,
+                Assignment(master_code_dir=str(self.store.path(topology_id))))
+            log.info("submitted %s as %s (%d replicas)", name, topology_id, replicas)
+            return topology_id
+        except BaseException:
+            self._abandon(topology_id)
+            raise
+        finally:
+            with self._pending_lock:
+                self._pending.pop(topology_id, None)
+
+    def _wait_for_replication(self, topology_id: str, wanted: int, max_wait_s: int) -> int:
+        """Wait for ``wanted`` replicas, woken by replica registrations; returns the count."""
+        deadline = None if max_wait_s == -1 else time.monotonic() + max_wait_s
+        while True:
+            count = self.distributor.get_replication_count(topology_id)
+            if count >= wanted:
+                return count
+            if not self.elector.is_leader():
+                raise ConcurrentChangeError("lost leadership while waiting for replication")
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                log.warning("%s: %d of %d replicas after %ss; activating anyway",
+                            topology_id, count, wanted, max_wait_s)
+                return count
+            with self._replication_changed:
+                # Replica registrations notify; the timeout covers stores without watches.
+                self.state.replica_hosts(topology_id, watch=self._notify_replication)
+                self._replication_changed.wait(min(0.5, remaining or 0.5))
+
+    def _notify_replication(self, _event: object) -> None:
+        with self._replication_changed:
+            self._replication_changed.notify_all()
+
+    def _abandon(self, topology_id: str) -> None:
+        """Undo a failed submission's code (best effort; the duties finish the job)."""
+        try:
+            self.distributor.cleanup(topology_id)
+        except Exception as exc:
+            log.warning("cleanup of abandoned %s failed: %s", topology_id, exc)
+        if self.elector.is_leader() and self.state.storm_base(topology_id) is None:
+            try:
+                self.state.remove_code(self.elector.fence(), topology_id)
+            except Exception as exc:
+                log.warning("removing code node of abandoned %s failed: %s", topology_id, exc)
+        self.store.remove(topology_id)
+
+    # -- status changes ---------------------------------------------------------------------
+    def _change(self, name: str, change: Any) -> None:
+        fence = self.elector.fence()
+        for _ in range(5):
+            topology_id, _base = self.find(name)
+            got = self.state.storm_base_versioned(topology_id)
+            if got is None:
+                raise TopologyNotFoundError(f"no live topology named {name!r}")
+            base, version = got
+            new = change(topology_id, base)
+            if new is None:
+                return
+            try:
+                self.state.update_storm(fence, topology_id, new, version)
+                return
+            except ConcurrentChangeError:
+                continue
+        raise ConcurrentChangeError(f"{name!r} kept changing; try again")
+
+    def kill(self, name: str, wait_secs: int | None = None) -> None:
+        """Mark a topology KILLED; its state and code go after ``wait_secs``."""
+        wait = self.conf["topology.message.timeout.secs"] if wait_secs is None else wait_secs
+        if wait < 0:
+            raise InvalidTopologyError("kill wait must be >= 0 seconds")
+
+        def change(_topology_id: str, base: StormBase) -> StormBase | None:
+            if base.status == KILLED:
+                return None
+            return replace(base, status=KILLED, kill_at_secs=int(time.time()) + wait)
+
+        self._change(name, change)
+        if wait == 0:
+            self.remove_due_kills()
+
+    def activate(self, name: str) -> None:
+        def change(_topology_id: str, base: StormBase) -> StormBase | None:
+            if base.status == KILLED:
+                raise InvalidTopologyError(f"topology {name!r} is being killed")
+            return None if base.status == ACTIVE else replace(base, status=ACTIVE)
+
+        self._change(name, change)
+
+    def deactivate(self, name: str) -> None:
+        def change(_topology_id: str, base: StormBase) -> StormBase | None:
+            if base.status == KILLED:
+                raise InvalidTopologyError(f"topology {name!r} is being killed")
+            return None if base.status == INACTIVE else replace(base, status=INACTIVE)
+
+        self._change(name, change)
+
+    # -- duties (called periodically on the leader) ---------------------------------------
+    def remove_due_kills(self) -> None:
+        """Remove every KILLED topology whose wait has passed."""
+        fence = self.elector.fence()
+        now = time.time()
+        for topology_id in self.state.active_storms():
+            base = self.state.storm_base(topology_id)
+            if base is not None and base.status == KILLED and base.kill_at_secs <= now:
+                log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
+                self.state.remove_storm(fence, topology_id)
+
+    def remove_orphan_code(self) -> None:
+        """Remove code nodes of submissions that never completed (their leader died)."""
+        fence = self.elector.fence()
+        # Read in this order so that a submission finishing meanwhile is seen as pending
+        # or as a storm, never as neither.
+        codes = self.state.code_topologies()
+        pending = self.pending_ids()
+        storms = set(self.state.active_storms())
+        for topology_id in codes:
+            if topology_id not in storms and topology_id not in pending:
+                log.info("removing code of unfinished submission %s", topology_id)
+                self.state.remove_code(fence, topology_id)

@@ -1,0 +1,234 @@
+"""The Nimbus Thrift service's methods, mapped onto the lifecycle and the summary cache.
+
+Errors keep Storm's contract: unknown topology -> NotAliveException, duplicate name ->
+AlreadyAliveException, bad submission -> InvalidTopologyException, a path outside the
+served code -> AuthorizationException. A leader-only call on a follower raises a
+TApplicationException "not a leader, current leader is host:port", as Storm 1.x does;
+nimbus-ha's own clients follow that redirect.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.thrift import TApplicationException
+from thriftpy2.utils import deserialize, serialize
+
+from nimbus import __version__
+from nimbus.cluster_state import ConcurrentChangeError, NotLeaderError
+from nimbus.config import Config
+from nimbus.elector import LeaderElector, NoLeaderError
+from nimbus.file_transfer import FileTransfers, TransferError
+from nimbus.lifecycle import (
+    CONF_FILE,
+    TOPOLOGY_FILE,
+    InvalidTopologyError,
+    TopologyExistsError,
+    TopologyLifecycle,
+    TopologyNotFoundError,
+)
+from nimbus.local_code import LocalCodeStore, UnsafePathError
+from nimbus.records import ACTIVE, INACTIVE
+from nimbus.summary_cache import ClusterSummaryCache
+from nimbus.thrift import NOT_LEADER_PREFIX, storm
+
+log = logging.getLogger(__name__)
+_PROTO = TBinaryProtocolFactory()
+
+
+class NimbusHandler:
+    """Implements ``storm.Nimbus``; one instance per nimbus process."""
+
+    def __init__(self, conf: Config, elector: LeaderElector, lifecycle: TopologyLifecycle,
+                 cache: ClusterSummaryCache, transfers: FileTransfers, store: LocalCodeStore,
+                 started_at: float):
+        self.conf = conf
+        self.elector = elector
+        self.lifecycle = lifecycle
+        self.cache = cache
+        self.transfers = transfers
+        self.store = store
+        self.started_at = started_at
+        self.address = str(conf.nimbus_address)
+
+    # -- guards -------------------------------------------------------------------------------
+    def _require_leader(self) -> None:
+        if self.elector.is_leader():
+            return
+        try:
+            leader = self.elector.get_leader_address()
+        except Exception:
+            leader = "unknown (no nimbus holds the lock)"
+        raise TApplicationException(TApplicationException.INTERNAL_ERROR,
+                                    f"{NOT_LEADER_PREFIX}{leader}")
+
+    def _leader_call(self, action: Callable[[], Any]) -> Any:
+        self._require_leader()
+        try:
+            return action()
+        except (NotLeaderError, NoLeaderError):
+            self._require_leader()  # lost it mid-call: redirect the client
+            raise
+        except TopologyNotFoundError as exc:
+            raise storm.NotAliveException(msg=str(exc)) from None
+        except TopologyExistsError as exc:
+            raise storm.AlreadyAliveException(msg=str(exc)) from None
+        except (InvalidTopologyError, TransferError, UnsafePathError) as exc:
+            raise storm.InvalidTopologyException(msg=str(exc)) from None
+        except ConcurrentChangeError as exc:
+            raise TApplicationException(TApplicationException.INTERNAL_ERROR, str(exc)) from None
+        finally:
+            self.cache.wake()
+
+    # -- submit, kill, activate, deactivate ---------------------------------------------------
+    def submitTopology(self, name: str, uploadedJarLocation: str, jsonConf: str,
+                       topology: Any) -> None:
+        self.submitTopologyWithOpts(name, uploadedJarLocation, jsonConf, topology, None)
+
+    def submitTopologyWithOpts(self, name: str, uploadedJarLocation: str, jsonConf: str,
+                               topology: Any, options: Any) -> None:
+        status = ACTIVE
+        if options is not None and options.initial_status == storm.TopologyInitialStatus.INACTIVE:
+            status = INACTIVE
+        topology_bytes = serialize(topology, _PROTO) if topology is not None else b""
+
+        def submit() -> None:
+            bundle = self.transfers.take_upload(uploadedJarLocation)
+            try:
+                self.lifecycle.submit(name, bundle, jsonConf, topology_bytes, status)
+            finally:
+                bundle.unlink(missing_ok=True)
+
+        self._leader_call(submit)
+        self.cache.refresh_now()
+
+    def killTopology(self, name: str) -> None:
+        self.killTopologyWithOpts(name, None)
+
+    def killTopologyWithOpts(self, name: str, options: Any) -> None:
+        wait = options.wait_secs if options is not None else None
+        self._leader_call(lambda: self.lifecycle.kill(name, wait))
+        self.cache.refresh_now()
+
+    def activate(self, name: str) -> None:
+        self._leader_call(lambda: self.lifecycle.activate(name))
+        self.cache.refresh_now()
+
+    def deactivate(self, name: str) -> None:
+        self._leader_call(lambda: self.lifecycle.deactivate(name))
+        self.cache.refresh_now()
+
+    # -- file transfer -----------------------------------------------------------------------
+    def beginFileUpload(self) -> str:
+        self._require_leader()  # the submit that follows must reach the same nimbus
+        return self.transfers.begin_upload()
+
+    def uploadChunk(self, location: str, chunk: bytes) -> None:
+        try:
+            self.transfers.upload_chunk(location, chunk)
+        except TransferError as exc:
+            raise storm.AuthorizationException(msg=str(exc)) from None
+
+    def finishFileUpload(self, location: str) -> None:
+        try:
+            self.transfers.finish_upload(location)
+        except TransferError as exc:
+            raise storm.AuthorizationException(msg=str(exc)) from None
+
+    def beginFileDownload(self, file: str) -> str:
+        try:
+            return self.transfers.begin_download(file)
+        except (UnsafePathError, FileNotFoundError) as exc:
+            raise storm.AuthorizationException(msg=str(exc)) from None
+
+    def downloadChunk(self, id: str) -> bytes:  # noqa: A002 - Storm's argument name
+        try:
+            return self.transfers.download_chunk(id)
+        except TransferError as exc:
+            raise storm.AuthorizationException(msg=str(exc)) from None
+
+    # -- reads (any nimbus, from the cache) ---------------------------------------------------
+    def getNimbusConf(self) -> str:
+        return json.dumps(self.conf.as_dict(), sort_keys=True)
+
+    def _nimbus_summaries(self) -> list[Any]:
+        snap = self.cache.snapshot
+        now = time.time()
+        out = []
+        for info in snap.nimbuses:
+            address = f"{info.host}:{info.port}"
+            is_leader = (self.elector.is_leader() if address == self.address
+                         else address == snap.leader)
+            out.append(storm.NimbusSummary(
+                host=info.host, port=info.port, uptime_secs=int(now - info.start_time_secs),
+                isLeader=is_leader, version=info.version))
+        return out
+
+    def getClusterInfo(self) -> Any:
+        snap = self.cache.snapshot
+        now = time.time()
+        topologies = [storm.TopologySummary(
+            id=topology_id, name=base.storm_name, num_tasks=0, num_executors=0,
+            num_workers=base.num_workers, uptime_secs=int(now - base.launch_time_secs),
+            status=base.status, owner=base.owner or None,
+            replication_count=snap.replication.get(topology_id, 0))
+            for topology_id, base in sorted(snap.storms.items())]
+        supervisors = [storm.SupervisorSummary(
+            host=info.hostname, uptime_secs=info.uptime_secs, num_workers=len(info.meta),
+            num_used_workers=len(info.used_ports), supervisor_id=sid,
+            version=info.version or None) for sid, info in sorted(snap.supervisors.items())]
+        return storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
+                                    nimbuses=self._nimbus_summaries(),
+                                    nimbus_uptime_secs=int(now - self.started_at))
+
+    def getLeader(self) -> Any:
+        for summary in self._nimbus_summaries():
+            if summary.isLeader:
+                return summary
+        try:
+            leader = self.elector.get_leader_address()
+        except NoLeaderError:
+            raise TApplicationException(TApplicationException.INTERNAL_ERROR,
+                                        "no leader: no nimbus holds the leader lock") from None
+        host, _, port = leader.rpartition(":")
+        return storm.NimbusSummary(host=host, port=int(port), uptime_secs=0, isLeader=True,
+                                   version=__version__)
+
+    def _known(self, topology_id: str) -> Any:
+        base = self.cache.snapshot.storms.get(topology_id)
+        if base is None:
+            base = self.lifecycle.state.storm_base(topology_id)
+        if base is None:
+            raise storm.NotAliveException(msg=f"no live topology with id {topology_id!r}")
+        return base
+
+    def getTopologyInfo(self, id: str) -> Any:  # noqa: A002
+        base = self._known(id)
+        return storm.TopologyInfo(
+            id=id, name=base.storm_name, uptime_secs=int(time.time() - base.launch_time_secs),
+            executors=[], status=base.status, errors={}, owner=base.owner or None,
+            replication_count=self.cache.snapshot.replication.get(id, 0))
+
+    def _code_file(self, topology_id: str, name: str) -> bytes:
+        self._known(topology_id)
+        try:
+            return (self.store.path(topology_id) / name).read_bytes()
+        except (OSError, UnsafePathError):
+            raise storm.NotAliveException(
+                msg=f"this nimbus holds no code of {topology_id!r} yet; ask the leader") from None
+
+    def getTopologyConf(self, id: str) -> str:  # noqa: A002
+        return self._code_file(id, CONF_FILE).decode()
+
+    def getTopology(self, id: str) -> Any:  # noqa: A002
+        data = self._code_file(id, TOPOLOGY_FILE)
+        if not data:
+            return storm.StormTopology(spouts={}, bolts={}, state_spouts={})
+        return deserialize(storm.StormTopology(), data, _PROTO)
+
+    getUserTopology = getTopology
