@@ -77,8 +77,8 @@ def _type_ok(default: Any, value: Any) -> bool:
 
 
 def _type_name(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "mapping"}.get(type(value), type(value).__name__)
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -185,7 +185,7 @@ def load_config(
                 raise ConfigError(f"{source}: unknown key {key!r}{suggestion}")
             if not _type_ok(defaults[key], value):
                 raise ConfigError(
-                    f"{source}: key {key!r} must be a {_type_name(defaults[key])}, "
+                    f"{source}: key {key!r} must be {_type_name(defaults[key])}, "
                     f"got {_type_name(value)} {value!r}"
                 )
             values[key] = value

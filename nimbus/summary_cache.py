@@ -46,6 +46,8 @@ class ClusterSummaryCache:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._fresh = threading.Condition()
+        self._requested = 0  # reload requests made by refresh_now
+        self._loaded = 0     # the newest request a finished reload has covered
         self._thread = threading.Thread(target=self._run, name="cluster-summary", daemon=True)
 
     def start(self) -> None:
@@ -65,21 +67,27 @@ class ClusterSummaryCache:
         return self._snapshot
 
     def refresh_now(self, timeout_s: float = 5.0) -> ClusterSnapshot:
-        """Ask for a reload and wait (bounded) for it, e.g. right after a local write."""
-        before = self._snapshot.taken_at
+        """Wait (bounded) for a reload that *started* after this call, so that a nimbus
+        answers with its own writes included (read-your-writes)."""
+        with self._fresh:
+            self._requested += 1
+            wanted = self._requested
         self._wake.set()
         deadline = time.monotonic() + timeout_s
         with self._fresh:
-            while self._snapshot.taken_at == before and time.monotonic() < deadline:
+            while self._loaded < wanted and time.monotonic() < deadline:
                 self._fresh.wait(deadline - time.monotonic())
         return self._snapshot
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            with self._fresh:
+                generation = self._requested
             try:
                 snapshot = self._load()
                 with self._fresh:
                     self._snapshot = snapshot
+                    self._loaded = generation
                     self._fresh.notify_all()
             except KazooException as exc:
                 log.debug("cluster summary reload failed: %s", exc)

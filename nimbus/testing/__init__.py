@@ -1,0 +1,1 @@
+"""Test kits for nimbus-ha and its plugins: a conformance suite and fault injection."""

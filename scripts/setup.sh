@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a fresh machine: Debian's ZooKeeper server (+ java), and a virtualenv in .venv
+# with nimbus-ha, its default code distributor and the test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+[ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+PYTHON="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]" -e plugins/nimbus-ha-localfs
+echo "set up: $(.venv/bin/nimbus-ha --version)"

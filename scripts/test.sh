@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (idempotent) and run the whole test suite: lint, fast tests, plugin conformance
+# suites, and the multi-process integration tests. Pass -m "not slow" for the quick subset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+.venv/bin/ruff check nimbus plugins tests integration
+.venv/bin/pytest tests plugins/nimbus-ha-localfs/tests integration -p no:cacheprovider "$@"

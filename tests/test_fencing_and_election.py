@@ -1,0 +1,132 @@
+"""Leader election and fenced writes against a real ZooKeeper server (in-process)."""
+
+import pytest
+
+from nimbus.cluster_state import NotLeaderError, StormClusterState
+from nimbus.devcluster import wait_for
+from nimbus.elector import LeaderElector, NoLeaderError
+from nimbus.records import ACTIVE, KILLED, Assignment, StormBase
+from nimbus.testing.faults import expire_session
+
+pytestmark = pytest.mark.integration
+
+
+def make_elector(make_zk, zk_root, address, has_code=lambda: True, **kw):
+    zk = make_zk()
+    state = StormClusterState(zk, zk_root)
+    state.setup()
+    elector = LeaderElector(zk, state, address, has_all_code=has_code, **kw)
+    return zk, state, elector
+
+
+def base(name="t", status=ACTIVE):
+    return StormBase(storm_name=name, launch_time_secs=1, status=status)
+
+
+@pytest.fixture
+def electors():
+    made = []
+    yield made
+    for e in made:
+        e.stop()
+
+
+def test_one_leader_and_failover_on_leave(make_zk, zk_root, electors):
+    _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
+    _, _, b = make_elector(make_zk, zk_root, "127.0.0.1:2")
+    electors += [a, b]
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    b.add_to_leader_lock_queue()
+    wait_for(lambda: len(b._state.leader_queue()) == 2, 10, "b to queue")
+    assert not b.is_leader()
+    assert b.get_leader_address() == "127.0.0.1:1"
+    with pytest.raises(NoLeaderError):
+        b.fence()
+    a.remove_from_leader_lock_queue()
+    wait_for(b.is_leader, 10, "b to lead after a left")
+    assert not a.is_leader()
+
+
+def test_expired_leader_stops_at_once_and_requeues(zk_server, make_zk, zk_root, electors):
+    zk_a, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
+    _, _, b = make_elector(make_zk, zk_root, "127.0.0.1:2")
+    electors += [a, b]
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    b.add_to_leader_lock_queue()
+    expire_session(zk_a, zk_server.hosts)
+    assert not a.is_leader()  # false as soon as the session is LOST
+    wait_for(b.is_leader, 10, "b to take over")
+    wait_for(lambda: [addr for _, addr in b._state.leader_queue()] ==
+             ["127.0.0.1:2", "127.0.0.1:1"], 15, "a to re-queue behind b")
+
+
+def test_write_by_deposed_leader_is_refused(zk_server, make_zk, zk_root, electors):
+    zk_a, state_a, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
+    electors.append(a)
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    fence = a.fence()
+    state_a.activate_storm(fence, "t-1-1", base(), Assignment(master_code_dir="/x"))
+    expire_session(zk_a, zk_server.hosts)
+    # The old fence names a lock node that died with the session: every write is refused,
+    # even one made before the elector has noticed anything.
+    wait_for(lambda: zk_a.connected, 15, "reconnection with a new session")
+    with pytest.raises(NotLeaderError):
+        state_a.update_storm(fence, "t-1-1", base(status=KILLED), 0)
+    with pytest.raises(NotLeaderError):
+        state_a.remove_storm(fence, "t-1-1")
+    assert state_a.storm_base("t-1-1").status == ACTIVE
+
+
+def test_leader_without_code_gives_up_and_requeues_when_synced(make_zk, zk_root, electors):
+    have = {"code": False}
+    synced = []
+    _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
+                           has_code=lambda: have["code"],
+                           request_sync=lambda: synced.append(1))
+    _, _, b = make_elector(make_zk, zk_root, "127.0.0.1:2")
+    electors += [a, b]
+    # a queues first and holds the head of the queue, then lacks code when it gets there.
+    have["code"] = True
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    a.remove_from_leader_lock_queue()
+    have["code"] = False
+    b.add_to_leader_lock_queue()
+    wait_for(b.is_leader, 10, "b to lead")
+    a.add_to_leader_lock_queue()
+    assert not a.is_leader()
+    b.remove_from_leader_lock_queue()  # a is now alone: it would win, but lacks code
+    wait_for(lambda: synced, 10, "a to ask for a sync")
+    assert not a.is_leader()
+    assert a.waiting_for_code or not a._node
+    have["code"] = True
+    a.wake()  # what the code sync does after a run
+    wait_for(a.is_leader, 10, "a to re-queue and lead once it has the code")
+
+
+def test_activate_storm_is_atomic(make_zk, zk_root, electors):
+    _, state, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
+    electors.append(a)
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    fence = a.fence()
+    state.zk.create(f"{zk_root}/workerbeats/t-2-2")  # a leftover blocks one of the creates
+    from nimbus.cluster_state import ConcurrentChangeError
+
+    with pytest.raises(ConcurrentChangeError):
+        state.activate_storm(fence, "t-2-2", base(), Assignment(master_code_dir="/x"))
+    assert state.storm_base("t-2-2") is None
+    assert state.assignment_info("t-2-2") is None
+
+
+def test_errors_keep_the_ten_newest(make_zk, zk_root):
+    from nimbus.records import ErrorInfo
+
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    for i in range(13):
+        state.report_error("t-1-1", "bolt", ErrorInfo(error=f"e{i}", error_time_secs=i))
+    assert [e.error for e in state.errors("t-1-1", "bolt")] == [f"e{i}" for i in range(3, 13)]
