@@ -8,6 +8,7 @@ the leader is looked up again, until a deadline.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -52,17 +53,21 @@ def not_leader_redirect(exc: Exception) -> str | None:
     return None
 
 
-def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0) -> int:
-    """Copy one file from a nimbus via beginFileDownload/downloadChunk; returns its size."""
-    size = 0
+def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0) -> str:
+    """Copy one file from a nimbus via beginFileDownload/downloadChunk.
+
+    Returns the sha256 of the bytes written, computed while streaming so that callers
+    can verify the copy without reading it again.
+    """
+    digest = hashlib.sha256()
     with connect(peer, timeout_s) as client, open(dest, "wb") as out:
         session = client.beginFileDownload(remote_path)
         while True:
             chunk = client.downloadChunk(session)
             if not chunk:
-                return size
+                return digest.hexdigest()
             out.write(chunk)
-            size += len(chunk)
+            digest.update(chunk)
 
 
 class NimbusClient:

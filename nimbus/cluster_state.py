@@ -161,12 +161,23 @@ class StormClusterState:
             self.storm_path(topology_id), base.encode(), expected_version))
 
     def remove_storm(self, fence: Fence, topology_id: str) -> None:
-        """Delete every node of a topology (storm, assignment, beats, errors, code)."""
-        doomed: list[str] = []
-        for sub in ("code-distributor", "errors", "workerbeats", "assignments", "storms"):
-            doomed.extend(self._subtree(self.path(sub, topology_id)))
-        if doomed:
-            self._commit(fence, lambda txn: [txn.delete(p) for p in doomed])
+        """Delete every node of a topology (storm, assignment, beats, errors, code).
+
+        Replicas and heartbeats may appear while the subtree is being read; the delete is
+        then re-read and retried a few times before ConcurrentChangeError is raised.
+        """
+        for attempt in range(5):
+            doomed: list[str] = []
+            for sub in ("code-distributor", "errors", "workerbeats", "assignments", "storms"):
+                doomed.extend(self._subtree(self.path(sub, topology_id)))
+            if not doomed:
+                return
+            try:
+                self._commit(fence, lambda txn, d=doomed: [txn.delete(p) for p in d])
+                return
+            except ConcurrentChangeError:
+                if attempt == 4:
+                    raise
 
     # -- assignments -------------------------------------------------------------------
     def assignments(self, watch: Watch = None) -> list[str]:

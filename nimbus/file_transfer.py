@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from nimbus.local_code import LocalCodeStore
 
-DOWNLOAD_CHUNK_BYTES = 512 * 1024
+DOWNLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 IDLE_EXPIRY_S = 600.0
 
 

@@ -168,12 +168,11 @@ class LocalFileSystemCodeDistributor:
         ctx = self._require_ctx()
         target = safe_join(dest_root, entry["path"])
         target.parent.mkdir(parents=True, exist_ok=True)
-        ctx.fetch_file(peer, f"{topology_id}/{entry['path']}", target)
+        digest = ctx.fetch_file(peer, f"{topology_id}/{entry['path']}", target)
         size = target.stat().st_size
         if size != entry["size"]:
             raise CodeVerificationError(
                 f"{entry['path']}: {size} bytes received, {entry['size']} expected")
-        digest = sha256_file(target)
         if digest != entry["sha256"]:
             raise CodeVerificationError(f"{entry['path']}: sha256 mismatch ({digest})")
 
