@@ -28,9 +28,10 @@ class DistributorContext:
     ``zk`` is the nimbus's started kazoo client (None when a distributor runs without
     ZooKeeper, e.g. in its own unit tests); ``zk_root`` the cluster's root znode;
     ``address`` this nimbus's ``host:port``; ``local_dir`` a directory owned by this
-    distributor on this host; ``fetch_file(peer, remote_path, dest)`` downloads a
-    file through a peer nimbus's Thrift ``beginFileDownload`` and returns its sha256; ``code_dir`` the directory under
-    which the nimbus keeps the code of each topology (``code_dir / topology_id``).
+    distributor on this host; ``code_dir`` the directory under which the nimbus keeps
+    the code of each topology (``code_dir / topology_id``);
+    ``fetch_file(peer, remote_path, dest)`` downloads a file through a peer nimbus's
+    Thrift ``beginFileDownload`` and returns its sha256.
     """
 
     zk: Any

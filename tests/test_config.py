@@ -57,7 +57,8 @@ def test_an_existing_storm_yaml_loads(tmp_path):
 @pytest.mark.parametrize("text, needle", [
     ("nimbus.thrift.port: [unclosed", "malformed YAML"),
     ("- just\n- a list\n", "expected a mapping"),
-    ("nimbus.thirft.port: 1\n", "unknown key 'nimbus.thirft.port' (did you mean 'nimbus.thrift.port'?)"),
+    ("nimbus.thirft.port: 1\n",
+     "unknown key 'nimbus.thirft.port' (did you mean 'nimbus.thrift.port'?)"),
     ("nimbus.thrift.port: '6627'\n", "key 'nimbus.thrift.port' must be an integer"),
     ("topology.min.replication.count: 0\n", "at least 1"),
     ("topology.max.replication.wait.time.sec: -5\n", ">= 0 or -1"),
