@@ -151,3 +151,27 @@ def test_cli_commands_happy_path(cluster, tmp_path):
     run_cli("kill", "cli-topology", "--wait", "30", "--config", conf, check=True)
     info = json.loads(run_cli("cluster-info", "--json", "--config", conf, check=True).stdout)
     assert next(t for t in info["topologies"] if t["name"] == "cli-topology")["status"] == "KILLED"
+
+
+def test_thrift_read_api_on_any_nimbus(cluster, bundle):
+    """What a Storm client or supervisor reads: topology info, conf, code download."""
+    import json
+
+    topology_id = cluster.client().submit(
+        "readable", bundle, {"topology.min.replication.count": 2, "topology.workers": 3})
+    for nimbus in cluster.nimbuses:
+        with connect(nimbus.address) as raw:
+            info = raw.getTopologyInfo(topology_id)
+            assert (info.id, info.name, info.status) == (topology_id, "readable", "ACTIVE")
+            assert info.replication_count == 2
+            conf = json.loads(raw.getTopologyConf(topology_id))
+            assert conf["topology.workers"] == 3
+            assert raw.getTopology(topology_id).spouts == {}
+            assert json.loads(raw.getNimbusConf())["nimbus.thrift.port"] == nimbus.port
+            session = raw.beginFileDownload(f"{topology_id}/stormjar.jar")
+            data = b""
+            while chunk := raw.downloadChunk(session):
+                data += chunk
+            assert data == bundle
+            with pytest.raises(storm.NotAliveException):
+                raw.getTopologyInfo("missing-1-1")

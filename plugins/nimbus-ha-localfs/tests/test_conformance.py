@@ -66,16 +66,18 @@ def hosts(tmp_path, make_zk, zk_root):
         server.stop()
 
 
+def corrupt_jar(host: ConformanceHost, topology_id: str) -> None:
+    """Flip one byte of the copy that this host serves to its peers."""
+    jar = host.code_dir / topology_id / "stormjar.jar"
+    data = bytearray(jar.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    jar.write_bytes(bytes(data))
+
+
 class TestLocalfsConformance(DistributorConformance):
     @pytest.fixture
     def tamper(self):
-        def corrupt(host: ConformanceHost, topology_id: str) -> None:
-            jar = host.code_dir / topology_id / "stormjar.jar"
-            data = bytearray(jar.read_bytes())
-            data[len(data) // 2] ^= 0xFF
-            jar.write_bytes(bytes(data))
-
-        return corrupt
+        return corrupt_jar
 
 
 def test_registration_comes_back_after_session_expiry(hosts, zk_server, make_zk, zk_root):
@@ -99,3 +101,25 @@ def test_storm_class_name_selects_localfs():
     cls = resolve_distributor_class(
         "org.apache.storm.codedistributor.LocalFileSystemCodeDistributor")
     assert cls.name == "localfs"
+
+
+def test_corrupt_replica_is_skipped_for_a_good_one(hosts, tmp_path, monkeypatch, caplog):
+    """With a tampered replica tried first and a good one second, download succeeds."""
+    import nimbus_ha_localfs.distributor as localfs
+
+    from nimbus.testing.conformance import _digests, _write_code
+
+    source, good, target = hosts(3)
+    topology_id = DistributorConformance.topology_id
+    digests = _write_code(source.code_dir / topology_id, big_bytes=100_000)
+    metafile = source.distributor.upload(source.code_dir / topology_id, topology_id)
+    meta = tmp_path / "meta"
+    meta.write_bytes(metafile.read_bytes())
+    good.distributor.download(good.code_dir / topology_id, topology_id, meta)
+    corrupt_jar(source, topology_id)
+    bad_peer = source.distributor._pm.get_plugins().pop()._ctx.address
+    monkeypatch.setattr(localfs.random, "shuffle",
+                        lambda peers: peers.sort(key=lambda p: p != bad_peer))
+    target.distributor.download(target.code_dir / topology_id, topology_id, meta)
+    assert _digests(target.code_dir / topology_id) == digests
+    assert f"from {bad_peer} failed" in caplog.text and "sha256 mismatch" in caplog.text
