@@ -15,7 +15,7 @@ def make_cluster(tmp_path):
 
     def make(n: int = 3, **conf) -> LocalCluster:
         cluster = LocalCluster(tmp_path / f"cluster-{len(clusters)}", n,
-                               conf={k.replace("_", "."): v for k, v in conf.items()})
+                               conf=dict(conf))
         clusters.append(cluster)
         try:
             return cluster.start()
@@ -34,3 +34,27 @@ def bundle(tmp_path) -> bytes:
     return pack_directory(sample_topology(tmp_path / "topology", 32 * 1024))
 
 
+
+
+@pytest.fixture(params=["localfs", "s3"])
+def backend(request, tmp_path):
+    """(name, extra conf) of a code distributor, with any server it needs running."""
+    name = request.param
+    if name == "localfs":
+        yield name, {}
+        return
+    pytest.importorskip("nimbus_ha_s3", reason="nimbus-ha-s3 is not installed")
+    from nimbus_ha_s3.distributor import PREFIX
+    from nimbus_ha_s3.seaweed import SeaweedS3Server
+
+    server = SeaweedS3Server(tmp_path / "seaweed").start()
+    server.create_bucket("topologies")
+    try:
+        yield name, {"storm.codedistributor.class": "s3",
+                     PREFIX + "endpoint": server.endpoint_url,
+                     PREFIX + "bucket": "topologies",
+                     PREFIX + "access.key": server.access_key,
+                     PREFIX + "secret.key": server.secret_key,
+                     PREFIX + "replication.count": 2}
+    finally:
+        server.stop()

@@ -20,21 +20,23 @@ def statuses(client) -> dict[str, tuple[str, str]]:
     return {t.name: (t.id, t.status) for t in client.cluster_info().topologies}
 
 
-def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path):
+def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
     # Large bundles: when the leader's session expires, the nimbus without code is told
     # (by the same ZooKeeper event) both that it heads the queue and that replicas changed;
     # its download must take longer than its check of the code, so that it gives up.
     bundle = pack_directory(sample_topology(tmp_path / "big", 16 * 1024 * 1024))
     # The periodic sync is an hour away: all replication below happens through watches.
-    cluster = make_cluster(3, **{"nimbus.code.sync.freq.secs": 3600})
+    _, backend_conf = backend
+    cluster = make_cluster(3, **{"nimbus.code.sync.freq.secs": 3600, **backend_conf})
     client = cluster.client()
     names = [f"pipeline-{i}" for i in range(4)]
     for name in names:
-        client.submit(name, bundle, {"topology.min.replication.count": 2})
+        client.submit(name, bundle, {"topology.min.replication.count": 2,
+                                     "topology.max.replication.wait.time.sec": -1})
     before = statuses(client)
     assert {n: s for n, (_, s) in before.items()} == dict.fromkeys(names, "ACTIVE")
+    assert all(t.replication_count >= 2 for t in client.cluster_info().topologies)
     state = observer(cluster)
-    assert all(len(state.replica_hosts(tid)) >= 2 for tid, _ in before.values())
 
     by_address = {n.address: n for n in cluster.nimbuses}
     queue = [by_address[address] for _, address in state.leader_queue()]

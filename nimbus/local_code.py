@@ -30,13 +30,19 @@ def check_topology_id(topology_id: str) -> str:
     return topology_id
 
 
-def safe_join(base: Path, relative: str) -> Path:
-    """``base / relative``, refusing absolute paths, ``..`` and symlinked components."""
+def check_relative_path(relative: str) -> tuple[str, ...]:
+    """The parts of a relative path; refuses empty, absolute and ``..`` paths."""
     if not relative or relative.startswith(("/", "\\")) or os.path.isabs(relative):
         raise UnsafePathError(f"absolute or empty path not allowed: {relative!r}")
     parts = Path(relative).parts
     if any(p in ("..", "") for p in parts):
         raise UnsafePathError(f"path leaves its directory: {relative!r}")
+    return parts
+
+
+def safe_join(base: Path, relative: str) -> Path:
+    """``base / relative``, refusing absolute paths, ``..`` and symlinked components."""
+    parts = check_relative_path(relative)
     base = base.resolve()
     target = base.joinpath(*parts)
     probe = base

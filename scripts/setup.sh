@@ -16,5 +16,6 @@ fi
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]" -e plugins/nimbus-ha-localfs
+.venv/bin/python -m pip install -q -e ".[test]" -e plugins/nimbus-ha-localfs \
+    -e "plugins/nimbus-ha-s3[test]"
 echo "set up: $(.venv/bin/nimbus-ha --version)"
