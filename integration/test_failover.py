@@ -143,3 +143,35 @@ def test_expired_session_stops_leading_and_rejoins(make_cluster, bundle):
              "its nimbus registration to come back")
     assert statuses(client)["survivor"] == (topology_id, "ACTIVE")
     state.zk.stop()
+
+
+def test_restart_with_disk_intact_reregisters_and_tampered_copy_is_refetched(
+        make_cluster, bundle):
+    cluster = make_cluster(2, **{"nimbus.code.sync.freq.secs": 3600})
+    client = cluster.client()
+    topology_id = client.submit("kept", bundle, {"topology.min.replication.count": 2})
+    state = observer(cluster)
+    follower = next(n for n in cluster.nimbuses if n is not cluster.wait_for_leader())
+    jar = follower.local_dir / "nimbus" / "stormdist" / topology_id / "stormjar.jar"
+
+    follower.terminate()
+    wait_for(lambda: follower.address not in state.replica_hosts(topology_id), 30,
+             "the stopped nimbus's registration to go")
+    log_before = len(follower.log_text())
+    follower.start()
+    wait_for(lambda: follower.address in state.replica_hosts(topology_id), 30,
+             "the restarted nimbus to register its copy again")
+    assert "downloaded " not in follower.log_text()[log_before:], "no download was needed"
+
+    follower.terminate()
+    data = bytearray(jar.read_bytes())
+    data[100] ^= 0xFF
+    jar.write_bytes(bytes(data))
+    follower.start()
+    wait_for(lambda: "is not intact" in follower.log_text(), 30,
+             "the tampered copy to be noticed")
+    wait_for(lambda: jar.exists() and jar.read_bytes() == bundle, 30,
+             "a good copy to be fetched again")
+    wait_for(lambda: follower.address in state.replica_hosts(topology_id), 30,
+             "the fetched copy to be registered")
+    state.zk.stop()

@@ -274,25 +274,36 @@ class StormClusterState:
     def replica_hosts(self, topology_id: str, watch: Watch = None) -> list[str]:
         return self._children(self.code_path(topology_id), watch)
 
-    def register_replica(self, topology_id: str, host: str) -> bool:
+    def register_replica(self, topology_id: str, host: str, endpoint: str = "") -> bool:
         """Announce (ephemerally) that ``host`` holds a complete copy of the code.
 
-        Returns False, registering nothing, when the topology's code node is gone: a
-        late registration must never bring back a topology that was removed.
+        ``endpoint`` is where peers fetch it (defaults to ``host``). Returns False,
+        registering nothing, when the topology's code node is gone: a late registration
+        must never bring back a topology that was removed.
         """
         path = posixpath.join(self.code_path(topology_id), host)
+        data = (endpoint or host).encode()
         try:
-            self.zk.create(path, host.encode(), ephemeral=True)
+            self.zk.create(path, data, ephemeral=True)
         except NoNodeError:
             return False
         except NodeExistsError:
             # Possibly left by our own previous session until it expires: make it ours.
             try:
                 self.zk.delete(path)
-                self.zk.create(path, host.encode(), ephemeral=True)
+                self.zk.create(path, data, ephemeral=True)
             except (NoNodeError, NodeExistsError):
                 return self.zk.exists(path) is not None
         return True
+
+    def replica_endpoints(self, topology_id: str) -> dict[str, str]:
+        """host -> fetch endpoint of every registered replica."""
+        out = {}
+        for host in self.replica_hosts(topology_id):
+            got = self._get(posixpath.join(self.code_path(topology_id), host))
+            if got:
+                out[host] = got[0].decode() or host
+        return out
 
     def unregister_replica(self, topology_id: str, host: str) -> None:
         try:

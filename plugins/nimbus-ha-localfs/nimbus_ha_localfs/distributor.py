@@ -6,7 +6,10 @@
   ``beginFileDownload``, verifies size and sha256, and only then moves the copy into place
   and registers this host. A corrupt or partial copy is discarded and the next peer tried.
 * ``get_replication_count`` counts the registrations.
-* Registrations are ephemeral; after a session expiry a named thread re-creates them.
+* Registrations are ephemeral; ``nimbus.replicas.ReplicaRegistry`` re-creates them after a
+  session expiry. At start-up, copies left on disk by an earlier run are verified against
+  their metafile and registered again; a copy that fails verification is deleted so that
+  the code sync fetches a good one.
 """
 
 from __future__ import annotations
@@ -15,15 +18,14 @@ import hashlib
 import json
 import logging
 import random
-import threading
+import shutil
 from pathlib import Path
 from typing import Any
 
-from kazoo.protocol.states import KazooState
-
-from nimbus.cluster_state import StormClusterState
 from nimbus.hookspecs import DistributorContext, hookimpl
 from nimbus.local_code import atomic_dir, list_files, safe_join
+from nimbus.replicas import ReplicaRegistry
+from nimbus.transfer_meter import TransferMeter
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +67,7 @@ class LocalFileSystemCodeDistributor:
 
     def __init__(self) -> None:
         self._ctx: DistributorContext | None = None
-        self._state: StormClusterState | None = None
-        self._held: set[str] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._reregister = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lost = False
+        self._replicas: ReplicaRegistry | None = None
 
     # -- hooks --------------------------------------------------------------------------
     @hookimpl
@@ -83,11 +79,9 @@ class LocalFileSystemCodeDistributor:
         self._ctx = context
         context.local_dir.mkdir(parents=True, exist_ok=True)
         if context.zk is not None:
-            self._state = StormClusterState(context.zk, context.zk_root)
-            context.zk.add_listener(self._on_connection_state)
-            self._thread = threading.Thread(
-                target=self._reregister_loop, name="localfs-reregister", daemon=True)
-            self._thread.start()
+            self._replicas = ReplicaRegistry(context.zk, context.zk_root, context.address,
+                                             name="localfs")
+        self._adopt_existing_copies()
 
     @hookimpl
     def upload(self, dir_path: Path, topology_id: str) -> Path:
@@ -103,16 +97,19 @@ class LocalFileSystemCodeDistributor:
     def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
         ctx = self._require_ctx()
         files = read_metafile(metafile, topology_id)
-        peers = [p for p in self._replicas(topology_id) if p != ctx.address]
+        peers = [p for p in self._peers(topology_id) if p != ctx.address]
         random.shuffle(peers)  # spread the load of many downloaders over the replicas
         if not peers:
             raise RuntimeError(f"no nimbus holds a registered copy of {topology_id}")
         errors = []
+        total = sum(e["size"] for e in files)
         for peer in peers:
             try:
-                with atomic_dir(dest_dir) as tmp:
+                with atomic_dir(dest_dir) as tmp, TransferMeter(
+                        f"download {topology_id} from {peer}", total) as meter:
                     for entry in files:
                         self._fetch_verified(peer, topology_id, entry, tmp)
+                        meter.advance(entry["size"])
                 break
             except Exception as exc:  # try the next replica
                 log.warning("download of %s from %s failed: %s", topology_id, peer, exc)
@@ -125,25 +122,18 @@ class LocalFileSystemCodeDistributor:
 
     @hookimpl
     def get_replication_count(self, topology_id: str) -> int:
-        return len(self._replicas(topology_id))
+        return len(self._peers(topology_id))
 
     @hookimpl
     def cleanup(self, topology_id: str) -> None:
-        ctx = self._require_ctx()
-        with self._lock:
-            self._held.discard(topology_id)
-        if self._state is not None:
-            self._state.unregister_replica(topology_id, ctx.address)
+        if self._replicas is not None:
+            self._replicas.unregister(topology_id)
         self._metafile_path(topology_id).unlink(missing_ok=True)
 
     @hookimpl
     def close(self, conf: dict[str, Any]) -> None:
-        self._stop.set()
-        self._reregister.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        if self._ctx is not None and self._ctx.zk is not None:
-            self._ctx.zk.remove_listener(self._on_connection_state)
+        if self._replicas is not None:
+            self._replicas.close()
 
     # -- internals ----------------------------------------------------------------------
     def _require_ctx(self) -> DistributorContext:
@@ -154,14 +144,33 @@ class LocalFileSystemCodeDistributor:
     def _metafile_path(self, topology_id: str) -> Path:
         return safe_join(self._require_ctx().local_dir, f"{topology_id}.meta")
 
-    def _replicas(self, topology_id: str) -> list[str]:
-        return self._state.replica_hosts(topology_id) if self._state is not None else []
+    def _peers(self, topology_id: str) -> list[str]:
+        return sorted(self._replicas.peers(topology_id)) if self._replicas is not None else []
 
     def _register(self, topology_id: str) -> None:
-        with self._lock:
-            self._held.add(topology_id)
-        if self._state is not None:
-            self._state.register_replica(topology_id, self._require_ctx().address)
+        if self._replicas is not None:
+            self._replicas.register(topology_id, self._require_ctx().address)
+
+    def _adopt_existing_copies(self) -> None:
+        """Register copies an earlier run left on disk, if they still verify."""
+        ctx = self._require_ctx()
+        for metafile in sorted(ctx.local_dir.glob("*.meta")):
+            topology_id = metafile.name[: -len(".meta")]
+            code = ctx.code_dir / topology_id
+            if not code.is_dir():
+                metafile.unlink(missing_ok=True)
+                continue
+            try:
+                for entry in read_metafile(metafile, topology_id):
+                    path = safe_join(code, entry["path"])
+                    if path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
+                        raise CodeVerificationError(f"{entry['path']} changed on disk")
+            except (OSError, ValueError, CodeVerificationError) as exc:
+                log.warning("local copy of %s is not intact (%s): deleting it", topology_id, exc)
+                shutil.rmtree(code, ignore_errors=True)
+                metafile.unlink(missing_ok=True)
+                continue
+            self._register(topology_id)
 
     def _fetch_verified(self, peer: str, topology_id: str, entry: dict[str, Any],
                         dest_root: Path) -> None:
@@ -175,31 +184,3 @@ class LocalFileSystemCodeDistributor:
                 f"{entry['path']}: {size} bytes received, {entry['size']} expected")
         if digest != entry["sha256"]:
             raise CodeVerificationError(f"{entry['path']}: sha256 mismatch ({digest})")
-
-    def _on_connection_state(self, state: str) -> None:
-        # kazoo's event thread: only signal. Ephemeral registrations die with the session.
-        if state == KazooState.LOST:
-            self._lost = True
-        elif state == KazooState.CONNECTED and self._lost:
-            self._lost = False
-            self._reregister.set()
-
-    def _reregister_loop(self) -> None:
-        while not self._stop.is_set():
-            self._reregister.wait()
-            self._reregister.clear()
-            if self._stop.is_set():
-                return
-            with self._lock:
-                held = sorted(self._held)
-            ctx = self._require_ctx()
-            for topology_id in held:
-                if not (ctx.code_dir / topology_id).is_dir():
-                    continue
-                try:
-                    if self._state.register_replica(topology_id, ctx.address):
-                        log.info("re-registered replica of %s after session expiry", topology_id)
-                except Exception as exc:
-                    log.warning("re-registering %s failed, retrying: %s", topology_id, exc)
-                    self._stop.wait(1.0)
-                    self._reregister.set()
