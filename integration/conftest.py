@@ -36,12 +36,16 @@ def bundle(tmp_path) -> bytes:
 
 
 
-@pytest.fixture(params=["localfs", "s3"])
+@pytest.fixture(params=["localfs", "s3", "torrent"])
 def backend(request, tmp_path):
     """(name, extra conf) of a code distributor, with any server it needs running."""
     name = request.param
     if name == "localfs":
         yield name, {}
+        return
+    if name == "torrent":
+        pytest.importorskip("nimbus_ha_torrent", reason="nimbus-ha-torrent is not installed")
+        yield name, {"storm.codedistributor.class": "torrent"}
         return
     pytest.importorskip("nimbus_ha_s3", reason="nimbus-ha-s3 is not installed")
     from nimbus_ha_s3.distributor import PREFIX

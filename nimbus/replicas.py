@@ -56,10 +56,18 @@ class ReplicaRegistry:
         return len(self._state.replica_hosts(topology_id))
 
     def close(self) -> None:
+        """Stop, and withdraw every registration: this host no longer serves its copies."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
         self._zk.remove_listener(self._on_connection_state)
+        with self._lock:
+            held, self._held = list(self._held), {}
+        for topology_id in held:
+            try:
+                self._state.unregister_replica(topology_id, self._host)
+            except KazooException as exc:  # the session's end removes them anyway
+                log.debug("could not withdraw replica of %s: %s", topology_id, exc)
 
     def _on_connection_state(self, state: str) -> None:
         # kazoo's event thread: only signal.

@@ -138,7 +138,8 @@ class DistributorConformance:
             group[1].distributor.download(dest, self.topology_id,
                                           self._metafile(tmp_path, metafile))
         assert not dest.exists()
-        assert group[0].distributor.get_replication_count(self.topology_id) == before
+        # Never more: a source that detects its own corruption may even withdraw itself.
+        assert group[0].distributor.get_replication_count(self.topology_id) <= before
 
     def test_unknown_topology_fails_cleanly(self, hosts, tmp_path: Path) -> None:
         group = hosts(1)

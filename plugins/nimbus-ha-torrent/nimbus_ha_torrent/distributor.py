@@ -1,0 +1,301 @@
+"""Code distributor over BitTorrent (libtorrent), in a closed swarm of nimbus hosts.
+
+* ``upload`` makes a private, v1 .torrent of the topology's code directory (piece size
+  chosen from the bundle's size), starts seeding it and registers this host with its
+  BitTorrent endpoint under ``<root>/code-distributor/<id>/<host:port>``. The .torrent is
+  the metafile, published by the leader in ZooKeeper.
+* ``download`` joins the swarm with the peers registered in ZooKeeper (and any that
+  register meanwhile), waits until libtorrent has every piece verified, moves the copy
+  into place, keeps seeding it and registers. It fails if no verified data arrives for
+  ``stall.timeout.secs`` (a tampered piece is never accepted; the sender is banned), or
+  after ``download.timeout.secs``.
+* ``get_replication_count`` counts hosts that completed (the registrations).
+* A copy is seeded (and registered) only after libtorrent's full hash check passes, at
+  upload, after a download and for copies found on disk at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import libtorrent as lt
+
+from nimbus.hookspecs import DistributorContext, hookimpl
+from nimbus.local_code import atomic_dir, check_relative_path, check_topology_id, list_files
+from nimbus.replicas import ReplicaRegistry
+from nimbus.transfer_meter import TransferMeter
+from nimbus_ha_torrent.swarm import Swarm
+
+log = logging.getLogger(__name__)
+
+PREFIX = "nimbus.codedistributor.torrent."
+MIN_PIECE, MAX_PIECE, TARGET_PIECES = 16 * 1024, 4 * 1024 * 1024, 1500
+RECONNECT_S = 2.0
+
+
+class TorrentCodeError(RuntimeError):
+    """A .torrent is invalid, or the swarm could not deliver a verified copy."""
+
+
+def choose_piece_size(total_bytes: int) -> int:
+    """A power of two from 16 KiB to 4 MiB giving at most ~1500 pieces."""
+    size = MIN_PIECE
+    while size < MAX_PIECE and total_bytes / size > TARGET_PIECES:
+        size *= 2
+    return size
+
+
+def make_torrent(code_dir: Path, piece_size: int = 0) -> bytes:
+    """A private v1 .torrent of ``code_dir`` (its name is the directory's name)."""
+    files = list_files(code_dir)  # refuses symlinks
+    total = sum((code_dir / f).stat().st_size for f in files)
+    if total == 0:
+        raise TorrentCodeError(f"{code_dir.name}: nothing to distribute (no bytes)")
+    storage = lt.list_files(str(code_dir))
+    creator = lt.create_torrent(storage, piece_size or choose_piece_size(total),
+                                lt.create_torrent.v1_only)
+    creator.set_priv(True)
+    creator.set_creator("nimbus-ha")
+    lt.set_piece_hashes(creator, str(code_dir.parent))
+    return lt.bencode(creator.generate())
+
+
+def read_torrent(data: bytes, topology_id: str) -> Any:
+    """Parse and check a .torrent for ``topology_id``; raises TorrentCodeError."""
+    try:
+        info = lt.torrent_info(data)
+    except RuntimeError as exc:
+        raise TorrentCodeError(f"metafile of {topology_id} is not a valid .torrent: {exc}") \
+            from None
+    if info.name() != topology_id:
+        raise TorrentCodeError(f"metafile is for {info.name()!r}, not {topology_id!r}")
+    layout = info.layout()
+    for index in range(layout.num_files()):
+        path = layout.file_path(index)
+        check_relative_path(path)
+        if not path.startswith(topology_id + os.sep):
+            raise TorrentCodeError(f"torrent file {path!r} is outside {topology_id}/")
+    return info
+
+
+class TorrentCodeDistributor:
+    """Topology code shared by BitTorrent between nimbus hosts; see module docstring."""
+
+    name = "torrent"
+
+    def __init__(self) -> None:
+        self._ctx: DistributorContext | None = None
+        self._conf: dict[str, Any] = {}
+        self._swarm: Swarm | None = None
+        self._replicas: ReplicaRegistry | None = None
+        self._seeding: dict[str, str] = {}  # info hash -> topology id
+
+    @hookimpl
+    def config_defaults(self) -> dict[str, Any]:
+        return {
+            PREFIX + "listen.interface": "127.0.0.1",
+            PREFIX + "listen.port": 0,               # 0: any free port (published in ZK)
+            PREFIX + "piece.size.kb": 0,             # 0: chosen from the bundle's size
+            PREFIX + "stall.timeout.secs": 60,
+            PREFIX + "download.timeout.secs": 900,
+        }
+
+    @hookimpl
+    def prepare(self, conf: dict[str, Any], context: DistributorContext) -> None:
+        self._conf = {**self.config_defaults(),
+                      **{k: v for k, v in conf.items() if k.startswith(PREFIX)}}
+        self._ctx = context
+        context.local_dir.mkdir(parents=True, exist_ok=True)
+        self._swarm = Swarm(self._conf[PREFIX + "listen.interface"],
+                            self._conf[PREFIX + "listen.port"],
+                            on_corrupt_seed=self._on_corrupt_seed)
+        if context.zk is not None:
+            self._replicas = ReplicaRegistry(context.zk, context.zk_root, context.address,
+                                             name="torrent")
+        self._adopt_existing_copies()
+
+    # -- hooks ----------------------------------------------------------------------------
+    @hookimpl
+    def upload(self, dir_path: Path, topology_id: str) -> Path:
+        check_topology_id(topology_id)
+        total = sum((dir_path / f).stat().st_size for f in list_files(dir_path))
+        with TransferMeter(f"hash {topology_id} for seeding", total) as meter:
+            torrent = make_torrent(dir_path, self._conf[PREFIX + "piece.size.kb"] * 1024)
+            meter.advance(total)
+        metafile = self._metafile(topology_id)
+        metafile.write_bytes(torrent)
+        if not self._seed(torrent, topology_id, dir_path.parent):
+            raise TorrentCodeError(f"cannot seed {topology_id}: its files changed while hashing")
+        return metafile
+
+    @hookimpl
+    def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
+        swarm = self._require_swarm()
+        torrent = Path(metafile).read_bytes()
+        info = read_torrent(torrent, topology_id)
+        with atomic_dir(dest_dir) as tmp:
+            handle, state = swarm.add(torrent, str(tmp))
+            try:
+                with TransferMeter(f"download {topology_id} by BitTorrent",
+                                   info.total_size()) as meter:
+                    self._wait_complete(handle, state, topology_id, meter)
+                # Pieces count as finished once verified in memory: flush before moving.
+                swarm.flush(handle, state)
+            finally:
+                swarm.remove(handle)
+            # The torrent's root directory is the topology id: lift its content up.
+            root = tmp / topology_id
+            staged = tmp / ".torrent-root"
+            os.replace(root, staged)
+            for child in staged.iterdir():
+                os.replace(child, tmp / child.name)
+            staged.rmdir()
+        self._metafile(topology_id).write_bytes(torrent)
+        self._seed(torrent, topology_id, dest_dir.parent)
+        layout = info.layout()
+        return [dest_dir.parent / layout.file_path(i) for i in range(layout.num_files())]
+
+    @hookimpl
+    def get_replication_count(self, topology_id: str) -> int:
+        return self._replicas.count(topology_id) if self._replicas is not None else 0
+
+    @hookimpl
+    def cleanup(self, topology_id: str) -> None:
+        swarm = self._require_swarm()
+        for info_hash, tid in list(self._seeding.items()):
+            if tid == topology_id:
+                handle = swarm.find(info_hash)
+                if handle is not None:
+                    swarm.remove(handle)
+                self._seeding.pop(info_hash, None)
+        if self._replicas is not None:
+            self._replicas.unregister(topology_id)
+        self._metafile(topology_id).unlink(missing_ok=True)
+
+    @hookimpl
+    def close(self, conf: dict[str, Any]) -> None:
+        if self._replicas is not None:
+            self._replicas.close()
+        if self._swarm is not None:
+            self._swarm.close()
+
+    # -- internals ------------------------------------------------------------------------
+    def _require_swarm(self) -> Swarm:
+        if self._swarm is None or self._ctx is None:
+            raise RuntimeError("torrent distributor used before prepare()")
+        return self._swarm
+
+    def _metafile(self, topology_id: str) -> Path:
+        return self._ctx.local_dir / f"{check_topology_id(topology_id)}.torrent"
+
+    def _seed(self, torrent: bytes, topology_id: str, save_path: Path) -> bool:
+        """Seed a copy once libtorrent's full hash check passes; register it then.
+
+        seed_mode (trust the files, verify each piece when first sent) is not used: a
+        request that arrives while such a piece is being verified is rejected, and the
+        downloader then takes the seeder for one lacking that piece and stalls.
+        """
+        swarm = self._require_swarm()
+        handle, state = swarm.add(torrent, str(save_path))
+        state.checked.wait(self._conf[PREFIX + "download.timeout.secs"])
+        if state.error or not handle.status().is_seeding:
+            log.warning("copy of %s fails libtorrent's check (%s): not seeding it",
+                        topology_id, state.error or handle.status().state)
+            swarm.remove(handle)
+            return False
+        info_hash = str(handle.info_hashes().v1)
+        swarm.mark_seeding(info_hash)
+        self._seeding[info_hash] = topology_id
+        if self._replicas is not None:
+            self._replicas.register(topology_id, swarm.endpoint)
+        return True
+
+    def _connect_peers(self, handle: Any, topology_id: str, known: set[str]) -> None:
+        if self._replicas is None:
+            return
+        for host, endpoint in self._replicas.peers(topology_id).items():
+            if host == self._ctx.address or endpoint in known:
+                continue
+            address, _, port = endpoint.rpartition(":")
+            handle.connect_peer((address, int(port)))
+            known.add(endpoint)
+
+    def _wait_complete(self, handle: Any, state: Any, topology_id: str,
+                       meter: TransferMeter) -> None:
+        stall_s = self._conf[PREFIX + "stall.timeout.secs"]
+        deadline = time.monotonic() + self._conf[PREFIX + "download.timeout.secs"]
+        known: set[str] = set()
+        last_done, last_progress = -1, time.monotonic()
+        next_reconnect = 0.0
+        while True:
+            if time.monotonic() >= next_reconnect:
+                # Offer every registered peer again: libtorrent ignores connected ones, and
+                # a dropped connection (e.g. closed as seed-to-seed) must not end the swarm.
+                known.clear()
+                next_reconnect = time.monotonic() + RECONNECT_S
+            self._connect_peers(handle, topology_id, known)
+            if state.finished.wait(0.2):
+                break
+            status = handle.status()
+            if status.total_wanted_done != last_done:
+                meter.advance(max(0, status.total_wanted_done - max(last_done, 0)))
+                last_done, last_progress = status.total_wanted_done, time.monotonic()
+            now = time.monotonic()
+            if now - last_progress > stall_s or now > deadline:
+                peers = len(self._replicas.peers(topology_id)) if self._replicas else 0
+                why = (f"{state.hash_failures} corrupt pieces received, "
+                       if state.hash_failures else "") + f"{peers} replicas registered"
+                missing = [i for i, have in enumerate(status.pieces) if not have][:5]
+                connected = [f"{p.ip[0]}:{p.ip[1]}(flags={p.flags:#x}, has missing "
+                             f"{[i for i in missing if p.pieces[i]]})"
+                             for p in handle.get_peer_info()]
+                queue = [(q["piece_index"], [b["state"] for b in q["blocks"]])
+                         for q in handle.get_download_queue()][:3]
+                log.warning("stall of %s: missing pieces %s, download queue %s",
+                            topology_id, missing, queue)
+                raise TorrentCodeError(
+                    f"download of {topology_id} stalled at {status.progress:.1%} ({why}, "
+                    f"state {status.state}, connected: {', '.join(connected) or 'none'}); "
+                    "no partial copy is kept")
+        if state.error:
+            raise TorrentCodeError(f"download of {topology_id} failed: {state.error}")
+        status = handle.status()
+        if not status.is_seeding or status.total_wanted_done != status.total_wanted:
+            raise TorrentCodeError(f"download of {topology_id} ended incomplete")
+        meter.advance(max(0, status.total_wanted_done - max(last_done, 0)))
+
+    def _on_corrupt_seed(self, info_hash: str) -> None:
+        topology_id = self._seeding.pop(info_hash, None)
+        if topology_id is None:
+            return
+        handle = self._swarm.find(info_hash)
+        if handle is not None:
+            self._swarm.remove(handle)
+        if self._replicas is not None:
+            self._replicas.unregister(topology_id)
+
+    def _adopt_existing_copies(self) -> None:
+        """Seed again, after a full hash check, the copies an earlier run left on disk."""
+        ctx = self._ctx
+        for metafile in sorted(ctx.local_dir.glob("*.torrent")):
+            topology_id = metafile.name[: -len(".torrent")]
+            code = ctx.code_dir / topology_id
+            if not code.is_dir():
+                metafile.unlink(missing_ok=True)
+                continue
+            torrent = metafile.read_bytes()
+            try:
+                read_torrent(torrent, topology_id)
+                intact = self._seed(torrent, topology_id, ctx.code_dir)
+            except (TorrentCodeError, RuntimeError) as exc:
+                log.warning("cannot re-seed %s: %s", topology_id, exc)
+                intact = False
+            if not intact:
+                log.warning("local copy of %s is not intact: deleting it", topology_id)
+                shutil.rmtree(code, ignore_errors=True)
+                metafile.unlink(missing_ok=True)

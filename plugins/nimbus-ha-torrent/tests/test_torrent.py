@@ -1,0 +1,172 @@
+"""nimbus-ha-torrent with real libtorrent sessions on loopback and a real ZooKeeper."""
+
+from __future__ import annotations
+
+import threading
+
+import libtorrent as lt
+import pytest
+from nimbus_ha_torrent.distributor import PREFIX, TorrentCodeDistributor, TorrentCodeError
+
+from nimbus.cluster_state import StormClusterState
+from nimbus.distributors import CodeDistributor, resolve_distributor_class
+from nimbus.hookspecs import DistributorContext
+from nimbus.testing.conformance import (
+    ConformanceHost,
+    DistributorConformance,
+    _digests,
+    _write_code,
+)
+
+pytest_plugins = ["nimbus.testing.zookeeper"]
+TOPOLOGY = DistributorConformance.topology_id
+FAST = {PREFIX + "stall.timeout.secs": 3, PREFIX + "download.timeout.secs": 120}
+
+
+@pytest.fixture
+def hosts(tmp_path, make_zk, zk_root):
+    made = []
+
+    def make(n: int, conf: dict | None = None) -> list[ConformanceHost]:
+        group = []
+        for _ in range(n):
+            root = tmp_path / f"host-{len(made)}"
+            zk = make_zk()
+            StormClusterState(zk, zk_root).setup()
+            # The leader creates a topology's code node before uploading (see lifecycle).
+            zk.ensure_path(f"{zk_root}/code-distributor/{TOPOLOGY}")
+            distributor = CodeDistributor(TorrentCodeDistributor)
+            distributor.prepare({**FAST, **(conf or {})}, DistributorContext(
+                zk=zk, zk_root=zk_root, address=f"nimbus-{len(made)}:6627",
+                local_dir=root / "meta", code_dir=root / "code"))
+            made.append(distributor)
+            group.append(ConformanceHost(distributor, root / "code", {}))
+        return group
+
+    yield make
+    for distributor in made:
+        distributor.close({})
+
+
+def corrupt_file(host: ConformanceHost, topology_id: str) -> None:
+    jar = host.code_dir / topology_id / "stormjar.jar"
+    data = bytearray(jar.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    jar.write_bytes(bytes(data))
+
+
+class TestTorrentConformance(DistributorConformance):
+    @pytest.fixture
+    def tamper(self):
+        return corrupt_file
+
+
+def plugin(host: ConformanceHost) -> TorrentCodeDistributor:
+    return host.distributor._pm.get_plugins().pop()
+
+
+def upload(source: ConformanceHost, tmp_path, big_bytes: int = 3_000_000):
+    digests = _write_code(source.code_dir / TOPOLOGY, big_bytes=big_bytes)
+    metafile = source.distributor.upload(source.code_dir / TOPOLOGY, TOPOLOGY)
+    meta = tmp_path / "meta.torrent"
+    meta.write_bytes(metafile.read_bytes())
+    return digests, meta
+
+
+def test_selected_by_entry_point_name():
+    assert resolve_distributor_class("torrent") is TorrentCodeDistributor
+
+
+def test_eight_peers_complete_and_count_as_replicas(hosts, tmp_path):
+    source, *peers = hosts(9)
+    digests, meta = upload(source, tmp_path)
+    errors: list[Exception] = []
+
+    def fetch(peer: ConformanceHost) -> None:
+        try:
+            peer.distributor.download(peer.code_dir / TOPOLOGY, TOPOLOGY, meta)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch, args=(p,), name=f"peer-{i}")
+               for i, p in enumerate(peers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert all(_digests(p.code_dir / TOPOLOGY) == digests for p in peers)
+    assert source.distributor.get_replication_count(TOPOLOGY) == 9
+
+
+def test_listens_on_loopback_only(hosts):
+    port = plugin(hosts(1)[0])._swarm.port
+    listening = []
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            listening.append(address)
+    assert listening == ["0100007F"]  # 127.0.0.1, and nothing else
+
+
+def test_tampered_piece_with_a_good_seeder_ends_in_a_good_copy(hosts, tmp_path):
+    source, good, target = hosts(3)
+    digests, meta = upload(source, tmp_path)
+    good.distributor.download(good.code_dir / TOPOLOGY, TOPOLOGY, meta)
+    corrupt_file(source, TOPOLOGY)
+    target.distributor.download(target.code_dir / TOPOLOGY, TOPOLOGY, meta)
+    assert _digests(target.code_dir / TOPOLOGY) == digests
+
+
+def test_torrent_for_another_topology_is_refused(hosts, tmp_path):
+    source, target = hosts(2)
+    _, meta = upload(source, tmp_path)
+    dest = target.code_dir / "other-1-1"
+    with pytest.raises(TorrentCodeError, match="not 'other-1-1'"):
+        target.distributor.download(dest, "other-1-1", meta)
+    assert not dest.exists()
+
+
+def test_forged_piece_hashes_never_complete(hosts, tmp_path):
+    """A .torrent whose piece hashes were altered parses, but nobody can satisfy it."""
+    source, target = hosts(2)
+    _, meta = upload(source, tmp_path)
+    decoded = lt.bdecode(meta.read_bytes())
+    pieces = bytearray(decoded[b"info"][b"pieces"])
+    pieces[0] ^= 0xFF
+    decoded[b"info"][b"pieces"] = bytes(pieces)
+    meta.write_bytes(lt.bencode(decoded))
+    dest = target.code_dir / TOPOLOGY
+    with pytest.raises(TorrentCodeError, match="stalled"):
+        target.distributor.download(dest, TOPOLOGY, meta)
+    assert not dest.exists()
+    assert source.distributor.get_replication_count(TOPOLOGY) == 1
+
+
+def test_download_cut_off_half_way_leaves_nothing(hosts, tmp_path, monkeypatch):
+    import nimbus_ha_torrent.distributor as torrent_module
+
+    source, target = hosts(2, {PREFIX + "piece.size.kb": 16})
+    _, meta = upload(source, tmp_path, big_bytes=64 * 1024 * 1024)
+
+    # Throttle the seeder so that the download is observed part-way.
+    plugin(source)._swarm.session.apply_settings(
+        {"upload_rate_limit": 16 * 1024 * 1024, "ignore_limits_on_local_network": False})
+    closed = threading.Event()
+
+    class CutOff(torrent_module.TransferMeter):
+        """Closes the only seeder once a quarter has arrived."""
+
+        def advance(self, nbytes: int) -> None:
+            super().advance(nbytes)
+            if self.done >= self.total // 4 and not closed.is_set():
+                closed.set()
+                source.distributor.close({})
+
+    monkeypatch.setattr(torrent_module, "TransferMeter", CutOff)
+    dest = target.code_dir / TOPOLOGY
+    with pytest.raises(TorrentCodeError, match="stalled"):
+        target.distributor.download(dest, TOPOLOGY, meta)
+    assert not dest.exists() and not list(dest.parent.glob(".incoming-*"))
+    assert closed.is_set() and target.distributor.get_replication_count(TOPOLOGY) == 0
