@@ -123,9 +123,18 @@ def test_daemon_start_errors(tmp_path, cluster):
     assert "unknown code distributor 'com.example.Missing'" in result.stderr
     assert "installed: localfs" in result.stderr
 
+    result = run_cli("nimbus", "--config", str(cluster.config_file), "--set",
+                     "storm.codedistributor.class="
+                     "org.apache.storm.hdfs.ha.codedistributor.HDFSCodeDistributor")
+    assert result.returncode != 0 and "pip install nimbus-ha-hdfs" in result.stderr
+
+    # An installed backend that is misconfigured: one line naming the setting.
     result = run_cli("nimbus", "--config", str(cluster.config_file),
                      "--set", "storm.codedistributor.class=s3")
-    assert result.returncode != 0 and "pip install nimbus-ha-s3" in result.stderr
+    assert result.returncode != 0
+    assert "code distributor 's3' cannot start: set nimbus.codedistributor.s3.bucket" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_cli_commands_happy_path(cluster, tmp_path):

@@ -121,7 +121,14 @@ class CodeDistributor:
         return merged
 
     def prepare(self, conf: Any, context: hookspecs.DistributorContext) -> None:
-        self._pm.hook.prepare(conf=dict(conf), context=context)
+        """Start the distributor; any failure becomes a DistributorError naming it."""
+        try:
+            self._pm.hook.prepare(conf=dict(conf), context=context)
+        except DistributorError:
+            raise
+        except Exception as exc:
+            raise DistributorError(
+                f"code distributor {self.name!r} cannot start: {exc}") from exc
 
     def upload(self, dir_path: Path, topology_id: str) -> Path:
         metafile = self._pm.hook.upload(dir_path=Path(dir_path), topology_id=topology_id)

@@ -5,65 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from nimbus.client import fetch_file
 from nimbus.cluster_state import StormClusterState
-from nimbus.distributors import CodeDistributor, resolve_distributor_class
-from nimbus.file_transfer import FileTransfers
-from nimbus.hookspecs import DistributorContext
-from nimbus.local_code import LocalCodeStore
+from nimbus.distributors import resolve_distributor_class
 from nimbus.testing.conformance import ConformanceHost, DistributorConformance
 from nimbus.testing.faults import expire_session
-from nimbus.thrift_server import ThriftServer
+from nimbus.testing.hosts import SimulatedHosts
 
 pytest_plugins = ["nimbus.testing.zookeeper"]
 
 
-class FileServer:
-    """The part of the Nimbus service localfs downloads through."""
-
-    def __init__(self, transfers: FileTransfers):
-        self._transfers = transfers
-
-    def beginFileDownload(self, file: str) -> str:
-        return self._transfers.begin_download(file)
-
-    def downloadChunk(self, id: str) -> bytes:  # noqa: A002
-        return self._transfers.download_chunk(id)
-
-
 @pytest.fixture
-def hosts(tmp_path, make_zk, zk_root):
-    servers, distributors = [], []
-
-    def make(n: int) -> list[ConformanceHost]:
-        group = []
-        for _ in range(n):
-            index = len(servers)
-            local = tmp_path / f"host-{index}"
-            store = LocalCodeStore(local)
-            transfers = FileTransfers(local, store, 1 << 30)
-            server = ThriftServer(FileServer(transfers), "127.0.0.1", 0)
-            server.start()
-            servers.append(server)
-            zk = make_zk()
-            StormClusterState(zk, zk_root).setup()
-            distributor = CodeDistributor(resolve_distributor_class("localfs"))
-            context = DistributorContext(
-                zk=zk, zk_root=zk_root, address=f"127.0.0.1:{server.port}",
-                local_dir=local / "code-distributor" / "localfs", code_dir=store.root,
-                fetch_file=fetch_file)
-            distributor.prepare({}, context)
-            distributors.append(distributor)
-            group.append(ConformanceHost(distributor, store.root, {}))
-        # The leader creates a topology's code node before uploading (see lifecycle).
-        zk.ensure_path(f"{zk_root}/code-distributor/{DistributorConformance.topology_id}")
-        return group
-
-    yield make
-    for distributor in distributors:
-        distributor.close({})
-    for server in servers:
-        server.stop()
+def hosts(tmp_path, zk_server, zk_root):
+    simulated = SimulatedHosts(tmp_path, zk_server.hosts, zk_root, "localfs",
+                               topology_ids=(DistributorConformance.topology_id,))
+    yield simulated.make
+    simulated.close()
 
 
 def corrupt_jar(host: ConformanceHost, topology_id: str) -> None:

@@ -8,15 +8,14 @@ import libtorrent as lt
 import pytest
 from nimbus_ha_torrent.distributor import PREFIX, TorrentCodeDistributor, TorrentCodeError
 
-from nimbus.cluster_state import StormClusterState
-from nimbus.distributors import CodeDistributor, resolve_distributor_class
-from nimbus.hookspecs import DistributorContext
+from nimbus.distributors import resolve_distributor_class
 from nimbus.testing.conformance import (
     ConformanceHost,
     DistributorConformance,
     _digests,
     _write_code,
 )
+from nimbus.testing.hosts import SimulatedHosts
 
 pytest_plugins = ["nimbus.testing.zookeeper"]
 TOPOLOGY = DistributorConformance.topology_id
@@ -24,28 +23,11 @@ FAST = {PREFIX + "stall.timeout.secs": 3, PREFIX + "download.timeout.secs": 120}
 
 
 @pytest.fixture
-def hosts(tmp_path, make_zk, zk_root):
-    made = []
-
-    def make(n: int, conf: dict | None = None) -> list[ConformanceHost]:
-        group = []
-        for _ in range(n):
-            root = tmp_path / f"host-{len(made)}"
-            zk = make_zk()
-            StormClusterState(zk, zk_root).setup()
-            # The leader creates a topology's code node before uploading (see lifecycle).
-            zk.ensure_path(f"{zk_root}/code-distributor/{TOPOLOGY}")
-            distributor = CodeDistributor(TorrentCodeDistributor)
-            distributor.prepare({**FAST, **(conf or {})}, DistributorContext(
-                zk=zk, zk_root=zk_root, address=f"nimbus-{len(made)}:6627",
-                local_dir=root / "meta", code_dir=root / "code"))
-            made.append(distributor)
-            group.append(ConformanceHost(distributor, root / "code", {}))
-        return group
-
-    yield make
-    for distributor in made:
-        distributor.close({})
+def hosts(tmp_path, zk_server, zk_root):
+    simulated = SimulatedHosts(tmp_path, zk_server.hosts, zk_root, "torrent", FAST,
+                               topology_ids=(TOPOLOGY,))
+    yield simulated.make
+    simulated.close()
 
 
 def corrupt_file(host: ConformanceHost, topology_id: str) -> None:

@@ -1,0 +1,89 @@
+"""Simulated nimbus hosts for distributor tests and benchmarks, on real servers.
+
+Each host has its own prepared code distributor, its own code directory, its own
+ZooKeeper session (on a real server) and a real Thrift server that serves its code the
+way a nimbus does (``beginFileDownload``/``downloadChunk``, what localfs fetches over).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from nimbus.client import fetch_file
+from nimbus.cluster_state import StormClusterState
+from nimbus.distributors import CodeDistributor, resolve_distributor_class
+from nimbus.file_transfer import FileTransfers
+from nimbus.hookspecs import DistributorContext
+from nimbus.local_code import LocalCodeStore
+from nimbus.testing.conformance import ConformanceHost
+from nimbus.thrift_server import ThriftServer
+
+
+class FileServer:
+    """The part of the Nimbus service that serves code to peers."""
+
+    def __init__(self, transfers: FileTransfers):
+        self._transfers = transfers
+
+    def beginFileDownload(self, file: str) -> str:
+        return self._transfers.begin_download(file)
+
+    def downloadChunk(self, id: str) -> bytes:  # noqa: A002 - Storm's argument name
+        return self._transfers.download_chunk(id)
+
+
+class SimulatedHosts:
+    """A factory of :class:`ConformanceHost` sharing one ZooKeeper root and backend."""
+
+    def __init__(self, work_dir: Path, zk_hosts: str, zk_root: str, distributor: str,
+                 conf: dict[str, Any] | None = None, topology_ids: tuple[str, ...] = ()):
+        self.work_dir = Path(work_dir)
+        self.zk_hosts = zk_hosts
+        self.zk_root = zk_root
+        self.plugin_class = resolve_distributor_class(distributor)
+        self.conf = dict(conf or {})
+        self.topology_ids = topology_ids
+        self._servers: list[ThriftServer] = []
+        self._distributors: list[CodeDistributor] = []
+        self._clients: list[KazooClient] = []
+
+    def code_node(self, topology_id: str) -> None:
+        """Create a topology's code node, as the leader does before it uploads."""
+        self._clients[0].ensure_path(f"{self.zk_root}/code-distributor/{topology_id}")
+
+    def make(self, n: int, conf: dict[str, Any] | None = None) -> list[ConformanceHost]:
+        group = []
+        for _ in range(n):
+            index = len(self._servers)
+            local = self.work_dir / f"host-{index}"
+            store = LocalCodeStore(local)
+            server = ThriftServer(FileServer(FileTransfers(local, store, 1 << 40)),
+                                  "127.0.0.1", 0)
+            server.start()
+            self._servers.append(server)
+            zk = KazooClient(hosts=self.zk_hosts, timeout=4.0)
+            zk.start(timeout=15)
+            self._clients.append(zk)
+            StormClusterState(zk, self.zk_root).setup()
+            for topology_id in self.topology_ids:
+                self.code_node(topology_id)
+            distributor = CodeDistributor(self.plugin_class)
+            distributor.prepare({**self.conf, **(conf or {})}, DistributorContext(
+                zk=zk, zk_root=self.zk_root, address=f"127.0.0.1:{server.port}",
+                local_dir=local / "code-distributor" / distributor.name,
+                code_dir=store.root, fetch_file=fetch_file))
+            self._distributors.append(distributor)
+            group.append(ConformanceHost(distributor, store.root, self.conf))
+        return group
+
+    def close(self) -> None:
+        for distributor in self._distributors:
+            distributor.close({})
+        for server in self._servers:
+            server.stop()
+        for zk in self._clients:
+            zk.stop()
+            zk.close()
