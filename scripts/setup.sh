@@ -17,5 +17,5 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]" -e plugins/nimbus-ha-localfs \
-    -e "plugins/nimbus-ha-s3[test]" -e plugins/nimbus-ha-torrent
+    -e "plugins/nimbus-ha-s3[test]" -e plugins/nimbus-ha-torrent -e plugins/nimbus-ha-hdfs
 echo "set up: $(.venv/bin/nimbus-ha --version)"

@@ -10,7 +10,7 @@ import pytest
 from nimbus_ha_s3.distributor import PREFIX, S3CodeDistributor, S3CodeError
 from nimbus_ha_s3.seaweed import SeaweedS3Server
 
-from nimbus.distributors import CodeDistributor, resolve_distributor_class
+from nimbus.distributors import CodeDistributor, DistributorError, resolve_distributor_class
 from nimbus.hookspecs import DistributorContext
 from nimbus.testing.conformance import ConformanceHost, DistributorConformance, _write_code
 from nimbus.zkserver import free_port
@@ -86,7 +86,7 @@ def test_selected_by_entry_point_name():
 def test_bad_settings_fail_at_prepare_with_a_clear_error(s3, tmp_path, change, message):
     change = {k: v.format(port=free_port()) if isinstance(v, str) else v
               for k, v in change.items()}
-    with pytest.raises(S3CodeError, match=message):
+    with pytest.raises(DistributorError, match=message):
         make_distributor(s3_conf(s3, **change), tmp_path)
 
 
@@ -124,7 +124,7 @@ def test_tampered_manifest_is_refused(s3, tmp_path):
 
 def test_download_cut_off_half_way_leaves_nothing(tmp_path, monkeypatch):
     """Stop the store in the middle of a download: an error, and no partial copy."""
-    import nimbus_ha_s3.distributor as s3_module
+    import nimbus.manifest_store as store_module
 
     server = SeaweedS3Server(tmp_path / "seaweed").start()
     try:
@@ -137,7 +137,7 @@ def test_download_cut_off_half_way_leaves_nothing(tmp_path, monkeypatch):
         (code / "stormjar.jar").write_bytes(b"y" * (48 * 1024 * 1024))
         metafile = source.upload(code, "t-1-1")
 
-        class CutOff(s3_module.TransferMeter):
+        class CutOff(store_module.TransferMeter):
             """Stops the real server once 8 MB have arrived: deterministic, no race."""
 
             def advance(self, nbytes: int) -> None:
@@ -145,7 +145,7 @@ def test_download_cut_off_half_way_leaves_nothing(tmp_path, monkeypatch):
                 if self.done >= 8 * 1024 * 1024 and server.process is not None:
                     server.stop()
 
-        monkeypatch.setattr(s3_module, "TransferMeter", CutOff)
+        monkeypatch.setattr(store_module, "TransferMeter", CutOff)
         dest = tmp_path / "b" / "code" / "t-1-1"
         with pytest.raises(S3CodeError):
             target.download(dest, "t-1-1", metafile)
