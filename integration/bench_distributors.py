@@ -1,6 +1,7 @@
 """Benchmark: code-distributor throughput, against a plain file copy of the same bytes.
 
-For each backend (localfs, s3 on a real SeaweedFS, torrent), upload and download a
+For each backend (localfs, s3 on a real SeaweedFS, torrent, hdfs through pyarrow on a
+local directory), upload and download a
 bundle (256 MB by default) between simulated nimbus hosts on real servers, and print
 throughput as a ratio to ``shutil.copyfile`` of the same bytes measured in the same run.
 For torrent it also prints the time for 8 peers to finish versus 1 peer.
@@ -78,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=256)
     parser.add_argument("--peers", type=int, default=8)
-    parser.add_argument("--backends", default="localfs,s3,torrent")
+    parser.add_argument("--backends", default="localfs,s3,torrent,hdfs")
     args = parser.parse_args()
     size = args.megabytes * 1024 * 1024
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
@@ -102,6 +103,9 @@ def main() -> None:
                     conf = {PREFIX + "endpoint": server.endpoint_url, PREFIX + "bucket": "bench",
                             PREFIX + "access.key": server.access_key,
                             PREFIX + "secret.key": server.secret_key}
+                if name == "hdfs":
+                    # No HDFS can run here: pyarrow's LocalFileSystem, the same calls.
+                    conf = {"nimbus.codedistributor.hdfs.namenode": f"file://{work / 'hdfs'}"}
                 try:
                     results[name] = bench_backend(name, work, zk, conf, args.megabytes,
                                                   args.peers)
