@@ -17,7 +17,6 @@ import time
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
-from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
 
 from nimbus import __version__
@@ -32,6 +31,7 @@ from nimbus.hookspecs import DistributorContext
 from nimbus.lifecycle import TopologyLifecycle
 from nimbus.local_code import LocalCodeStore
 from nimbus.records import NimbusInfo
+from nimbus.session_renewal import SessionRenewal
 from nimbus.summary_cache import ClusterSummaryCache
 from nimbus.thrift_handler import NimbusHandler
 from nimbus.thrift_server import ThriftServer
@@ -62,8 +62,6 @@ class NimbusDaemon:
         self.started_at = time.time()
         self._stop = threading.Event()
         self._duties_wake = threading.Event()
-        self._session_lost = False
-        self._reregister = threading.Event()
 
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
         self.zk = make_zk_client(conf)
@@ -92,15 +90,13 @@ class NimbusDaemon:
         self.server = ThriftServer(handler, conf["nimbus.host"], conf["nimbus.thrift.port"])
         self._duties = threading.Thread(target=self._duty_loop, name="leader-duties",
                                         daemon=True)
-        self._session = threading.Thread(target=self._session_loop, name="nimbus-session",
-                                         daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self.server.start()
         self._register()
+        self._renewal = SessionRenewal(self.zk, "nimbus-registration", self._reregister)
         self.zk.add_listener(self._on_connection_state)
-        self._session.start()
         self.cache.start()
         self.sync.start()
         self._duties.start()
@@ -117,11 +113,10 @@ class NimbusDaemon:
             log.warning("leaving the election failed: %s", exc)
         self._stop.set()
         self._duties_wake.set()
-        self._reregister.set()
+        self._renewal.close()
         self.sync.stop()
         self.cache.stop()
         self._duties.join(timeout=10)
-        self._session.join(timeout=10)
         self.server.stop()
         self.transfers.close()
         try:
@@ -146,29 +141,14 @@ class NimbusDaemon:
             host=self.conf["nimbus.host"], port=self.conf["nimbus.thrift.port"],
             start_time_secs=int(self.started_at), version=__version__))
 
+    def _reregister(self) -> None:
+        self._register()
+        log.info("re-registered %s after session expiry", self.address)
+
     def _on_connection_state(self, state: str) -> None:
-        # kazoo's event thread: only signal. Ephemeral nodes died with a LOST session.
-        if state == KazooState.LOST:
-            self._session_lost = True
-        elif state == KazooState.CONNECTED and self._session_lost:
-            self._session_lost = False
-            self._reregister.set()
+        # kazoo's event thread: only signal; views of the cluster may have changed.
         self.cache.wake()
         self.sync.wake()
-
-    def _session_loop(self) -> None:
-        while not self._stop.is_set():
-            self._reregister.wait()
-            self._reregister.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self._register()
-                log.info("re-registered %s after session expiry", self.address)
-            except KazooException as exc:
-                log.warning("re-registration failed, retrying: %s", exc)
-                self._stop.wait(1.0)
-                self._reregister.set()
 
     # -- the leader's duties ------------------------------------------------------------------
     def _on_leadership(self, leader: bool) -> None:

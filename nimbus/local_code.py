@@ -75,6 +75,27 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def leftover_copies(meta_dir: Path, suffix: str,
+                    code_dir: Path) -> Iterator[tuple[str, Path, Path]]:
+    """(topology id, metafile, code directory) of each copy an earlier run left on disk.
+
+    Distributors re-verify these at start-up. A metafile whose code is gone is deleted.
+    """
+    for metafile in sorted(Path(meta_dir).glob(f"*{suffix}")):
+        topology_id = metafile.name[: -len(suffix)]
+        code = Path(code_dir) / topology_id
+        if code.is_dir():
+            yield topology_id, metafile, code
+        else:
+            metafile.unlink(missing_ok=True)
+
+
+def discard_copy(metafile: Path, code: Path) -> None:
+    """Delete a copy that failed verification, so that the code sync fetches a good one."""
+    shutil.rmtree(code, ignore_errors=True)
+    metafile.unlink(missing_ok=True)
+
+
 def list_files(root: Path) -> list[Path]:
     """Regular files under ``root`` (relative paths, sorted); symlinks are refused."""
     out = []

@@ -63,6 +63,13 @@ def _write_code(root: Path, seed: int = 0, big_bytes: int = 3 * 1024 * 1024 + 17
     return digests
 
 
+def flip_byte(path: Path) -> None:
+    """Corrupt a file in place (one byte in its middle): a "tampered copy" for tests."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
 def _digests(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in root.rglob("*") if p.is_file()}

@@ -20,6 +20,7 @@ from nimbus.testing.conformance import (
     DistributorConformance,
     _digests,
     _write_code,
+    flip_byte,
 )
 from nimbus.testing.hosts import SimulatedHosts
 
@@ -44,10 +45,7 @@ class TestHdfsConformance(DistributorConformance):
     @pytest.fixture
     def tamper(self, store_dir):
         def corrupt(host: ConformanceHost, topology_id: str) -> None:
-            jar = store_dir / "nimbus-ha" / "code" / topology_id / "stormjar.jar"
-            data = bytearray(jar.read_bytes())
-            data[len(data) // 2] ^= 0xFF
-            jar.write_bytes(bytes(data))
+            flip_byte(store_dir / "nimbus-ha" / "code" / topology_id / "stormjar.jar")
 
         return corrupt
 

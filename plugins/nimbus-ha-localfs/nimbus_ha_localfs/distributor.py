@@ -18,12 +18,17 @@ import hashlib
 import json
 import logging
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
 from nimbus.hookspecs import DistributorContext, hookimpl
-from nimbus.local_code import atomic_dir, list_files, safe_join
+from nimbus.local_code import (
+    atomic_dir,
+    discard_copy,
+    leftover_copies,
+    list_files,
+    safe_join,
+)
 from nimbus.replicas import ReplicaRegistry
 from nimbus.transfer_meter import TransferMeter
 
@@ -154,12 +159,7 @@ class LocalFileSystemCodeDistributor:
     def _adopt_existing_copies(self) -> None:
         """Register copies an earlier run left on disk, if they still verify."""
         ctx = self._require_ctx()
-        for metafile in sorted(ctx.local_dir.glob("*.meta")):
-            topology_id = metafile.name[: -len(".meta")]
-            code = ctx.code_dir / topology_id
-            if not code.is_dir():
-                metafile.unlink(missing_ok=True)
-                continue
+        for topology_id, metafile, code in leftover_copies(ctx.local_dir, ".meta", ctx.code_dir):
             try:
                 for entry in read_metafile(metafile, topology_id):
                     path = safe_join(code, entry["path"])
@@ -167,8 +167,7 @@ class LocalFileSystemCodeDistributor:
                         raise CodeVerificationError(f"{entry['path']} changed on disk")
             except (OSError, ValueError, CodeVerificationError) as exc:
                 log.warning("local copy of %s is not intact (%s): deleting it", topology_id, exc)
-                shutil.rmtree(code, ignore_errors=True)
-                metafile.unlink(missing_ok=True)
+                discard_copy(metafile, code)
                 continue
             self._register(topology_id)
 

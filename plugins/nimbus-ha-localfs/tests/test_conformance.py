@@ -7,7 +7,7 @@ import pytest
 
 from nimbus.cluster_state import StormClusterState
 from nimbus.distributors import resolve_distributor_class
-from nimbus.testing.conformance import ConformanceHost, DistributorConformance
+from nimbus.testing.conformance import ConformanceHost, DistributorConformance, flip_byte
 from nimbus.testing.faults import expire_session
 from nimbus.testing.hosts import SimulatedHosts
 
@@ -24,10 +24,7 @@ def hosts(tmp_path, zk_server, zk_root):
 
 def corrupt_jar(host: ConformanceHost, topology_id: str) -> None:
     """Flip one byte of the copy that this host serves to its peers."""
-    jar = host.code_dir / topology_id / "stormjar.jar"
-    data = bytearray(jar.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    jar.write_bytes(bytes(data))
+    flip_byte(host.code_dir / topology_id / "stormjar.jar")
 
 
 class TestLocalfsConformance(DistributorConformance):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,14 @@ from typing import Any
 import libtorrent as lt
 
 from nimbus.hookspecs import DistributorContext, hookimpl
-from nimbus.local_code import atomic_dir, check_relative_path, check_topology_id, list_files
+from nimbus.local_code import (
+    atomic_dir,
+    check_relative_path,
+    check_topology_id,
+    discard_copy,
+    leftover_copies,
+    list_files,
+)
 from nimbus.replicas import ReplicaRegistry
 from nimbus.transfer_meter import TransferMeter
 from nimbus_ha_torrent.swarm import Swarm
@@ -282,12 +288,8 @@ class TorrentCodeDistributor:
     def _adopt_existing_copies(self) -> None:
         """Seed again, after a full hash check, the copies an earlier run left on disk."""
         ctx = self._ctx
-        for metafile in sorted(ctx.local_dir.glob("*.torrent")):
-            topology_id = metafile.name[: -len(".torrent")]
-            code = ctx.code_dir / topology_id
-            if not code.is_dir():
-                metafile.unlink(missing_ok=True)
-                continue
+        for topology_id, metafile, code in leftover_copies(ctx.local_dir, ".torrent",
+                                                           ctx.code_dir):
             torrent = metafile.read_bytes()
             try:
                 read_torrent(torrent, topology_id)
@@ -297,5 +299,4 @@ class TorrentCodeDistributor:
                 intact = False
             if not intact:
                 log.warning("local copy of %s is not intact: deleting it", topology_id)
-                shutil.rmtree(code, ignore_errors=True)
-                metafile.unlink(missing_ok=True)
+                discard_copy(metafile, code)

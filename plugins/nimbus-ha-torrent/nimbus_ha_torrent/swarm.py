@@ -66,6 +66,9 @@ class Swarm:
     def __init__(self, interface: str, port: int,
                  on_corrupt_seed: Callable[[str], None] = lambda info_hash: None):
         self.session = lt.session(closed_swarm_settings(interface, port))
+        # After a corrupt piece, ban only the peer whose blocks were bad: without this
+        # every peer that sent part of the piece is banned, good seeders included.
+        self.session.add_extension("smart_ban")
         self.interface = interface
         self.port = self._wait_listening()
         self._states: dict[str, TorrentState] = {}

@@ -14,6 +14,7 @@ from nimbus.testing.conformance import (
     DistributorConformance,
     _digests,
     _write_code,
+    flip_byte,
 )
 from nimbus.testing.hosts import SimulatedHosts
 
@@ -31,10 +32,7 @@ def hosts(tmp_path, zk_server, zk_root):
 
 
 def corrupt_file(host: ConformanceHost, topology_id: str) -> None:
-    jar = host.code_dir / topology_id / "stormjar.jar"
-    data = bytearray(jar.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    jar.write_bytes(bytes(data))
+    flip_byte(host.code_dir / topology_id / "stormjar.jar")
 
 
 class TestTorrentConformance(DistributorConformance):
