@@ -131,6 +131,9 @@ class CodeSync:
             try:
                 files = self._distributor.download(
                     self._store.path(topology_id), topology_id, meta_path)
+                if not self._store.has(topology_id):
+                    raise RuntimeError(f"{self._distributor.name} returned without the code "
+                                       f"of {topology_id} in place")
             except Exception as exc:
                 failures = self._failures.get(topology_id, 0) + 1
                 self._failures[topology_id] = failures

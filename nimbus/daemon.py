@@ -65,13 +65,18 @@ class NimbusDaemon:
 
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
         self.zk = make_zk_client(conf)
-        self.state = StormClusterState(self.zk, conf.zk_root)
-        self.state.setup()
-        self.store = LocalCodeStore(conf.local_dir)
-        self.distributor.prepare(conf, DistributorContext(
-            zk=self.zk, zk_root=conf.zk_root, address=self.address,
-            local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
-            code_dir=self.store.root, fetch_file=fetch_file))
+        try:
+            self.state = StormClusterState(self.zk, conf.zk_root)
+            self.state.setup()
+            self.store = LocalCodeStore(conf.local_dir)
+            self.distributor.prepare(conf, DistributorContext(
+                zk=self.zk, zk_root=conf.zk_root, address=self.address,
+                local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
+                code_dir=self.store.root, fetch_file=fetch_file))
+        except BaseException:
+            self.zk.stop()
+            self.zk.close()
+            raise
         self.sync = CodeSync(self.state, self.store, self.distributor,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),

@@ -71,9 +71,10 @@ class NimbusHandler:
         self._require_leader()
         try:
             return action()
-        except (NotLeaderError, NoLeaderError):
+        except (NotLeaderError, NoLeaderError) as exc:
             self._require_leader()  # lost it mid-call: redirect the client
-            raise
+            # Leader again already (a brief suspension): report, the client may retry.
+            raise TApplicationException(TApplicationException.INTERNAL_ERROR, str(exc)) from None
         except TopologyNotFoundError as exc:
             raise storm.NotAliveException(msg=str(exc)) from None
         except TopologyExistsError as exc:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: Debian's ZooKeeper server (+ java), and a virtualenv in .venv
+# Set up a fresh machine: Debian's ZooKeeper server (+ java) and Thrift compiler, and a
+# virtualenv in .venv
 # with nimbus-ha, its default code distributor and the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,6 +8,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+# Apache Thrift's compiler: the wire-compatibility test generates an independent client.
+command -v thrift >/dev/null 2>&1 || need_apt+=(thrift-compiler)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
