@@ -8,9 +8,11 @@ device files are refused, as is a file that is not an archive at all.
 from __future__ import annotations
 
 import io
+import lzma
 import os
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from nimbus.local_code import UnsafePathError
@@ -31,16 +33,24 @@ def check_bundle(path: Path, max_bytes: int) -> int:
     """Validate an archive and return its unpacked size; raises BundleError."""
     label = Path(path).name
     total = 0
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                _check_name(info.filename, label)
-                mode = (info.external_attr >> 16) & 0o170000
-                if mode == 0o120000:
-                    raise BundleError(f"{label}: entry {info.filename!r} is a symlink")
-                total += info.file_size
-    else:
-        try:
+
+    def count(size: int) -> None:
+        # Checked entry by entry, so a decompression bomb is stopped early.
+        nonlocal total
+        total += size
+        if total > max_bytes:
+            raise BundleError(f"{label}: unpacks to more than {max_bytes} bytes")
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as zf:
+                for info in zf.infolist():
+                    _check_name(info.filename, label)
+                    mode = (info.external_attr >> 16) & 0o170000
+                    if mode == 0o120000:
+                        raise BundleError(f"{label}: entry {info.filename!r} is a symlink")
+                    count(info.file_size)
+        else:
             with tarfile.open(path) as tf:
                 for member in tf:
                     _check_name(member.name, label)
@@ -48,11 +58,11 @@ def check_bundle(path: Path, max_bytes: int) -> int:
                         raise BundleError(f"{label}: entry {member.name!r} is a link")
                     if not (member.isfile() or member.isdir()):
                         raise BundleError(f"{label}: entry {member.name!r} is not a file")
-                    total += member.size
-        except tarfile.TarError:
-            raise BundleError(f"{label}: not a zip or tar archive") from None
-    if total > max_bytes:
-        raise BundleError(f"{label}: unpacks to {total} bytes, more than {max_bytes}")
+                    count(member.size)
+    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError,
+            OSError) as exc:
+        raise BundleError(f"{label}: not a zip or tar archive, or a damaged one ({exc})") \
+            from None
     return total
 
 

@@ -52,6 +52,7 @@ class CodeSync:
         self._stop = threading.Event()
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._retry_now = False
         self._thread = threading.Thread(target=self._run, name="code-sync", daemon=True)
         self.runs = 0
 
@@ -95,6 +96,14 @@ class CodeSync:
     def sync_once(self) -> None:
         """One pass: fetch what is missing, drop what is gone."""
         self.runs += 1
+        # Read the disk first, then the submissions in flight, then ZooKeeper: a copy on
+        # disk is then either still protected or already visible as a storm or a published
+        # metafile, never mistaken for the code of a removed topology.
+        held = self._store.topologies()
+        protected = self._protected()
+        if self._retry_now:
+            self._retry_now = False
+            self._retry_at = dict.fromkeys(self._retry_at, 0.0)
         wanted = set(self._state.active_storms(watch=self.wake))
         published: dict[str, bytes] = {}
         for topology_id in self._state.code_topologies(watch=self.wake):
@@ -104,11 +113,10 @@ class CodeSync:
             if meta is not None:
                 published[topology_id] = meta.metafile
                 wanted.add(topology_id)
-        held = self._store.topologies()
         for topology_id in sorted(wanted - held):
             if topology_id in published and time.monotonic() >= self._retry_at.get(topology_id, 0):
                 self._fetch(topology_id, published[topology_id])
-        for topology_id in sorted(held - wanted - self._protected()):
+        for topology_id in sorted(held - wanted - protected):
             log.info("removing code of %s: the topology is gone", topology_id)
             try:
                 self._distributor.cleanup(topology_id)
@@ -120,7 +128,8 @@ class CodeSync:
                 self._failures.pop(topology_id, None)
 
     def _on_replica_change(self, _event: object) -> None:
-        self._retry_at = {k: 0.0 for k in self._retry_at}
+        # kazoo's event thread: only flag; the sync thread owns _retry_at.
+        self._retry_now = True
         self._wake.set()
 
     def _fetch(self, topology_id: str, metafile: bytes) -> None:

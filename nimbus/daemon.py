@@ -61,6 +61,8 @@ class NimbusDaemon:
         self.address = str(conf.nimbus_address)
         self.started_at = time.time()
         self._stop = threading.Event()
+        self._stopping = False
+        self._stopping_lock = threading.Lock()
         self._duties_wake = threading.Event()
 
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
@@ -110,8 +112,10 @@ class NimbusDaemon:
 
     def stop(self) -> None:
         """Leave the election first (fast failover), then stop every thread and close."""
-        if self._stop.is_set():
-            return
+        with self._stopping_lock:
+            if self._stopping:
+                return
+            self._stopping = True
         try:
             self.elector.stop()
         except Exception as exc:

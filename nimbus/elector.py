@@ -12,6 +12,11 @@ is built directly on kazoo's primitives and runs as one named thread:
 * At the head of the queue the nimbus checks ``has_all_code()``; if any topology's code
   is missing it deletes its node, asks for a code sync, and re-queues as soon as
   :meth:`wake` is called by the sync and the code is complete.
+* Node names carry a per-process id, so a node whose create reply was lost, or whose
+  delete failed, is recognised as ours on the next step and adopted or removed: it can
+  never block the queue while this process lives.
+* The fence is the node that was verified to head the queue. Nodes ahead of it can never
+  reappear, so while it exists no other nimbus leads.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import threading
+import uuid
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
@@ -67,7 +73,8 @@ class LeaderElector:
         self._want_queue = False
         self._waiting_for_code = False
         self._node: str | None = None
-        self._leader = False
+        self._leader_node: str | None = None   # the node verified as head of the queue
+        self._token = uuid.uuid4().hex[:12]
         self._thread = threading.Thread(target=self._run, name="leader-elector", daemon=True)
         zk.add_listener(self._on_connection_state)
 
@@ -88,14 +95,16 @@ class LeaderElector:
 
     def is_leader(self) -> bool:
         """True only while this nimbus holds the lock over a CONNECTED session."""
-        return self._leader and self._zk.state == KazooState.CONNECTED
+        head = self._leader_node
+        return (head is not None and head == self._node
+                and self._zk.state == KazooState.CONNECTED)
 
     def fence(self) -> Fence:
         """The fence for a leader write; raises if this nimbus is not the leader."""
-        node = self._node
-        if not self.is_leader() or node is None:
+        head = self._leader_node
+        if not self.is_leader() or head is None:
             raise NoLeaderError("this nimbus is not the leader")
-        return Fence(node)
+        return Fence(head)
 
     def get_leader_address(self) -> str:
         """``host:port`` of the current leader; raises NoLeaderError when there is none."""
@@ -129,30 +138,33 @@ class LeaderElector:
     def _on_connection_state(self, state: str) -> None:
         # Runs on kazoo's event thread: only flip flags, never call ZooKeeper here.
         if state in (KazooState.SUSPENDED, KazooState.LOST):
-            self._set_leader(False)
+            self._set_leader(None)
             if state == KazooState.LOST:
                 self._node = None  # the ephemeral node died with the session
         self._wake.set()
 
-    def _set_leader(self, leader: bool) -> None:
-        if leader != self._leader:
-            self._leader = leader
-            log.info("%s %s leadership", self._address, "gained" if leader else "lost")
+    def _set_leader(self, head: str | None) -> None:
+        """Lead with ``head`` (the node verified at the head of the queue), or not."""
+        was = self._leader_node is not None
+        self._leader_node = head
+        if was != (head is not None):
+            log.info("%s %s leadership", self._address, "gained" if head else "lost")
             try:
-                self._on_change(leader)
+                self._on_change(head is not None)
             except Exception:
                 log.exception("leadership callback failed")
 
     def _drop_node(self) -> None:
-        self._set_leader(False)
+        self._set_leader(None)
         node, self._node = self._node, None
         if node is not None:
             try:
-                self._zk.delete(node)
+                self._zk.retry(self._zk.delete, node)
             except NoNodeError:
                 pass
             except KazooException as exc:
-                log.warning("could not delete lock node %s: %s", node, exc)
+                # Still ours: the next step recognises it by its name and removes it.
+                log.warning("could not delete lock node %s yet: %s", node, exc)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -165,17 +177,33 @@ class LeaderElector:
                     self._evaluate()
             except KazooException as exc:
                 log.warning("leader election step failed (%s); retrying", exc)
-                self._set_leader(False)
+                self._set_leader(None)
                 self._stop.wait(0.2)
                 self._wake.set()
             except Exception:
                 log.exception("leader election step failed")
-                self._set_leader(False)
+                self._set_leader(None)
+
+    def _own_stale_nodes(self, nodes: list[str]) -> list[str]:
+        return [n for n in nodes if self._token in n
+                and posixpath.join(self._state.leader_lock_path, n) != self._node]
 
     def _evaluate(self) -> None:
         if self._zk.state != KazooState.CONNECTED:
-            self._set_leader(False)
+            self._set_leader(None)
             return
+        lock_path = self._state.leader_lock_path
+        nodes = sorted(self._zk.get_children(lock_path), key=_seq)
+        stale = self._own_stale_nodes(nodes)
+        if self._node is None and self._want_queue and stale \
+                and (not self._waiting_for_code or self._has_all_code()):
+            # A create whose reply was lost: the node is ours, adopt it.
+            self._node = posixpath.join(lock_path, stale.pop(0))
+        for node in stale:
+            try:
+                self._zk.delete(posixpath.join(lock_path, node))
+            except NoNodeError:
+                pass
         if not self._want_queue:
             self._drop_node()
             return
@@ -184,21 +212,21 @@ class LeaderElector:
                 return  # re-queue only once the sync has fetched what was missing
             self._waiting_for_code = False
             self._node = self._zk.create(
-                posixpath.join(self._state.leader_lock_path, LOCK_PREFIX),
+                posixpath.join(lock_path, f"{LOCK_PREFIX}{self._token}-"),
                 self._address.encode(), ephemeral=True, sequence=True,
             )
             log.info("%s queued for leadership as %s", self._address, self._node)
-        nodes = sorted(self._zk.get_children(self._state.leader_lock_path), key=_seq)
+            nodes = sorted(self._zk.get_children(lock_path), key=_seq)
         mine = posixpath.basename(self._node)
         if mine not in nodes:
             self._node = None
-            self._set_leader(False)
+            self._set_leader(None)
             self._wake.set()
             return
         index = nodes.index(mine)
         if index == 0:
             if self._has_all_code():
-                self._set_leader(True)
+                self._set_leader(self._node)
             else:
                 log.info("%s won the lock but lacks topology code: giving it up to sync",
                          self._address)
@@ -206,7 +234,7 @@ class LeaderElector:
                 self._waiting_for_code = True
                 self._request_sync()
             return
-        self._set_leader(False)
-        predecessor = posixpath.join(self._state.leader_lock_path, nodes[index - 1])
+        self._set_leader(None)
+        predecessor = posixpath.join(lock_path, nodes[index - 1])
         if self._zk.exists(predecessor, watch=lambda event: self._wake.set()) is None:
             self._wake.set()

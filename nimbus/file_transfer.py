@@ -18,6 +18,9 @@ from nimbus.local_code import LocalCodeStore
 
 DOWNLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 IDLE_EXPIRY_S = 600.0
+# Each open session holds a file descriptor: bound them so no client can exhaust them.
+MAX_UPLOADS = 32
+MAX_DOWNLOADS = 256
 
 
 class TransferError(ValueError):
@@ -62,6 +65,8 @@ class FileTransfers:
     def begin_upload(self) -> str:
         with self._lock:
             self._expire()
+            if len(self._uploads) >= MAX_UPLOADS:
+                raise TransferError(f"too many uploads in progress ({MAX_UPLOADS}); retry later")
             path = self.inbox / f"stormjar-{uuid.uuid4()}.jar"
             self._uploads[str(path)] = _Session(path, open(path, "wb"), touched=time.monotonic())
             return str(path)
@@ -93,7 +98,9 @@ class FileTransfers:
     def take_upload(self, location: str) -> Path:
         """The finished upload at ``location``; the caller deletes it when done."""
         with self._lock:
-            session = self._uploads.pop(location, None)
+            session = self._uploads.get(location)
+            if session is not None and session.finished:
+                del self._uploads[location]
         if session is None or not session.finished:
             raise TransferError(f"{location!r} is not a finished upload on this nimbus "
                                 "(upload with beginFileUpload/uploadChunk/finishFileUpload)")
@@ -104,6 +111,9 @@ class FileTransfers:
         path = self._store.resolve_served_file(requested)
         with self._lock:
             self._expire()
+            if len(self._downloads) >= MAX_DOWNLOADS:
+                raise TransferError(
+                    f"too many downloads in progress ({MAX_DOWNLOADS}); retry later")
             session_id = str(uuid.uuid4())
             self._downloads[session_id] = _Session(path, open(path, "rb"),
                                                    touched=time.monotonic())

@@ -9,10 +9,10 @@ fenced by the leader lock (see ``cluster_state``), so a deposed leader changes n
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import re
+import secrets
 import shutil
 import threading
 import time
@@ -34,7 +34,7 @@ BUNDLE_FILE = "stormjar.jar"   # Storm's names for a topology's files
 CONF_FILE = "stormconf.json"
 TOPOLOGY_FILE = "stormcode.ser"
 # Storm refuses these characters in topology names; we also refuse a leading dot.
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_ -]{0,127}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_ -]{0,127}$")
 
 
 class TopologyNotFoundError(LookupError):
@@ -52,8 +52,8 @@ class InvalidTopologyError(ValueError):
 def check_topology_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise InvalidTopologyError(
-            f"invalid topology name {name!r}: use letters, digits, '_', '-' or space "
-            "(at most 128; no '/', '.', ':' or '\\')")
+            f"invalid topology name {name!r}: start with a letter or digit, then letters, "
+            "digits, '_', '-' or space (at most 128; no '/', '.', ':' or '\\')")
     return name
 
 
@@ -70,7 +70,6 @@ class TopologyLifecycle:
         self.address = address
         self._pending: dict[str, str] = {}     # topology id -> name, submissions in flight
         self._pending_lock = threading.Lock()
-        self._counter = itertools.count(1)
         self._replication_changed = threading.Condition()
 
     # -- helpers --------------------------------------------------------------------------
@@ -111,7 +110,9 @@ class TopologyLifecycle:
             raise InvalidTopologyError(str(exc)) from None
 
         now = int(time.time())
-        topology_id = f"{name.replace(' ', '_')}-{next(self._counter)}-{now}"
+        # Storm's form name-counter-time; the counter is random so that ids made by
+        # different leaders (each counting from 1) cannot collide.
+        topology_id = f"{name.replace(' ', '_')}-{secrets.randbelow(10**9)}-{now}"
         with self._pending_lock:
             if name in self._pending.values() or self.state.find_storm_by_name(name):
                 raise TopologyExistsError(f"topology {name!r} is already alive")
@@ -132,7 +133,7 @@ class TopologyLifecycle:
                                  "topology.submitter.user", "")))
             self.state.activate_storm(
                 fence, topology_id, base,
-                Assignment(master_code_dir=str(self.store.path(topology_id))))
+                Assignment(master_code_dir=str(self.store.path(topology_id).resolve())))
             log.info("submitted %s as %s (%d replicas)", name, topology_id, replicas)
             return topology_id
         except BaseException:
@@ -166,12 +167,27 @@ class TopologyLifecycle:
             self._replication_changed.notify_all()
 
     def _abandon(self, topology_id: str) -> None:
-        """Undo a failed submission's code (best effort; the duties finish the job)."""
+        """Undo a failed submission's code, unless the topology exists after all.
+
+        The commit may have succeeded with its reply lost (ConnectionLoss): if the storm
+        node exists, or that cannot be read, nothing is touched; the duty cycle removes
+        code of submissions that really never completed.
+        """
+        try:
+            exists = self.state.storm_base(topology_id) is not None
+        except Exception as exc:
+            log.warning("cannot tell whether %s was created (%s): leaving it to the duties",
+                        topology_id, exc)
+            return
+        if exists:
+            log.warning("%s was created although its submission reported an error",
+                        topology_id)
+            return
         try:
             self.distributor.cleanup(topology_id)
         except Exception as exc:
             log.warning("cleanup of abandoned %s failed: %s", topology_id, exc)
-        if self.elector.is_leader() and self.state.storm_base(topology_id) is None:
+        if self.elector.is_leader():
             try:
                 self.state.remove_code(self.elector.fence(), topology_id)
             except Exception as exc:

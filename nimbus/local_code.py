@@ -138,11 +138,13 @@ class LocalCodeStore:
     def resolve_served_file(self, requested: str) -> Path:
         """Map a file a peer asks for (``<id>/<file>`` or an absolute path) to a file here."""
         requested = str(requested)
-        root = str(self.root.resolve()) + os.sep
         if os.path.isabs(requested):
-            if not requested.startswith(root):
+            # An assignment's master_code_dir names the leader's own path; every nimbus
+            # serves the same <id>/<file> from its own store, wherever that lives.
+            marker = f"{os.sep}nimbus{os.sep}stormdist{os.sep}"
+            if marker not in requested:
                 raise UnsafePathError(f"{requested!r} is not topology code held by this nimbus")
-            requested = requested[len(root):]
+            requested = requested.rsplit(marker, 1)[1]
         target = safe_join(self.root, requested)
         check_topology_id(Path(requested).parts[0])
         if not target.is_file():

@@ -35,7 +35,8 @@ class ReplicaRegistry:
         """Announce a complete copy; False if the topology's code node is gone."""
         with self._lock:
             self._held[topology_id] = endpoint
-        return self._state.register_replica(topology_id, self._host, endpoint)
+        return self._state.zk.retry(self._state.register_replica, topology_id, self._host,
+                                    endpoint)
 
     def unregister(self, topology_id: str) -> None:
         with self._lock:
@@ -62,7 +63,10 @@ class ReplicaRegistry:
 
     def _register_all(self) -> None:
         with self._lock:
-            held = dict(self._held)
-        for topology_id, endpoint in sorted(held.items()):
-            if self._state.register_replica(topology_id, self._host, endpoint):
-                log.info("re-registered replica of %s after session expiry", topology_id)
+            held = sorted(self._held)
+        for topology_id in held:
+            with self._lock:  # withdrawn meanwhile (e.g. a corrupt copy): keep it so
+                endpoint = self._held.get(topology_id)
+                if endpoint is not None and self._state.register_replica(
+                        topology_id, self._host, endpoint):
+                    log.info("re-registered replica of %s after session expiry", topology_id)

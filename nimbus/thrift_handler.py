@@ -127,7 +127,10 @@ class NimbusHandler:
     # -- file transfer -----------------------------------------------------------------------
     def beginFileUpload(self) -> str:
         self._require_leader()  # the submit that follows must reach the same nimbus
-        return self.transfers.begin_upload()
+        try:
+            return self.transfers.begin_upload()
+        except TransferError as exc:
+            raise storm.AuthorizationException(msg=str(exc)) from None
 
     def uploadChunk(self, location: str, chunk: bytes) -> None:
         try:
@@ -144,7 +147,7 @@ class NimbusHandler:
     def beginFileDownload(self, file: str) -> str:
         try:
             return self.transfers.begin_download(file)
-        except (UnsafePathError, FileNotFoundError) as exc:
+        except (UnsafePathError, FileNotFoundError, TransferError) as exc:
             raise storm.AuthorizationException(msg=str(exc)) from None
 
     def downloadChunk(self, id: str) -> bytes:  # noqa: A002 - Storm's argument name

@@ -18,6 +18,9 @@ from nimbus.thrift import storm
 
 log = logging.getLogger(__name__)
 
+ACCEPT_RETRY_S = 0.5
+IDLE_CONNECTION_S = 900.0
+
 
 class ThriftServer:
     """Serve ``handler`` on ``host:port`` until :meth:`stop`."""
@@ -60,11 +63,15 @@ class ThriftServer:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
+            except OSError as exc:
                 if self._stop.is_set():
                     return
-                raise
-            conn.settimeout(None)
+                # e.g. EMFILE: keep serving once descriptors are free again.
+                log.warning("accepting a Thrift connection failed: %s", exc)
+                self._stop.wait(ACCEPT_RETRY_S)
+                continue
+            # A client that goes silent this long is dropped, freeing its thread.
+            conn.settimeout(IDLE_CONNECTION_S)
             self._count += 1
             thread = threading.Thread(target=self._serve, args=(conn,),
                                       name=f"thrift-conn-{self._count}", daemon=True)

@@ -40,6 +40,17 @@ def test_zip_entries_that_leave_are_refused(tmp_path):
         check_bundle(path, 1 << 20)
 
 
+def test_damaged_compressed_archive(tmp_path):
+    path = tmp_path / "cut.tgz"
+    with tarfile.open(path, "w:gz") as tf:
+        info = tarfile.TarInfo("big")
+        info.size = 100_000
+        tf.addfile(info, io.BytesIO(os.urandom(100_000)))
+    path.write_bytes(path.read_bytes()[:5000])  # a truncated download
+    with pytest.raises(BundleError, match="damaged|not a zip or tar"):
+        check_bundle(path, 1 << 20)
+
+
 def test_not_an_archive(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("just text")
@@ -52,7 +63,7 @@ def test_size_limit(tmp_path):
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("big", b"0" * 1000)
     assert check_bundle(path, 1000) == 1000
-    with pytest.raises(BundleError, match="more than 999"):
+    with pytest.raises(BundleError, match="more than 999 bytes"):
         check_bundle(path, 999)
 
 
@@ -96,7 +107,11 @@ def test_served_files_stay_inside_the_code_dir(tmp_path):
     (store.root / "t-1-1" / "stormjar.jar").write_bytes(b"jar")
     assert store.resolve_served_file("t-1-1/stormjar.jar").read_bytes() == b"jar"
     assert store.resolve_served_file(str(store.root / "t-1-1" / "stormjar.jar"))
-    for bad in ("../../etc/passwd", "/etc/passwd", "t-1-1/../../x", "nosuch-1-1/f"):
+    # An assignment's master_code_dir names the leader's path: served from this store.
+    assert store.resolve_served_file(
+        "/var/elsewhere/nimbus/stormdist/t-1-1/stormjar.jar").read_bytes() == b"jar"
+    for bad in ("../../etc/passwd", "/etc/passwd", "t-1-1/../../x", "nosuch-1-1/f",
+                "/x/nimbus/stormdist/t-1-1/../../../etc/passwd"):
         with pytest.raises((UnsafePathError, FileNotFoundError)):
             store.resolve_served_file(bad)
 

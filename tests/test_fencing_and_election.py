@@ -130,3 +130,24 @@ def test_errors_keep_the_ten_newest(make_zk, zk_root):
     for i in range(13):
         state.report_error("t-1-1", "bolt", ErrorInfo(error=f"e{i}", error_time_secs=i))
     assert [e.error for e in state.errors("t-1-1", "bolt")] == [f"e{i}" for i in range(3, 13)]
+
+
+def test_lock_node_with_lost_create_reply_is_adopted_not_left_blocking(make_zk, zk_root,
+                                                                       electors):
+    """A create that succeeded on the server but whose reply was lost leaves a node of ours
+    ahead in the queue; it must be adopted (or removed), never left to block everyone."""
+    zk, state, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
+    electors.append(a)
+    orphan = zk.create(f"{zk_root}/leader-lock/nimbus-{a._token}-", b"127.0.0.1:1",
+                       ephemeral=True, sequence=True)
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    assert a.fence().lock_path == orphan, "the orphaned node was adopted"
+    assert len(zk.get_children(f"{zk_root}/leader-lock")) == 1
+    # A second stray node of ours (e.g. a failed delete) is removed on the next step.
+    zk.create(f"{zk_root}/leader-lock/nimbus-{a._token}-", b"127.0.0.1:1", ephemeral=True,
+              sequence=True)
+    a.wake()
+    wait_for(lambda: len(zk.get_children(f"{zk_root}/leader-lock")) == 1, 10,
+             "the stray node to be removed")
+    assert a.is_leader()

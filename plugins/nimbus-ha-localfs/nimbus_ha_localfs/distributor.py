@@ -115,13 +115,15 @@ class LocalFileSystemCodeDistributor:
                     for entry in files:
                         self._fetch_verified(peer, topology_id, entry, tmp)
                         meter.advance(entry["size"])
+                    # Before the copy is committed: a committed copy always has its
+                    # metafile, so a restart can verify and register it.
+                    self._metafile_path(topology_id).write_bytes(Path(metafile).read_bytes())
                 break
             except Exception as exc:  # try the next replica
                 log.warning("download of %s from %s failed: %s", topology_id, peer, exc)
                 errors.append(f"{peer}: {exc}")
         else:
             raise RuntimeError(f"could not download {topology_id}: " + "; ".join(errors))
-        self._metafile_path(topology_id).write_bytes(Path(metafile).read_bytes())
         self._register(topology_id)
         return [dest_dir / e["path"] for e in files]
 

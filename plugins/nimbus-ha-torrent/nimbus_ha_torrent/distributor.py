@@ -161,8 +161,11 @@ class TorrentCodeDistributor:
             for child in staged.iterdir():
                 os.replace(child, tmp / child.name)
             staged.rmdir()
-        self._metafile(topology_id).write_bytes(torrent)
-        self._seed(torrent, topology_id, dest_dir.parent)
+            # Before the copy is committed: a committed copy always has its .torrent.
+            self._metafile(topology_id).write_bytes(torrent)
+        if not self._seed(torrent, topology_id, dest_dir.parent):
+            discard_copy(self._metafile(topology_id), dest_dir)
+            raise TorrentCodeError(f"the downloaded copy of {topology_id} failed its check")
         layout = info.layout()
         return [dest_dir.parent / layout.file_path(i) for i in range(layout.num_files())]
 
