@@ -30,7 +30,8 @@ def snapshot(cluster, state):
 @pytest.fixture
 def cluster(make_cluster, bundle):
     cluster = make_cluster(2)
-    cluster.client().submit("existing", bundle, {})
+    # Replicated to both before any test looks at the disks.
+    cluster.client().submit("existing", bundle, {"topology.min.replication.count": 2})
     return cluster
 
 

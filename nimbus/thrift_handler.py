@@ -212,11 +212,14 @@ class NimbusHandler:
         return base
 
     def getTopologyInfo(self, id: str) -> Any:  # noqa: A002
-        base = self._known(id)
+        # One topology: read fresh (cheap), unlike the cached cluster-wide summary.
+        base = self.lifecycle.state.storm_base(id)
+        if base is None:
+            raise storm.NotAliveException(msg=f"no live topology with id {id!r}")
         return storm.TopologyInfo(
             id=id, name=base.storm_name, uptime_secs=int(time.time() - base.launch_time_secs),
             executors=[], status=base.status, errors={}, owner=base.owner or None,
-            replication_count=self.cache.snapshot.replication.get(id, 0))
+            replication_count=self.lifecycle.distributor.get_replication_count(id))
 
     def _code_file(self, topology_id: str, name: str) -> bytes:
         self._known(topology_id)
