@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 PREFIX = "nimbus.codedistributor.torrent."
 MIN_PIECE, MAX_PIECE, TARGET_PIECES = 16 * 1024, 4 * 1024 * 1024, 1500
 RECONNECT_S = 2.0
+RESTART_AFTER_S = 3.0
+MAX_RESTARTS = 3
 
 
 class TorrentCodeError(RuntimeError):
@@ -145,11 +147,10 @@ class TorrentCodeDistributor:
         torrent = Path(metafile).read_bytes()
         info = read_torrent(torrent, topology_id)
         with atomic_dir(dest_dir) as tmp:
-            handle, state = swarm.add(torrent, str(tmp))
+            with TransferMeter(f"download {topology_id} by BitTorrent",
+                               info.total_size()) as meter:
+                handle, state = self._fetch(torrent, str(tmp), topology_id, meter)
             try:
-                with TransferMeter(f"download {topology_id} by BitTorrent",
-                                   info.total_size()) as meter:
-                    self._wait_complete(handle, state, topology_id, meter)
                 # Pieces count as finished once verified in memory: flush before moving.
                 swarm.flush(handle, state)
             finally:
@@ -234,49 +235,74 @@ class TorrentCodeDistributor:
             handle.connect_peer((address, int(port)))
             known.add(endpoint)
 
-    def _wait_complete(self, handle: Any, state: Any, topology_id: str,
-                       meter: TransferMeter) -> None:
-        stall_s = self._conf[PREFIX + "stall.timeout.secs"]
-        deadline = time.monotonic() + self._conf[PREFIX + "download.timeout.secs"]
-        known: set[str] = set()
-        last_done, last_progress = -1, time.monotonic()
-        next_reconnect = 0.0
-        while True:
-            if time.monotonic() >= next_reconnect:
-                # Offer every registered peer again: libtorrent ignores connected ones, and
-                # a dropped connection (e.g. closed as seed-to-seed) must not end the swarm.
-                known.clear()
-                next_reconnect = time.monotonic() + RECONNECT_S
-            self._connect_peers(handle, topology_id, known)
-            if state.finished.wait(0.2):
-                break
+    def _fetch(self, torrent: bytes, save_path: str, topology_id: str,
+               meter: TransferMeter) -> tuple[Any, Any]:
+        """Download until every piece is verified; returns the finished handle.
+
+        After a corrupt piece libtorrent may ban a good peer along with the bad one and be
+        left with nobody to fetch from. If progress then stops, the torrent is added
+        again over the same partial files (libtorrent re-checks them, keeping verified
+        pieces) with a fresh peer list, at most MAX_RESTARTS times.
+        """
+        swarm = self._require_swarm()
+        handle, state = swarm.add(torrent, save_path)
+        try:
+            stall_s = self._conf[PREFIX + "stall.timeout.secs"]
+            restart_s = min(RESTART_AFTER_S, stall_s / 2)
+            deadline = time.monotonic() + self._conf[PREFIX + "download.timeout.secs"]
+            known: set[str] = set()
+            last_done, last_progress = -1, time.monotonic()
+            next_reconnect, restarts, hash_failures = 0.0, 0, 0
+            while True:
+                if time.monotonic() >= next_reconnect:
+                    # Offer every registered peer again: libtorrent ignores connected ones,
+                    # and a dropped connection must not end the swarm.
+                    known.clear()
+                    next_reconnect = time.monotonic() + RECONNECT_S
+                self._connect_peers(handle, topology_id, known)
+                if state.finished.wait(0.2):
+                    break
+                status = handle.status()
+                if status.total_wanted_done > last_done:
+                    meter.advance(status.total_wanted_done - max(last_done, 0))
+                    last_done, last_progress = status.total_wanted_done, time.monotonic()
+                now = time.monotonic()
+                if (state.hash_failures and now - last_progress > restart_s
+                        and restarts < MAX_RESTARTS):
+                    hash_failures += state.hash_failures
+                    log.warning("%s stalled after %d corrupt pieces: restarting with fresh "
+                                "peers", topology_id, state.hash_failures)
+                    swarm.remove(handle)
+                    handle, state = swarm.add(torrent, save_path)
+                    restarts += 1
+                    known.clear()
+                    last_progress = now
+                    continue
+                if now - last_progress > stall_s or now > deadline:
+                    raise TorrentCodeError(self._stall_report(
+                        handle, status, topology_id, hash_failures + state.hash_failures))
+            if state.error:
+                raise TorrentCodeError(f"download of {topology_id} failed: {state.error}")
             status = handle.status()
-            if status.total_wanted_done != last_done:
-                meter.advance(max(0, status.total_wanted_done - max(last_done, 0)))
-                last_done, last_progress = status.total_wanted_done, time.monotonic()
-            now = time.monotonic()
-            if now - last_progress > stall_s or now > deadline:
-                peers = len(self._replicas.peers(topology_id)) if self._replicas else 0
-                why = (f"{state.hash_failures} corrupt pieces received, "
-                       if state.hash_failures else "") + f"{peers} replicas registered"
-                missing = [i for i, have in enumerate(status.pieces) if not have][:5]
-                connected = [f"{p.ip[0]}:{p.ip[1]}(flags={p.flags:#x}, has missing "
-                             f"{[i for i in missing if p.pieces[i]]})"
-                             for p in handle.get_peer_info()]
-                queue = [(q["piece_index"], [b["state"] for b in q["blocks"]])
-                         for q in handle.get_download_queue()][:3]
-                log.warning("stall of %s: missing pieces %s, download queue %s",
-                            topology_id, missing, queue)
-                raise TorrentCodeError(
-                    f"download of {topology_id} stalled at {status.progress:.1%} ({why}, "
-                    f"state {status.state}, connected: {', '.join(connected) or 'none'}); "
-                    "no partial copy is kept")
-        if state.error:
-            raise TorrentCodeError(f"download of {topology_id} failed: {state.error}")
-        status = handle.status()
-        if not status.is_seeding or status.total_wanted_done != status.total_wanted:
-            raise TorrentCodeError(f"download of {topology_id} ended incomplete")
-        meter.advance(max(0, status.total_wanted_done - max(last_done, 0)))
+            if not status.is_seeding or status.total_wanted_done != status.total_wanted:
+                raise TorrentCodeError(f"download of {topology_id} ended incomplete")
+            meter.advance(max(0, status.total_wanted_done - max(last_done, 0)))
+            return handle, state
+        except BaseException:
+            swarm.remove(handle)
+            raise
+
+    def _stall_report(self, handle: Any, status: Any, topology_id: str,
+                      hash_failures: int) -> str:
+        peers = len(self._replicas.peers(topology_id)) if self._replicas else 0
+        missing = [i for i, have in enumerate(status.pieces) if not have][:5]
+        connected = [f"{p.ip[0]}:{p.ip[1]}" for p in handle.get_peer_info()]
+        log.warning("stall of %s: missing pieces %s, connected %s", topology_id, missing,
+                    connected)
+        why = (f"{hash_failures} corrupt pieces received, " if hash_failures else "") + \
+            f"{peers} replicas registered, connected: {', '.join(connected) or 'none'}"
+        return (f"download of {topology_id} stalled at {status.progress:.1%} ({why}); "
+                "no partial copy is kept")
 
     def _on_corrupt_seed(self, info_hash: str) -> None:
         topology_id = self._seeding.pop(info_hash, None)
