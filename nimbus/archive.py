@@ -13,9 +13,15 @@ import os
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from nimbus.local_code import UnsafePathError
+
+# The size of the writes the packer hands to its output (tarfile's stream record, 20 KiB);
+# the input files are read 16 KiB at a time.
+PACK_BLOCK = tarfile.RECORDSIZE * 2
 
 
 class BundleError(ValueError):
@@ -66,18 +72,45 @@ def check_bundle(path: Path, max_bytes: int) -> int:
     return total
 
 
-def pack_directory(src: Path) -> bytes:
-    """A gzip'd tar of ``src`` with relative names; refuses symlinks inside it."""
+def _bundle_files(src: Path) -> Iterator[tuple[Path, str]]:
+    """(path, relative name) of each file under ``src``, sorted; refuses symlinks."""
+    for root, dirs, files in os.walk(src):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            full = Path(root) / name
+            rel = full.relative_to(src).as_posix()
+            if full.is_symlink():
+                raise UnsafePathError(f"{src}: {rel} is a symlink; bundles hold plain files")
+            if full.is_file():
+                yield full, rel
+
+
+def pack_directory_to(src: Path, out: BinaryIO) -> None:
+    """Write a gzip'd tar of ``src`` (relative names, no symlinks) to ``out`` as a stream.
+
+    Files are read and compressed piece by piece and ``out`` receives writes of
+    ``PACK_BLOCK`` bytes (the last one adds what the compressor still held), so memory use
+    does not depend on the bundle's size. ``out`` need not be seekable (a pipe will do).
+    """
     src = Path(src)
+    with tarfile.open(fileobj=out, mode="w|gz", bufsize=PACK_BLOCK) as tf:
+        for full, rel in _bundle_files(src):
+            tf.add(full, arcname=rel, recursive=False)
+
+
+def pack_directory_file(src: Path, dest: Path) -> int:
+    """Pack ``src`` into the file ``dest`` (see :func:`pack_directory_to`); returns its size."""
+    dest = Path(dest)
+    with open(dest, "wb") as out:
+        pack_directory_to(src, out)
+    return dest.stat().st_size
+
+
+def pack_directory(src: Path) -> bytes:
+    """:func:`pack_directory_to` into memory: for small bundles (tests, the demo) only.
+
+    The CLI packs into a temporary file with :func:`pack_directory_file` instead.
+    """
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for root, dirs, files in os.walk(src):
-            dirs.sort()
-            for name in sorted(dirs + files):
-                full = Path(root) / name
-                rel = full.relative_to(src).as_posix()
-                if full.is_symlink():
-                    raise UnsafePathError(f"{src}: {rel} is a symlink; bundles hold plain files")
-                if full.is_file():
-                    tf.add(full, arcname=rel, recursive=False)
+    pack_directory_to(src, buf)
     return buf.getvalue()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ import click
 
 from nimbus import __version__
 from nimbus.config import Config, ConfigError, load_config
+from nimbus.redaction import install_log_redaction, mask
 
 log = logging.getLogger("nimbus.cli")
 
@@ -24,9 +28,11 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 
 def _conf(config_path: str | None, overrides: tuple[str, ...]) -> Config:
     try:
-        return load_config(config_path, overrides)
+        conf = load_config(config_path, overrides)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    install_log_redaction(conf)
+    return conf
 
 
 def _fail_cleanly(func: Any) -> Any:
@@ -43,13 +49,13 @@ def _fail_cleanly(func: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except (NimbusUnavailableError, DistributorError, ConfigError, OSError) as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(mask(str(exc))) from None
         except TApplicationException as exc:
-            raise click.ClickException(exc.message or str(exc)) from None
+            raise click.ClickException(mask(exc.message or str(exc))) from None
         except TException as exc:
-            raise click.ClickException(getattr(exc, "msg", None) or repr(exc)) from None
+            raise click.ClickException(mask(getattr(exc, "msg", None) or repr(exc))) from None
         except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(mask(str(exc))) from None
 
     return wrapper
 
@@ -82,19 +88,24 @@ def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
     daemon.run_forever()
 
 
-def _bundle(path: Path) -> tuple[Path | bytes, int]:
-    from nimbus.archive import BundleError, check_bundle, pack_directory
+@contextlib.contextmanager
+def _bundle(path: Path) -> Iterator[tuple[Path, int]]:
+    """(archive file, its size) to upload for PATH; a directory is packed into a
+    temporary .tgz (under $TMPDIR, deleted afterwards) so no bundle is held in memory."""
+    from nimbus.archive import BundleError, check_bundle, pack_directory_file
 
     if path.is_dir():
-        data = pack_directory(path)
-        return data, len(data)
+        with tempfile.TemporaryDirectory(prefix="nimbus-ha-submit-") as tmp:
+            packed = Path(tmp) / "bundle.tgz"
+            yield packed, pack_directory_file(path, packed)
+        return
     if not path.is_file():
         raise click.ClickException(f"{path}: no such file or directory")
     try:
         check_bundle(path, 1 << 62)
     except BundleError as exc:
         raise click.ClickException(str(exc)) from None
-    return path, path.stat().st_size
+    yield path, path.stat().st_size
 
 
 @main.command()
@@ -108,6 +119,9 @@ def submit(name: str, path: Path, inactive: bool, config_path: str | None,
            overrides: tuple[str, ...]) -> None:
     """Submit topology NAME from PATH (a directory or an archive); prints its id.
 
+    A directory is packed into a temporary .tgz under $TMPDIR first; the archive is
+    streamed to the leader in chunks, so a bundle of any size needs little memory.
+
     --set keys starting with "topology." are sent as the topology's configuration
     (e.g. --set topology.min.replication.count=2).
     """
@@ -119,11 +133,11 @@ def submit(name: str, path: Path, inactive: bool, config_path: str | None,
     check_topology_name(name)
     conf = _conf(config_path, overrides)
     topo_conf = {k: v for k, v in conf.items() if k.startswith("topology.")}
-    bundle, size = _bundle(path)
     client = NimbusClient(conf)
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), transient=True,
-                  disable=not sys.stderr.isatty(), console=None) as progress:
+    with _bundle(path) as (bundle, size), Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+            TransferSpeedColumn(), transient=True, disable=not sys.stderr.isatty(),
+            console=None) as progress:
         task = progress.add_task(f"uploading {name}", total=size)
 
         def advance(n: int) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,12 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from nimbus.config import Config, HostPort
+from nimbus.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
 CHUNK_BYTES = 512 * 1024
+# How long a submit with topology.max.replication.wait.time.sec = -1 may wait for replies.
+REPLICATION_FOREVER_S = 24 * 3600.0
 CONNECTION_ERRORS = (TTransportException, ConnectionError, OSError, EOFError)
 
 
@@ -46,10 +50,12 @@ def connect(address: HostPort | str, timeout_s: float = 30.0) -> Iterator[Any]:
 
 
 def not_leader_redirect(exc: Exception) -> str | None:
-    """The leader named in a "not a leader" refusal, or None for any other error."""
+    """The leader named in a "not a leader" refusal ("" when it names none), or None for
+    any other error."""
     message = getattr(exc, "message", None) or ""
     if isinstance(exc, TApplicationException) and message.startswith(NOT_LEADER_PREFIX):
-        return exc.message[len(NOT_LEADER_PREFIX):].strip() or None
+        named = exc.message[len(NOT_LEADER_PREFIX):].strip()
+        return named if named and " " not in named else ""
     return None
 
 
@@ -106,27 +112,38 @@ class NimbusClient:
         raise NimbusUnavailableError(
             "no nimbus reachable via nimbus.seeds (" + "; ".join(errors) + ")")
 
-    def on_leader(self, call: Callable[[Any], Any]) -> Any:
-        """Run ``call(client)`` on the leader, following redirects and failovers."""
-        deadline = time.monotonic() + self.deadline_s
+    def on_leader(self, call: Callable[[Any], Any], timeout_s: float | None = None,
+                  deadline_s: float | None = None) -> Any:
+        """Run ``call(client)`` on the leader, following redirects and failovers.
+
+        ``timeout_s`` bounds each attempt's socket reads, ``deadline_s`` all attempts
+        (defaults: the client's).
+        """
+        deadline_s = deadline_s or self.deadline_s
+        deadline = time.monotonic() + deadline_s
         target: HostPort | None = None
         last: Exception | None = None
         pause = 0.1
         while time.monotonic() < deadline:
             try:
                 target = target or self.find_leader()
-                with connect(target, self.timeout_s) as client:
+                with connect(target, timeout_s or self.timeout_s) as client:
                     return call(client)
             except TApplicationException as exc:
                 redirect = not_leader_redirect(exc)
                 if redirect is None:
                     raise
-                target, last = HostPort.parse(redirect, self.conf["nimbus.thrift.port"]), exc
+                try:
+                    target = HostPort.parse(redirect, self.conf["nimbus.thrift.port"]) \
+                        if redirect else None  # names none: ask the seeds again
+                except ValueError:
+                    target = None
+                last = exc
             except (NimbusUnavailableError, *CONNECTION_ERRORS) as exc:
                 target, last = None, exc
             time.sleep(pause)  # back off before asking the cluster again
             pause = min(2.0, pause * 2)
-        raise NimbusUnavailableError(f"no leader answered within {self.deadline_s:.0f}s: {last}")
+        raise NimbusUnavailableError(f"no leader answered within {deadline_s:.0f}s: {last}")
 
     # -- commands -------------------------------------------------------------------------
     def cluster_info(self) -> Any:
@@ -150,7 +167,11 @@ class NimbusClient:
 
     def upload_bundle(self, data_source: Path | bytes, progress: Callable[[int], None],
                       client: Any) -> str:
-        """Upload a bundle to the connected nimbus; returns the upload location."""
+        """Upload a bundle to the connected nimbus; returns the upload location.
+
+        A file is streamed in CHUNK_BYTES pieces, so its size does not matter; ``bytes``
+        (already in memory) suit small bundles only, such as those of tests.
+        """
         location = client.beginFileUpload()
         if isinstance(data_source, bytes):
             for start in range(0, len(data_source), CHUNK_BYTES):
@@ -167,9 +188,15 @@ class NimbusClient:
 
     def submit(self, name: str, bundle: Path | bytes, topology_conf: dict[str, Any],
                progress: Callable[[int], None] = lambda n: None, active: bool = True) -> str:
-        """Upload a bundle and submit it; returns the new topology's id."""
+        """Upload a bundle (an archive file, or small ``bytes``) and submit it; returns the
+        new topology's id. A retry on another leader uploads the bundle again."""
         initial = storm.TopologyInitialStatus
         status = initial.ACTIVE if active else initial.INACTIVE
+        # One token for every attempt: a retry (after a timeout or a failover) of a submit
+        # that did succeed is then answered with that topology, not "already alive".
+        topology_conf = {SUBMISSION_TOKEN_KEY: uuid.uuid4().hex, **topology_conf}
+        wait = topology_conf.get("topology.max.replication.wait.time.sec",
+                                 self.conf["topology.max.replication.wait.time.sec"])
 
         def call(client: Any) -> str:
             location = self.upload_bundle(bundle, progress, client)
@@ -183,7 +210,10 @@ class NimbusClient:
                     return summary.id
             raise RuntimeError(f"submitted {name!r} but the leader does not list it")
 
-        return self.on_leader(call)
+        # The leader answers only once the code is replicated (or the wait is over).
+        wait_s = float(wait) if isinstance(wait, int) and wait >= 0 else REPLICATION_FOREVER_S
+        return self.on_leader(call, timeout_s=self.timeout_s + wait_s,
+                              deadline_s=self.deadline_s + wait_s)
 
     def kill(self, name: str, wait_secs: int | None = None) -> None:
         opts = storm.KillOptions(wait_secs=wait_secs)

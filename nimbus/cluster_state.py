@@ -20,12 +20,19 @@ even if it has not yet noticed that it lost the lock.
 from __future__ import annotations
 
 import posixpath
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import (
+    BadVersionError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
 from kazoo.protocol.states import ZnodeStat
 
 from nimbus.records import (
@@ -47,6 +54,15 @@ class NotLeaderError(RuntimeError):
 
 class ConcurrentChangeError(RuntimeError):
     """A write lost a race with another change; re-read and try again."""
+
+
+class LayoutMissingError(RuntimeError):
+    """A directory of the cluster layout (``/storm/storms``, ...) does not exist.
+
+    This never means "empty": a wrong ``storm.zookeeper.root`` or a wiped or half-restored
+    ZooKeeper looks the same, and acting on it as "nothing is live" would delete every
+    topology's code. Callers stop and report instead.
+    """
 
 
 @dataclass(frozen=True)
@@ -80,17 +96,51 @@ class StormClusterState:
     def leader_lock_path(self) -> str:
         return self.path("leader-lock")
 
-    def setup(self) -> None:
-        """Create the directories of the layout (idempotent)."""
+    def setup(self) -> str:
+        """Create the directories of the layout (idempotent); return the cluster's id.
+
+        The id is made once, when the root is first set up, and kept as the root's data.
+        A local copy of code made for another id belongs to another cluster (or to a
+        ZooKeeper that was since wiped): see :meth:`LocalCodeStore.claim`.
+        """
+        self.zk.retry(self.zk.ensure_path, self.root)
         for sub in self.SUBTREES:
             self.zk.retry(self.zk.ensure_path, self.path(sub))
+        return self.cluster_id()
+
+    def cluster_id(self) -> str:
+        """The id written into the root node by the first :meth:`setup`."""
+        data, stat = self.zk.retry(self.zk.get, self.root)
+        if data:
+            return data.decode("utf-8", "replace")
+        made = uuid.uuid4().hex
+        try:
+            self.zk.retry(self.zk.set, self.root, made.encode(), version=stat.version)
+            return made
+        except BadVersionError:  # another nimbus set it first: theirs wins
+            return self.zk.retry(self.zk.get, self.root)[0].decode("utf-8", "replace")
 
     # -- low-level helpers ---------------------------------------------------------------
     def _children(self, path: str, watch: Watch = None) -> list[str]:
+        """Children of a node that may legitimately be absent (one topology's subtree)."""
         try:
             return sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
         except NoNodeError:
             return []
+
+    def _layout_children(self, sub: str, watch: Watch = None) -> list[str]:
+        """Children of a layout directory, which :meth:`setup` created and nothing removes.
+
+        Raises LayoutMissingError when it is absent: an absent directory is not an empty one.
+        """
+        path = self.path(sub)
+        try:
+            return sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
+        except NoNodeError:
+            raise LayoutMissingError(
+                f"{path} does not exist in ZooKeeper: storm.zookeeper.root is wrong or "
+                "ZooKeeper was wiped or partly restored; refusing to treat it as empty"
+            ) from None
 
     def _get(self, path: str, watch: Watch = None) -> tuple[bytes, ZnodeStat] | None:
         try:
@@ -125,7 +175,7 @@ class StormClusterState:
     # -- topologies --------------------------------------------------------------------
     def active_storms(self, watch: Watch = None) -> list[str]:
         """Ids of every topology under /storms (ACTIVE, INACTIVE or KILLED)."""
-        return self._children(self.path("storms"), watch)
+        return self._layout_children("storms", watch)
 
     def storm_base(self, topology_id: str, watch: Watch = None) -> StormBase | None:
         got = self._get(self.storm_path(topology_id), watch)
@@ -181,7 +231,7 @@ class StormClusterState:
 
     # -- assignments -------------------------------------------------------------------
     def assignments(self, watch: Watch = None) -> list[str]:
-        return self._children(self.path("assignments"), watch)
+        return self._layout_children("assignments", watch)
 
     def assignment_info(self, topology_id: str, watch: Watch = None) -> Assignment | None:
         got = self._get(self.path("assignments", topology_id), watch)
@@ -193,7 +243,7 @@ class StormClusterState:
 
     # -- supervisors and workers (written by those daemons, read by nimbus) -------------
     def supervisors(self, watch: Watch = None) -> list[str]:
-        return self._children(self.path("supervisors"), watch)
+        return self._layout_children("supervisors", watch)
 
     def supervisor_info(self, supervisor_id: str) -> SupervisorInfo | None:
         got = self._get(self.path("supervisors", supervisor_id))
@@ -207,7 +257,7 @@ class StormClusterState:
             self.zk.create(path, info.encode(), ephemeral=True)
 
     def heartbeat_storms(self) -> list[str]:
-        return self._children(self.path("workerbeats"))
+        return self._layout_children("workerbeats")
 
     def worker_heartbeat(self, topology_id: str, node: str, port: int, info: bytes) -> None:
         path = self.path("workerbeats", topology_id, f"{node}-{port}")
@@ -222,7 +272,7 @@ class StormClusterState:
 
     # -- errors ------------------------------------------------------------------------
     def error_topologies(self) -> list[str]:
-        return self._children(self.path("errors"))
+        return self._layout_children("errors")
 
     def report_error(self, topology_id: str, component_id: str, error: ErrorInfo) -> None:
         """Append an error for a component, keeping only the newest ten."""
@@ -246,7 +296,7 @@ class StormClusterState:
 
     # -- code distribution -------------------------------------------------------------
     def code_topologies(self, watch: Watch = None) -> list[str]:
-        return self._children(self.path("code-distributor"), watch)
+        return self._layout_children("code-distributor", watch)
 
     def code_meta(self, topology_id: str, watch: Watch = None) -> CodeMeta | None:
         """The published metafile, or None while the upload is still in progress."""
@@ -322,7 +372,7 @@ class StormClusterState:
 
     def nimbuses(self, watch: Watch = None) -> list[NimbusInfo]:
         out = []
-        for child in self._children(self.path("nimbuses"), watch):
+        for child in self._layout_children("nimbuses", watch):
             got = self._get(self.path("nimbuses", child))
             if got:
                 out.append(NimbusInfo.decode(got[0]))
@@ -331,7 +381,7 @@ class StormClusterState:
     def leader_queue(self, watch: Watch = None) -> list[tuple[str, str]]:
         """(lock node name, host:port) of every queued nimbus, the leader first."""
         out = []
-        nodes = self._children(self.leader_lock_path, watch)
+        nodes = self._layout_children("leader-lock", watch)
         for node in sorted(nodes, key=lambda n: n.rsplit("-", 1)[-1]):
             got = self._get(posixpath.join(self.leader_lock_path, node))
             if got:

@@ -8,6 +8,12 @@ primary one, so replication completes within a download's time of a submit.
 
 A failed download is retried with a growing pause (capped by the sync period) and at
 once when a new replica registers, since that host may serve what the others could not.
+
+Removal is the dangerous half. A copy is removed only when ZooKeeper positively lists the
+live topologies and this one is not among them: an absent ``storms`` directory
+(:class:`LayoutMissingError`) stops the pass before anything is removed, and a store that
+holds another cluster's code (``cleanup_blocked``) is never cleaned. Removal here only
+drops *this host's* copy (the ``cleanup`` hook); shared storage is the leader's to delete.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 
 from kazoo.exceptions import KazooException
 
-from nimbus.cluster_state import StormClusterState
+from nimbus.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.distributors import CodeDistributor
 from nimbus.local_code import LocalCodeStore
 
@@ -41,6 +47,7 @@ class CodeSync:
         period_s: float,
         protected: Callable[[], set[str]] = set,
         on_synced: Callable[[], None] = lambda: None,
+        cleanup_blocked: str = "",
     ):
         self._state = state
         self._store = store
@@ -48,11 +55,16 @@ class CodeSync:
         self._period_s = period_s
         self._protected = protected
         self._on_synced = on_synced
+        self._cleanup_blocked = cleanup_blocked
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self._complete: bool | None = None
+        # Set by kazoo's event thread, taken by the sync thread: a lock makes the
+        # test-and-clear atomic, so a flag raised in between is never lost.
         self._retry_now = False
+        self._retry_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="code-sync", daemon=True)
         self.runs = 0
 
@@ -73,13 +85,25 @@ class CodeSync:
         """Topologies under /storms whose code this host lacks."""
         return {t for t in self._state.active_storms() if not self._store.has(t)}
 
+    def code_report(self) -> str:
+        """``held N of M live topologies [ids]``, read now (logged when a nimbus leads)."""
+        live = self._state.active_storms()
+        held = [t for t in live if self._store.has(t)]
+        return f"held {len(held)} of {len(live)} live topologies [{','.join(live)}]"
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            # Clear before the pass, never after the wait: a wake-up that arrives while a
+            # pass runs then makes the next wait return at once instead of being lost.
+            self._wake.clear()
             pause = self._period_s
             try:
                 self.sync_once()
                 if self._retry_at:
                     pause = min(pause, max(0.05, min(self._retry_at.values()) - time.monotonic()))
+            except LayoutMissingError as exc:
+                log.error("code sync stopped, nothing fetched or removed: %s", exc)
+                pause = min(pause, 5.0)
             except KazooException as exc:
                 log.warning("code sync could not read cluster state: %s", exc)
                 pause = min(pause, 1.0)
@@ -91,7 +115,11 @@ class CodeSync:
             except Exception:
                 log.exception("code sync callback failed")
             self._wake.wait(pause)
-            self._wake.clear()
+
+    def _take_retry_now(self) -> bool:
+        with self._retry_lock:
+            flagged, self._retry_now = self._retry_now, False
+            return flagged
 
     def sync_once(self) -> None:
         """One pass: fetch what is missing, drop what is gone."""
@@ -101,10 +129,10 @@ class CodeSync:
         # metafile, never mistaken for the code of a removed topology.
         held = self._store.topologies()
         protected = self._protected()
-        if self._retry_now:
-            self._retry_now = False
+        if self._take_retry_now():
             self._retry_at = dict.fromkeys(self._retry_at, 0.0)
-        wanted = set(self._state.active_storms(watch=self.wake))
+        live = set(self._state.active_storms(watch=self.wake))
+        wanted = set(live)
         published: dict[str, bytes] = {}
         for topology_id in self._state.code_topologies(watch=self.wake):
             meta = self._state.code_meta(topology_id, watch=self.wake)
@@ -117,6 +145,9 @@ class CodeSync:
             if topology_id in published and time.monotonic() >= self._retry_at.get(topology_id, 0):
                 self._fetch(topology_id, published[topology_id])
         for topology_id in sorted(held - wanted - protected):
+            if self._cleanup_blocked:
+                log.error("not removing code of %s: %s", topology_id, self._cleanup_blocked)
+                continue
             log.info("removing code of %s: the topology is gone", topology_id)
             try:
                 self._distributor.cleanup(topology_id)
@@ -126,10 +157,24 @@ class CodeSync:
             if topology_id not in wanted or self._store.has(topology_id):
                 self._retry_at.pop(topology_id, None)
                 self._failures.pop(topology_id, None)
+        self._report_completeness(live)
+
+    def _report_completeness(self, live: set[str]) -> None:
+        # Logged when it changes, so an operator (or a test) sees the moment this host
+        # became able to lead, after every download of the pass has finished.
+        missing = sorted(t for t in live if not self._store.has(t))
+        if (not missing) != self._complete:
+            self._complete = not missing
+            if missing:
+                log.info("code incomplete: missing %d of %d live topologies [%s]",
+                         len(missing), len(live), ",".join(missing))
+            else:
+                log.info("code complete: holds all %d live topologies", len(live))
 
     def _on_replica_change(self, _event: object) -> None:
         # kazoo's event thread: only flag; the sync thread owns _retry_at.
-        self._retry_now = True
+        with self._retry_lock:
+            self._retry_now = True
         self._wake.set()
 
     def _fetch(self, topology_id: str, metafile: bytes) -> None:

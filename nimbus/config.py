@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from nimbus.redaction import redact, redact_value
+
 DEFAULTS_SOURCE = "defaults.yaml (built in)"
 
 
@@ -112,6 +114,10 @@ class Config(Mapping[str, Any]):
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
+    def redacted(self) -> dict[str, Any]:
+        """The values with every secret replaced: what may leave the process."""
+        return redact(self._values)
+
     # Typed views of the keys the core uses, so callers do not repeat conversions.
     @property
     def zk_hosts(self) -> str:
@@ -186,7 +192,7 @@ def load_config(
             if not _type_ok(defaults[key], value):
                 raise ConfigError(
                     f"{source}: key {key!r} must be {_type_name(defaults[key])}, "
-                    f"got {_type_name(value)} {value!r}"
+                    f"got {_type_name(value)} {redact_value(key, value)!r}"
                 )
             values[key] = value
     _check_semantics(values)

@@ -21,7 +21,7 @@ from kazoo.retry import KazooRetry
 
 from nimbus import __version__
 from nimbus.client import fetch_file
-from nimbus.cluster_state import NotLeaderError, StormClusterState
+from nimbus.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
 from nimbus.code_sync import CodeSync
 from nimbus.config import Config
 from nimbus.distributors import CodeDistributor
@@ -49,7 +49,14 @@ def make_zk_client(conf: Config) -> KazooClient:
                                  delay=conf["storm.zookeeper.retry.interval"] / 1000.0,
                                  max_delay=5.0),
     )
-    zk.start(timeout=conf.connection_timeout_s)
+    try:
+        zk.start(timeout=conf.connection_timeout_s)
+    except Exception as exc:
+        zk.stop()
+        zk.close()
+        raise ConnectionError(
+            f"cannot connect to ZooKeeper at {conf.zk_hosts} within "
+            f"{conf.connection_timeout_s:.0f}s (storm.zookeeper.servers/port): {exc}") from None
     return zk
 
 
@@ -67,26 +74,43 @@ class NimbusDaemon:
 
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
         self.zk = make_zk_client(conf)
+        self._prepared = False
         try:
-            self.state = StormClusterState(self.zk, conf.zk_root)
-            self.state.setup()
-            self.store = LocalCodeStore(conf.local_dir)
-            self.distributor.prepare(conf, DistributorContext(
-                zk=self.zk, zk_root=conf.zk_root, address=self.address,
-                local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
-                code_dir=self.store.root, fetch_file=fetch_file))
+            self._wire(conf)
         except BaseException:
-            self.zk.stop()
-            self.zk.close()
+            # A failed start (say, the Thrift port is taken) releases everything it took,
+            # so the process can exit with the reason instead of lingering.
+            self._release()
             raise
+
+    def _wire(self, conf: Config) -> None:
+        self.state = StormClusterState(self.zk, conf.zk_root)
+        cluster_id = self.state.setup()
+        self.store = LocalCodeStore(conf.local_dir)
+        foreign = self.store.claim(cluster_id)
+        cleanup_blocked = ""
+        if foreign is not None:
+            cleanup_blocked = (
+                f"{self.store.root} holds code of cluster {foreign}, but ZooKeeper "
+                f"{conf.zk_hosts}{conf.zk_root} is cluster {cluster_id} (a wrong "
+                "storm.zookeeper.root, or a wiped ZooKeeper?); move that directory away "
+                "to start this nimbus afresh")
+            log.error("local code will not be cleaned up: %s", cleanup_blocked)
+        self.distributor.prepare(conf, DistributorContext(
+            zk=self.zk, zk_root=conf.zk_root, address=self.address,
+            local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
+            code_dir=self.store.root, fetch_file=fetch_file))
+        self._prepared = True
         self.sync = CodeSync(self.state, self.store, self.distributor,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),
-                             on_synced=lambda: self.elector.wake())
+                             on_synced=lambda: self.elector.wake(),
+                             cleanup_blocked=cleanup_blocked)
         self.elector = LeaderElector(
             self.zk, self.state, self.address,
             has_all_code=lambda: not self.sync.missing(),
-            request_sync=self.sync.wake, on_change=self._on_leadership)
+            request_sync=self.sync.wake, on_change=self._on_leadership,
+            code_report=self.sync.code_report)
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
                                            self.elector, self.address)
         self.cache = ClusterSummaryCache(self.state, self.distributor)
@@ -94,9 +118,32 @@ class NimbusDaemon:
                                        conf["nimbus.max.topology.bytes"])
         handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
                                 self.transfers, self.store, self.started_at)
-        self.server = ThriftServer(handler, conf["nimbus.host"], conf["nimbus.thrift.port"])
+        try:
+            self.server = ThriftServer(
+                handler, conf["nimbus.thrift.bind.address"], conf["nimbus.thrift.port"],
+                max_frame_bytes=conf["nimbus.thrift.max_buffer_size"],
+                max_connections=conf["nimbus.thrift.threads"],
+                advertised_host=conf["nimbus.host"])
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot serve Thrift on {conf['nimbus.thrift.bind.address']}:"
+                          f"{conf['nimbus.thrift.port']}: {exc.strerror} (is another "
+                          "nimbus using nimbus.thrift.port?)") from None
         self._duties = threading.Thread(target=self._duty_loop, name="leader-duties",
                                         daemon=True)
+
+    def _release(self) -> None:
+        """Give back what a failed construction took: the distributor, then ZooKeeper."""
+        if self._prepared:
+            try:
+                self.distributor.close(self.conf)
+            except Exception as exc:
+                log.warning("closing code distributor %s failed: %s",
+                            self.distributor.name, exc)
+        elector = getattr(self, "elector", None)
+        if elector is not None:
+            elector.stop()
+        self.zk.stop()
+        self.zk.close()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -182,6 +229,8 @@ class NimbusDaemon:
             self.lifecycle.remove_orphan_code()
         except (NotLeaderError, NoLeaderError):
             log.info("duties skipped: leadership lost during the cycle")
+        except LayoutMissingError as exc:
+            log.error("duties skipped, nothing removed: %s", exc)
         except KazooException as exc:
             log.warning("duties failed, retrying next cycle: %s", exc)
         except Exception:

@@ -4,7 +4,9 @@
 (``package.module:Class`` or ``package.module.Class``) or Storm's Java class name. An
 unknown name fails with an error that lists the installed distributors; a known backend
 that is not installed names the distribution to ``pip install``. A plugin that fails to
-import is reported and skipped, never fatal to the others.
+import is reported and skipped, never fatal to the others; selecting it (by entry-point
+name or dotted path) fails with its import error, and a dotted path whose module lacks
+the attribute names both.
 """
 
 from __future__ import annotations
@@ -38,7 +40,22 @@ KNOWN_DISTRIBUTIONS = {
 
 
 class DistributorError(RuntimeError):
-    """A code distributor cannot be found, loaded or has failed an operation."""
+    """A code distributor cannot be found, loaded or has failed an operation.
+
+    Every hook failure that a user or the environment can cause (a bad metafile, tampered
+    or corrupt data, an unreachable store or peer) is this or one of its subclasses, with
+    a message that names the topology and the cause; see docs/hooks.md.
+    """
+
+
+class MetafileError(DistributorError):
+    """A metafile is not one this distributor wrote for that topology (empty, truncated,
+    garbage, or written for another topology or store)."""
+
+
+class CodeVerificationError(DistributorError):
+    """Fetched code does not match its metafile (size or hash): a tampered or corrupt
+    copy, refused. The message names the topology and the file (or piece) that failed."""
 
 
 def installed_distributors() -> dict[str, type]:
@@ -60,23 +77,68 @@ def resolve_distributor_class(name: str) -> type:
     installed = installed_distributors()
     if alias in installed:
         return installed[alias]
+    broken = _entry_point_load_error(alias)
+    if broken is not None:
+        raise DistributorError(
+            f"code distributor {name!r} is installed but cannot be imported: "
+            f"{type(broken).__name__}: {broken}") from broken
     if alias in KNOWN_DISTRIBUTIONS:
         raise DistributorError(
             f"code distributor {name!r} is not installed: pip install {KNOWN_DISTRIBUTIONS[alias]}"
             f" (installed: {', '.join(sorted(installed)) or 'none'})"
         )
     if "." in alias or ":" in alias:
-        module_name, sep, attr = alias.partition(":")
-        if not sep:
-            module_name, _, attr = alias.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError, ValueError):
-            pass
+        found = _import_dotted(name, alias)
+        if found is not None:
+            return found
     raise DistributorError(
         f"unknown code distributor {name!r} in storm.codedistributor.class; installed: "
         f"{', '.join(sorted(installed)) or 'none'} (or give a dotted path 'module:Class')"
     )
+
+
+def _entry_point_load_error(name: str) -> BaseException | None:
+    """The error raised by loading the entry point ``name``, if there is one that fails."""
+    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+        if ep.name != name:
+            continue
+        try:
+            ep.load()
+        except Exception as exc:
+            return exc
+    return None
+
+
+def _import_dotted(name: str, path: str) -> type | None:
+    """The object at ``module:attr`` or ``module.attr``; None if no such module exists.
+
+    A module that exists but fails to import (a missing dependency, an error in its
+    code) and a module without the attribute are errors that say so, never "unknown".
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # The dotted path itself names no module (or no package above it): unknown name.
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            return None
+        raise DistributorError(
+            f"code distributor {name!r}: importing module {module_name!r} failed: "
+            f"{type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # ImportError, SyntaxError, anything the module raised
+        raise DistributorError(
+            f"code distributor {name!r}: importing module {module_name!r} failed: "
+            f"{type(exc).__name__}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise DistributorError(
+            f"code distributor {name!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from None
 
 
 def plugin_config_defaults() -> dict[str, Any]:
@@ -124,9 +186,7 @@ class CodeDistributor:
         """Start the distributor; any failure becomes a DistributorError naming it."""
         try:
             self._pm.hook.prepare(conf=dict(conf), context=context)
-        except DistributorError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # DistributorErrors too: the message must name the plugin
             raise DistributorError(
                 f"code distributor {self.name!r} cannot start: {exc}") from exc
 
@@ -146,7 +206,12 @@ class CodeDistributor:
         return int(self._pm.hook.get_replication_count(topology_id=topology_id) or 0)
 
     def cleanup(self, topology_id: str) -> None:
+        """Drop this host's copy and registrations (every nimbus)."""
         self._pm.hook.cleanup(topology_id=topology_id)
+
+    def delete_shared(self, topology_id: str) -> None:
+        """Delete shared storage of a removed topology (leader, after a fenced removal)."""
+        self._pm.hook.delete_shared(topology_id=topology_id)
 
     def close(self, conf: Any) -> None:
         self._pm.hook.close(conf=dict(conf))

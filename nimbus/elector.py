@@ -60,6 +60,7 @@ class LeaderElector:
         has_all_code: Callable[[], bool],
         request_sync: Callable[[], None] = lambda: None,
         on_change: Callable[[bool], None] = lambda leader: None,
+        code_report: Callable[[], str] = lambda: "",
     ):
         self._zk = zk
         self._state = state
@@ -67,7 +68,10 @@ class LeaderElector:
         self._has_all_code = has_all_code
         self._request_sync = request_sync
         self._on_change = on_change
-        self._lock = threading.RLock()
+        self._code_report = code_report
+        self._lock = threading.RLock()      # held by every queue decision (_evaluate)
+        self._leader_lock = threading.RLock()  # guards _leader_node and its callback
+        self._session_lost = False          # set on kazoo's thread, consumed under _lock
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._want_queue = False
@@ -136,19 +140,32 @@ class LeaderElector:
 
     # -- internals ----------------------------------------------------------------------
     def _on_connection_state(self, state: str) -> None:
-        # Runs on kazoo's event thread: only flip flags, never call ZooKeeper here.
+        # Runs on kazoo's event thread: only flip flags, never call ZooKeeper here, and
+        # never touch _node (the election thread reads it under _lock): the LOST flag is
+        # consumed there instead.
         if state in (KazooState.SUSPENDED, KazooState.LOST):
             self._set_leader(None)
             if state == KazooState.LOST:
-                self._node = None  # the ephemeral node died with the session
+                self._session_lost = True  # the ephemeral node died with the session
         self._wake.set()
 
-    def _set_leader(self, head: str | None) -> None:
-        """Lead with ``head`` (the node verified at the head of the queue), or not."""
-        was = self._leader_node is not None
-        self._leader_node = head
-        if was != (head is not None):
-            log.info("%s %s leadership", self._address, "gained" if head else "lost")
+    def _set_leader(self, head: str | None, code: str = "") -> None:
+        """Lead with ``head`` (the node verified at the head of the queue), or not.
+
+        Called from the election thread and kazoo's event thread: the read-modify-write
+        and the callback run under one lock so that two changes cannot interleave.
+        ``code`` describes the code this nimbus was verified to hold just before.
+        """
+        with self._leader_lock:
+            was = self._leader_node is not None
+            self._leader_node = head
+            if was == (head is not None):
+                return
+            if head:
+                log.info("%s gained leadership as %s; code held: %s",
+                         self._address, head, code or "(not reported)")
+            else:
+                log.info("%s lost leadership", self._address)
             try:
                 self._on_change(head is not None)
             except Exception:
@@ -189,6 +206,9 @@ class LeaderElector:
                 and posixpath.join(self._state.leader_lock_path, n) != self._node]
 
     def _evaluate(self) -> None:
+        if self._session_lost:
+            self._session_lost = False
+            self._node = None
         if self._zk.state != KazooState.CONNECTED:
             self._set_leader(None)
             return
@@ -226,7 +246,8 @@ class LeaderElector:
         index = nodes.index(mine)
         if index == 0:
             if self._has_all_code():
-                self._set_leader(self._node)
+                if self._leader_node != self._node:  # report only when taking over
+                    self._set_leader(self._node, self._code_report())
             else:
                 log.info("%s won the lock but lacks topology code: giving it up to sync",
                          self._address)

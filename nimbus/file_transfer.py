@@ -3,6 +3,13 @@
 Uploads land in ``<storm.local.dir>/nimbus/inbox`` under names the nimbus chooses; a
 client can only append to a location this nimbus handed out, up to a size limit.
 Downloads serve only files of topology code held by this nimbus. Idle sessions expire.
+
+Locking: ``FileTransfers._lock`` guards the session tables only and is never held during
+disk I/O. Each session has its own I/O lock, held while its file is written, read or
+closed, so transfers of different sessions proceed in parallel and a slow disk stalls only
+its own session. A session counts the threads using it; expiry skips a session in use, and
+a session removed from its table while in use (:meth:`FileTransfers.close`) is disposed of
+by the last thread that leaves it, never under a thread that is reading or writing it.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -27,13 +34,28 @@ class TransferError(ValueError):
     """A transfer request names an unknown session or breaks a limit."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Session:
     path: Path
     handle: BinaryIO | None
+    upload: bool
     size: int = 0
-    touched: float = 0.0
+    touched: float = field(default_factory=time.monotonic)
     finished: bool = False
+    # Guarded by FileTransfers._lock:
+    users: int = 0  # threads between _acquire and _release
+    detached: bool = False  # removed from its table while in use: the last user disposes
+    # Held during this session's disk I/O (taken before FileTransfers._lock, never after):
+    io: threading.Lock = field(default_factory=threading.Lock)
+
+    def dispose(self, delete: bool) -> None:
+        """Close the file (waiting for any I/O on it); ``delete`` removes an upload's file."""
+        with self.io:
+            if self.handle is not None:
+                self.handle.close()
+                self.handle = None
+            if delete and self.upload:
+                self.path.unlink(missing_ok=True)
 
 
 class FileTransfers:
@@ -48,52 +70,93 @@ class FileTransfers:
         self._max = max_upload_bytes
         self._uploads: dict[str, _Session] = {}
         self._downloads: dict[str, _Session] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the two tables and each session's users/detached
 
+    # -- session bookkeeping ----------------------------------------------------------------
     def _expire(self) -> None:
+        """Dispose of sessions idle for IDLE_EXPIRY_S that no thread is using."""
         cutoff = time.monotonic() - IDLE_EXPIRY_S
-        for table in (self._uploads, self._downloads):
-            for key, session in list(table.items()):
-                if session.touched < cutoff:
-                    if session.handle:
-                        session.handle.close()
-                    if table is self._uploads:
-                        session.path.unlink(missing_ok=True)
-                    del table[key]
+        expired = []
+        with self._lock:
+            for table in (self._uploads, self._downloads):
+                for key, session in list(table.items()):
+                    if session.users == 0 and session.touched < cutoff:
+                        del table[key]
+                        expired.append(session)
+        for session in expired:  # nobody can reach them any more: close outside the lock
+            session.dispose(delete=True)
+
+    def _acquire(self, table: dict[str, _Session], key: str, what: str) -> _Session:
+        with self._lock:
+            session = table.get(key)
+            if session is None:
+                raise TransferError(f"no open {what} {key!r}")
+            session.users += 1
+            session.touched = time.monotonic()
+            return session
+
+    def _release(self, session: _Session) -> None:
+        with self._lock:
+            session.users -= 1
+            session.touched = time.monotonic()
+            orphaned = session.detached and session.users == 0
+        if orphaned:
+            session.dispose(delete=False)
+
+    def _forget(self, table: dict[str, _Session], key: str, session: _Session) -> None:
+        with self._lock:
+            if table.get(key) is session:
+                del table[key]
+
+    def _admit(self, table: dict[str, _Session], limit: int, what: str) -> None:
+        if len(table) >= limit:
+            raise TransferError(f"too many {what} in progress ({limit}); retry later")
 
     # -- uploads ----------------------------------------------------------------------------
     def begin_upload(self) -> str:
+        self._expire()
         with self._lock:
-            self._expire()
-            if len(self._uploads) >= MAX_UPLOADS:
-                raise TransferError(f"too many uploads in progress ({MAX_UPLOADS}); retry later")
-            path = self.inbox / f"stormjar-{uuid.uuid4()}.jar"
-            self._uploads[str(path)] = _Session(path, open(path, "wb"), touched=time.monotonic())
-            return str(path)
+            self._admit(self._uploads, MAX_UPLOADS, "uploads")
+        path = self.inbox / f"stormjar-{uuid.uuid4()}.jar"
+        session = _Session(path, open(path, "wb"), upload=True)
+        try:
+            with self._lock:
+                self._admit(self._uploads, MAX_UPLOADS, "uploads")  # others got in meanwhile
+                self._uploads[str(path)] = session
+        except TransferError:
+            session.dispose(delete=True)
+            raise
+        return str(path)
 
     def upload_chunk(self, location: str, chunk: bytes) -> None:
-        with self._lock:
-            session = self._uploads.get(location)
-            if session is None or session.finished or session.handle is None:
-                raise TransferError(f"no open upload at {location!r}")
-            if session.size + len(chunk) > self._max:
-                session.handle.close()
-                session.path.unlink(missing_ok=True)
-                del self._uploads[location]
-                raise TransferError(f"upload larger than nimbus.max.topology.bytes={self._max}")
-            session.handle.write(chunk)
-            session.size += len(chunk)
-            session.touched = time.monotonic()
+        session = self._acquire(self._uploads, location, "upload at")
+        try:
+            with session.io:
+                if session.handle is None:  # finished, or discarded by another thread
+                    raise TransferError(f"no open upload at {location!r}")
+                if session.size + len(chunk) > self._max:
+                    session.handle.close()
+                    session.handle = None
+                    session.path.unlink(missing_ok=True)
+                    self._forget(self._uploads, location, session)
+                    raise TransferError(
+                        f"upload larger than nimbus.max.topology.bytes={self._max}")
+                session.handle.write(chunk)
+                session.size += len(chunk)
+        finally:
+            self._release(session)
 
     def finish_upload(self, location: str) -> None:
-        with self._lock:
-            session = self._uploads.get(location)
-            if session is None or session.handle is None:
-                raise TransferError(f"no open upload at {location!r}")
-            session.handle.close()
-            session.handle = None
-            session.finished = True
-            session.touched = time.monotonic()
+        session = self._acquire(self._uploads, location, "upload at")
+        try:
+            with session.io:
+                if session.handle is None:
+                    raise TransferError(f"no open upload at {location!r}")
+                session.handle.close()
+                session.handle = None
+                session.finished = True
+        finally:
+            self._release(session)
 
     def take_upload(self, location: str) -> Path:
         """The finished upload at ``location``; the caller deletes it when done."""
@@ -109,32 +172,45 @@ class FileTransfers:
     # -- downloads --------------------------------------------------------------------------
     def begin_download(self, requested: str) -> str:
         path = self._store.resolve_served_file(requested)
+        self._expire()
         with self._lock:
-            self._expire()
-            if len(self._downloads) >= MAX_DOWNLOADS:
-                raise TransferError(
-                    f"too many downloads in progress ({MAX_DOWNLOADS}); retry later")
-            session_id = str(uuid.uuid4())
-            self._downloads[session_id] = _Session(path, open(path, "rb"),
-                                                   touched=time.monotonic())
-            return session_id
+            self._admit(self._downloads, MAX_DOWNLOADS, "downloads")
+        session = _Session(path, open(path, "rb"), upload=False)
+        session_id = str(uuid.uuid4())
+        try:
+            with self._lock:
+                self._admit(self._downloads, MAX_DOWNLOADS, "downloads")
+                self._downloads[session_id] = session
+        except TransferError:
+            session.dispose(delete=False)
+            raise
+        return session_id
 
     def download_chunk(self, session_id: str) -> bytes:
-        with self._lock:
-            session = self._downloads.get(session_id)
-            if session is None or session.handle is None:
-                raise TransferError(f"no open download {session_id!r}")
-            chunk = session.handle.read(DOWNLOAD_CHUNK_BYTES)
-            session.touched = time.monotonic()
-            if not chunk:
-                session.handle.close()
-                del self._downloads[session_id]
-            return chunk
+        session = self._acquire(self._downloads, session_id, "download")
+        try:
+            with session.io:
+                if session.handle is None:
+                    raise TransferError(f"no open download {session_id!r}")
+                chunk = session.handle.read(DOWNLOAD_CHUNK_BYTES)
+                if not chunk:
+                    session.handle.close()
+                    session.handle = None
+                    self._forget(self._downloads, session_id, session)
+                return chunk
+        finally:
+            self._release(session)
 
     def close(self) -> None:
+        """Close every session; one in use is closed when its last user leaves it."""
         with self._lock:
-            for session in [*self._uploads.values(), *self._downloads.values()]:
-                if session.handle:
-                    session.handle.close()
+            sessions = [*self._uploads.values(), *self._downloads.values()]
             self._uploads.clear()
             self._downloads.clear()
+            idle = []
+            for session in sessions:
+                session.detached = True
+                if session.users == 0:
+                    idle.append(session)
+        for session in idle:
+            session.dispose(delete=False)

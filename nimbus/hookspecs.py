@@ -70,7 +70,12 @@ def get_replication_count(topology_id: str) -> int:
 
 @hookspec(firstresult=True)
 def cleanup(topology_id: str) -> None:
-    """Forget a topology: drop local copies and registrations of it."""
+    """Forget this host's copy of a topology: local files and this host's registrations."""
+
+
+@hookspec(firstresult=True)
+def delete_shared(topology_id: str) -> None:
+    """Delete a removed topology's code from shared storage (leader only; optional)."""
 
 
 @hookspec(firstresult=True)
@@ -79,4 +84,6 @@ def close(conf: dict[str, Any]) -> None:
 
 
 DISTRIBUTOR_HOOKS = ("prepare", "upload", "download", "get_replication_count", "cleanup", "close")
-ALL_HOOKS = ("config_defaults", *DISTRIBUTOR_HOOKS)
+# Hooks a distributor implements only when it has what they act on.
+OPTIONAL_HOOKS = ("delete_shared",)
+ALL_HOOKS = ("config_defaults", *DISTRIBUTOR_HOOKS, *OPTIONAL_HOOKS)

@@ -24,7 +24,7 @@ from nimbus.archive import check_bundle
 from nimbus.cluster_state import ConcurrentChangeError, StormClusterState
 from nimbus.config import Config
 from nimbus.distributors import CodeDistributor
-from nimbus.elector import LeaderElector
+from nimbus.elector import LeaderElector, NoLeaderError
 from nimbus.local_code import LocalCodeStore, atomic_dir
 from nimbus.records import ACTIVE, INACTIVE, KILLED, Assignment, CodeMeta, StormBase
 
@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 BUNDLE_FILE = "stormjar.jar"   # Storm's names for a topology's files
 CONF_FILE = "stormconf.json"
 TOPOLOGY_FILE = "stormcode.ser"
+# A client's token for one submission (nimbus-ha's key in the topology conf): a retry of
+# that submission, e.g. after the client's call timed out, is answered with the topology
+# it created instead of "already alive".
+SUBMISSION_TOKEN_KEY = "topology.submission.token"
 # Storm refuses these characters in topology names; we also refuse a leading dot.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_ -]{0,127}$")
 
@@ -68,8 +72,8 @@ class TopologyLifecycle:
         self.distributor = distributor
         self.elector = elector
         self.address = address
-        self._pending: dict[str, str] = {}     # topology id -> name, submissions in flight
-        self._pending_lock = threading.Lock()
+        self._pending: dict[str, tuple[str, str]] = {}  # id -> (name, token), in flight
+        self._pending_lock = threading.Condition()
         self._replication_changed = threading.Condition()
 
     # -- helpers --------------------------------------------------------------------------
@@ -109,14 +113,15 @@ class TopologyLifecycle:
         except ValueError as exc:
             raise InvalidTopologyError(str(exc)) from None
 
+        token = str(topo_conf.get(SUBMISSION_TOKEN_KEY) or "")
         now = int(time.time())
         # Storm's form name-counter-time; the counter is random so that ids made by
         # different leaders (each counting from 1) cannot collide.
         topology_id = f"{name.replace(' ', '_')}-{secrets.randbelow(10**9)}-{now}"
-        with self._pending_lock:
-            if name in self._pending.values() or self.state.find_storm_by_name(name):
-                raise TopologyExistsError(f"topology {name!r} is already alive")
-            self._pending[topology_id] = name
+        existing = self._claim_name(name, token, topology_id)
+        if existing is not None:
+            log.info("submission %s of %s is a retry: it created %s", token, name, existing)
+            return existing
         try:
             with atomic_dir(self.store.path(topology_id)) as staging:
                 shutil.copyfile(bundle, staging / BUNDLE_FILE)
@@ -130,7 +135,7 @@ class TopologyLifecycle:
             replicas = self._wait_for_replication(topology_id, min_replicas, max_wait)
             base = StormBase(storm_name=name, launch_time_secs=now, status=initial_status,
                              num_workers=num_workers, owner=str(topo_conf.get(
-                                 "topology.submitter.user", "")))
+                                 "topology.submitter.user", "")), submission_token=token)
             self.state.activate_storm(
                 fence, topology_id, base,
                 Assignment(master_code_dir=str(self.store.path(topology_id).resolve())))
@@ -142,6 +147,32 @@ class TopologyLifecycle:
         finally:
             with self._pending_lock:
                 self._pending.pop(topology_id, None)
+                self._pending_lock.notify_all()
+
+    def _claim_name(self, name: str, token: str, topology_id: str) -> str | None:
+        """Reserve ``name`` for a new submission, or recognise a retry of an earlier one.
+
+        Returns the id of the topology that a submission with the same ``token`` created
+        (waiting while that one is still in flight), or None once ``name`` is reserved
+        for ``topology_id``. Any other holder of the name is TopologyExistsError.
+        """
+        with self._pending_lock:
+            while True:
+                in_flight = [t for t, (n, _) in self._pending.items() if n == name]
+                if in_flight:
+                    if token and self._pending[in_flight[0]][1] == token:
+                        # The same submission, still replicating: answer when it ends.
+                        self._pending_lock.wait(1.0)
+                        self.elector.fence()  # stop waiting once no longer leading
+                        continue
+                    raise TopologyExistsError(f"topology {name!r} is already alive")
+                found = self.state.find_storm_by_name(name)
+                if found is not None:
+                    if token and found[1].submission_token == token:
+                        return found[0]
+                    raise TopologyExistsError(f"topology {name!r} is already alive")
+                self._pending[topology_id] = (name, token)
+                return None
 
     def _wait_for_replication(self, topology_id: str, wanted: int, max_wait_s: int) -> int:
         """Wait for ``wanted`` replicas, woken by replica registrations; returns the count."""
@@ -151,7 +182,9 @@ class TopologyLifecycle:
             if count >= wanted:
                 return count
             if not self.elector.is_leader():
-                raise ConcurrentChangeError("lost leadership while waiting for replication")
+                # NoLeaderError: the Thrift handler turns it into "not a leader, current
+                # leader is ...", so the client follows the redirect and retries there.
+                raise NoLeaderError("lost leadership while waiting for replication")
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 log.warning("%s: %d of %d replicas after %ss; activating anyway",
@@ -183,16 +216,31 @@ class TopologyLifecycle:
             log.warning("%s was created although its submission reported an error",
                         topology_id)
             return
+        if self.elector.is_leader():
+            try:
+                self.state.remove_code(self.elector.fence(), topology_id)
+                self._delete_shared(topology_id)
+            except Exception as exc:
+                # Left to the next leader's duties (remove_orphan_code), fenced as here.
+                log.warning("removing code node of abandoned %s failed: %s", topology_id, exc)
         try:
             self.distributor.cleanup(topology_id)
         except Exception as exc:
             log.warning("cleanup of abandoned %s failed: %s", topology_id, exc)
-        if self.elector.is_leader():
-            try:
-                self.state.remove_code(self.elector.fence(), topology_id)
-            except Exception as exc:
-                log.warning("removing code node of abandoned %s failed: %s", topology_id, exc)
         self.store.remove(topology_id)
+
+    def _delete_shared(self, topology_id: str) -> None:
+        """Delete shared code of a topology whose removal from ZooKeeper just committed.
+
+        Called only after a fenced write succeeded, so only a real leader's decision ever
+        deletes shared code. A failure leaves objects behind (a leak, not a loss).
+        """
+        try:
+            self.distributor.delete_shared(topology_id)
+        except Exception as exc:
+            log.warning("could not delete shared code of removed %s (%s); delete what "
+                        "%s holds under %s by hand", topology_id, exc,
+                        self.distributor.name, topology_id)
 
     # -- status changes ---------------------------------------------------------------------
     def _change(self, name: str, change: Any) -> None:
@@ -258,6 +306,7 @@ class TopologyLifecycle:
             if base is not None and base.status == KILLED and base.kill_at_secs <= now:
                 log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
                 self.state.remove_storm(fence, topology_id)
+                self._delete_shared(topology_id)
 
     def remove_orphan_code(self) -> None:
         """Remove code nodes of submissions that never completed (their leader died)."""
@@ -271,3 +320,4 @@ class TopologyLifecycle:
             if topology_id not in storms and topology_id not in pending:
                 log.info("removing code of unfinished submission %s", topology_id)
                 self.state.remove_code(fence, topology_id)
+                self._delete_shared(topology_id)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
 TEMP_PREFIX = ".incoming-"
+CLUSTER_ID_FILE = "cluster-id"
 
 
 class UnsafePathError(ValueError):
@@ -122,6 +123,23 @@ class LocalCodeStore:
 
     def path(self, topology_id: str) -> Path:
         return self.root / check_topology_id(topology_id)
+
+    def claim(self, cluster_id: str) -> str | None:
+        """Mark this store as holding code of ``cluster_id``.
+
+        Returns None when the store is this cluster's (or empty, or unmarked, as stores
+        made by earlier releases are), and otherwise the id of the cluster whose code it
+        holds: that code must not be mistaken for code of removed topologies.
+        """
+        marker = self.root.parent / CLUSTER_ID_FILE
+        try:
+            previous = marker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            previous = ""
+        if previous and previous != cluster_id and self.topologies():
+            return previous
+        marker.write_text(cluster_id + "\n", encoding="utf-8")
+        return None
 
     def has(self, topology_id: str) -> bool:
         return self.path(topology_id).is_dir()

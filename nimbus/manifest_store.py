@@ -9,6 +9,8 @@ The metafile is that manifest: size and sha256 of every file.
   moves the copy into place only when every size and sha256 matches.
 * ``get_replication_count`` is the store's own redundancy (declared in a setting) once
   the manifest exists, and 0 before: no nimbus hunts for another that holds a copy.
+* ``cleanup`` drops only this host's metafile; ``delete_shared``, which only the leader
+  calls after its fenced removal of the topology, deletes the objects.
 
 A subclass provides ``name``, ``PREFIX``, ``config_defaults`` and :meth:`connect`, which
 returns an fsspec filesystem and the root path; it may refine :meth:`explain`.
@@ -22,6 +24,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from nimbus.distributors import CodeVerificationError, DistributorError, MetafileError
 from nimbus.hookspecs import DistributorContext, hookimpl
 from nimbus.local_code import (
     atomic_dir,
@@ -39,8 +42,16 @@ MANIFEST_FORMAT = 1
 STREAM_BLOCK = 8 * 1024 * 1024
 
 
-class StoreCodeError(RuntimeError):
+class StoreCodeError(DistributorError):
     """The store is unreachable, refuses us, or holds data that fails verification."""
+
+
+class StoreMetafileError(StoreCodeError, MetafileError):
+    """The metafile is not this store's manifest of that topology."""
+
+
+class StoreVerificationError(StoreCodeError, CodeVerificationError):
+    """A file read from the store does not match its manifest's size and sha256."""
 
 
 class ManifestStoreDistributor:
@@ -63,6 +74,14 @@ class ManifestStoreDistributor:
     def explain(self, exc: BaseException, what: str) -> StoreCodeError:
         """A StoreCodeError that says what to check; subclasses add store-specific hints."""
         return StoreCodeError(f"{self.name}: {what} failed ({type(exc).__name__}: {exc})")
+
+    def _failed(self, exc: BaseException, what: str) -> StoreCodeError:
+        """:meth:`explain`'s error, its message always starting with ``what`` (which
+        names the topology) when a subclass's hint leaves it out."""
+        error = self.explain(exc, what)
+        if what not in str(error):
+            error = type(error)(f"{what} failed: {error}")
+        return error
 
     def setting(self, key: str) -> Any:
         return self.conf[self.PREFIX + key]
@@ -100,7 +119,7 @@ class ManifestStoreDistributor:
         except StoreCodeError:
             raise
         except Exception as exc:
-            raise self.explain(exc, f"upload of {topology_id}") from None
+            raise self._failed(exc, f"upload of {topology_id}") from None
         metafile = self._ctx.local_dir / f"{topology_id}.meta"
         metafile.write_text(manifest)
         return metafile
@@ -130,8 +149,13 @@ class ManifestStoreDistributor:
                     self._get(entry, topology_id, tmp, meter)
         except StoreCodeError:
             raise
+        except FileNotFoundError as exc:
+            raise StoreCodeError(
+                f"download of {topology_id}: a file of its manifest is not in "
+                f"{self.name}:{self.root} (the topology was removed, or its upload never "
+                f"completed): {exc}") from None
         except Exception as exc:
-            raise self.explain(exc, f"download of {topology_id}") from None
+            raise self._failed(exc, f"download of {topology_id}") from None
         return [dest_dir / e["path"] for e in entries]
 
     def _get(self, entry: dict, topology_id: str, root: Path, meter: TransferMeter) -> None:
@@ -147,10 +171,11 @@ class ManifestStoreDistributor:
                 size += len(block)
                 meter.advance(len(block))
         if size != entry["size"] or digest.hexdigest() != entry["sha256"]:
-            raise StoreCodeError(f"{topology_id}/{entry['path']}: the stored file in "
-                                 f"{self.name}:{self.root} does not match its manifest "
-                                 f"({size} bytes, sha256 {digest.hexdigest()[:12]}...); "
-                                 "refusing the copy")
+            raise StoreVerificationError(
+                f"{topology_id}/{entry['path']}: the stored file in {self.name}:{self.root} "
+                f"does not match its manifest ({size} bytes, sha256 "
+                f"{digest.hexdigest()[:12]}...; expected {entry['size']} bytes, sha256 "
+                f"{entry['sha256'][:12]}...); refusing the copy")
 
     def _read_manifest(self, metafile: Path, topology_id: str) -> list[dict]:
         try:
@@ -166,7 +191,7 @@ class ManifestStoreDistributor:
                 check_relative_path(e["path"])
             return meta["files"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise StoreCodeError(
+            raise StoreMetafileError(
                 f"{metafile}: not a {self.name} manifest for {topology_id}: {exc}") from None
 
     @hookimpl
@@ -180,7 +205,11 @@ class ManifestStoreDistributor:
 
     @hookimpl
     def cleanup(self, topology_id: str) -> None:
+        # This host's state only: the objects in the store are shared by every nimbus.
         (self._ctx.local_dir / f"{check_topology_id(topology_id)}.meta").unlink(missing_ok=True)
+
+    @hookimpl
+    def delete_shared(self, topology_id: str) -> None:
         # Manifest first: from that moment on nobody counts or fetches the bundle.
         for path, recursive in ((self._key(topology_id, MANIFEST), False),
                                 (self._key(topology_id), True)):

@@ -53,6 +53,8 @@ class StormBase(Record):
     owner: str = ""
     # Set when status is KILLED: the leader removes the topology at this time.
     kill_at_secs: int = 0
+    # The client's token for this submission, so that a retried submit is recognised.
+    submission_token: str = ""
 
 
 @dataclass

@@ -34,6 +34,7 @@ from nimbus.lifecycle import (
 )
 from nimbus.local_code import LocalCodeStore, UnsafePathError
 from nimbus.records import ACTIVE, INACTIVE
+from nimbus.redaction import redact
 from nimbus.summary_cache import ClusterSummaryCache
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
@@ -158,7 +159,7 @@ class NimbusHandler:
 
     # -- reads (any nimbus, from the cache) ---------------------------------------------------
     def getNimbusConf(self) -> str:
-        return json.dumps(self.conf.as_dict(), sort_keys=True)
+        return json.dumps(self.conf.redacted(), sort_keys=True)
 
     def _nimbus_summaries(self) -> list[Any]:
         snap = self.cache.snapshot
@@ -230,7 +231,9 @@ class NimbusHandler:
                 msg=f"this nimbus holds no code of {topology_id!r} yet; ask the leader") from None
 
     def getTopologyConf(self, id: str) -> str:  # noqa: A002
-        return self._code_file(id, CONF_FILE).decode()
+        # A topology's own conf may carry credentials too: never hand them out.
+        topo_conf = json.loads(self._code_file(id, CONF_FILE).decode())
+        return json.dumps(redact(topo_conf), sort_keys=True)
 
     def getTopology(self, id: str) -> Any:  # noqa: A002
         data = self._code_file(id, TOPOLOGY_FILE)

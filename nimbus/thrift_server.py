@@ -2,50 +2,185 @@
 
 thriftpy2's own threaded server spawns anonymous threads it never joins; this one names
 every thread, stops on an event and joins its connection threads on shutdown.
+
+Inbound frames are read here, not by thriftpy2's framed transport. That transport trusts
+the 4-byte length a peer sends: it reserves that many bytes and then buffers whatever
+arrives until the frame is complete, so a header of 1 GiB followed by a stream of bytes
+makes the process grow without limit. (A header of exactly 2 GiB or more "fails" only
+because it is a negative int32, and one just under 2 GiB because thriftpy2's buffer-size
+arithmetic overflows int32: neither is a limit.) Here the header is checked first:
+
+* a length above ``max_frame_bytes`` (Storm's ``nimbus.thrift.max_buffer_size``), zero
+  or negative drops the connection before anything is allocated for it;
+* a frame is decoded from its own bytes only: a request that claims more data than its
+  frame holds (huge string or list lengths) fails to decode, and the connection is
+  dropped, instead of reading on into the following frames;
+* a peer that stops sending (a half frame, an idle connection) is dropped after
+  ``idle_timeout_s``;
+* at most ``max_connections`` connections (Storm's ``nimbus.thrift.threads``) are served
+  at once, one thread each. Over that cap the server stops accepting: further clients
+  wait in the kernel's listen backlog (no thread, no memory of ours) and are served as
+  soon as a connection closes, as Storm's thread-pool server makes them wait for a worker.
+  Once the backlog is full too, the kernel ignores new connection attempts until there is
+  room, and the clients' connect timeouts apply.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
+import struct
 import threading
+from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TProcessor
-from thriftpy2.transport import TFramedTransportFactory, TSocket, TTransportException
+from thriftpy2.transport import (
+    TBufferedTransport,
+    TFramedTransport,
+    TSocket,
+    TTransportException,
+)
 
 from nimbus.thrift import storm
 
 log = logging.getLogger(__name__)
 
+ACCEPT_POLL_S = 0.5
 ACCEPT_RETRY_S = 0.5
 IDLE_CONNECTION_S = 900.0
+LISTEN_BACKLOG = 128
+# Storm's defaults for nimbus.thrift.max_buffer_size and nimbus.thrift.threads.
+DEFAULT_MAX_FRAME_BYTES = 1048576
+DEFAULT_MAX_CONNECTIONS = 64
+
+_FRAME_HEADER = struct.Struct("!i")
+
+
+class FrameError(Exception):
+    """A peer's frame header is out of bounds; it is dropped before any allocation."""
+
+
+class BadRequestError(Exception):
+    """A frame holds no request of the Nimbus service that decodes."""
+
+
+class _Processor(TProcessor):
+    """Tells failures to decode a request (the peer's fault) from the handler's own."""
+
+    def process_in(self, iprot: Any) -> Any:
+        try:
+            return super().process_in(iprot)
+        except Exception as exc:
+            raise BadRequestError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class _FrameReader:
+    """What the protocol decodes from: the bytes of one frame and nothing after them."""
+
+    def __init__(self, frame: bytearray):
+        self._view = memoryview(frame)
+
+    def read(self, sz: int) -> bytes:
+        if not self._view:
+            raise TTransportException(TTransportException.END_OF_FILE,
+                                      "request runs past the end of its frame")
+        out = bytes(self._view[:sz])
+        self._view = self._view[sz:]
+        return out
+
+
+def _recv_exactly(conn: socket.socket, size: int, what: str) -> bytearray | None:
+    """``size`` bytes from ``conn``; None if the peer closed before sending any."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            if got == 0:
+                return None
+            raise EOFError(f"peer closed after {got} of the {size} bytes of {what}")
+        got += n
+    return buf
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ThriftServer:
-    """Serve ``handler`` on ``host:port`` until :meth:`stop`."""
+    """Serve ``handler`` on ``host:port`` (the bind address) until :meth:`stop`."""
 
-    def __init__(self, handler: object, host: str, port: int):
-        self._processor = TProcessor(storm.Nimbus, handler)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self._sock.listen(128)
-        self._sock.settimeout(0.5)
+    def __init__(self, handler: object, host: str, port: int, *,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 idle_timeout_s: float = IDLE_CONNECTION_S,
+                 advertised_host: str | None = None):
+        if max_frame_bytes < 1:
+            raise ValueError(f"nimbus.thrift.max_buffer_size must be positive, "
+                             f"got {max_frame_bytes}")
+        if max_connections < 1:
+            raise ValueError(f"nimbus.thrift.threads must be at least 1, got {max_connections}")
+        self.max_frame_bytes = max_frame_bytes
+        self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_s
+        self._processor = _Processor(storm.Nimbus, handler)
+        self._protocols = TBinaryProtocolFactory()
+        host = host or "0.0.0.0"  # an empty bind address means every interface
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        self._family = family
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind(address)
+            self._sock.listen(LISTEN_BACKLOG)
+        except OSError:
+            self._sock.close()
+            raise
+        self._sock.settimeout(ACCEPT_POLL_S)
+        self.host = host
         self.port = self._sock.getsockname()[1]
+        if advertised_host is not None and _is_loopback(host) \
+                and not _is_loopback(advertised_host):
+            log.warning("nimbus.host %s is advertised, but the Thrift server binds %s only: "
+                        "other hosts cannot reach it (set nimbus.thrift.bind.address)",
+                        advertised_host, host)
         self._stop = threading.Event()
+        self._slots = threading.BoundedSemaphore(max_connections)
         self._conns: dict[threading.Thread, socket.socket] = {}
         self._conns_lock = threading.Lock()
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"thrift-accept-{self.port}", daemon=True)
         self._count = 0
 
+    @property
+    def bound_address(self) -> tuple[str, int]:
+        """(address, port) the listening socket is bound to."""
+        return self._sock.getsockname()[:2]
+
+    @property
+    def active_connections(self) -> int:
+        """Connections being served now (at most ``max_connections``)."""
+        with self._conns_lock:
+            return len(self._conns)
+
     def start(self) -> None:
+        log.info("Thrift server listening on %s:%d (at most %d connections, frames up to "
+                 "%d bytes)", self.host, self.port, self.max_connections, self.max_frame_bytes)
         self._accept_thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._accept_thread.join(timeout=5)
+        if self._accept_thread.ident is not None:  # started
+            self._accept_thread.join(timeout=5)
         self._sock.close()
         with self._conns_lock:
             conns = dict(self._conns)
@@ -57,41 +192,97 @@ class ThriftServer:
         for thread in conns:
             thread.join(timeout=5)
 
+    # -- accepting --------------------------------------------------------------------------
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
+            # Over the cap, nothing is accepted: new clients wait in the listen backlog.
+            if not self._slots.acquire(timeout=ACCEPT_POLL_S):
                 continue
-            except OSError as exc:
-                if self._stop.is_set():
-                    return
-                # e.g. EMFILE: keep serving once descriptors are free again.
-                log.warning("accepting a Thrift connection failed: %s", exc)
-                self._stop.wait(ACCEPT_RETRY_S)
+            conn = self._accept()
+            if conn is None:
+                self._slots.release()
                 continue
-            # A client that goes silent this long is dropped, freeing its thread.
-            conn.settimeout(IDLE_CONNECTION_S)
+            conn.settimeout(self.idle_timeout_s)
             self._count += 1
             thread = threading.Thread(target=self._serve, args=(conn,),
                                       name=f"thrift-conn-{self._count}", daemon=True)
             with self._conns_lock:
                 self._conns[thread] = conn
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:  # no thread to be had: refuse this one
+                log.warning("cannot serve a Thrift connection: %s", exc)
+                with self._conns_lock:
+                    self._conns.pop(thread, None)
+                conn.close()
+                self._slots.release()
+
+    def _accept(self) -> socket.socket | None:
+        """The next connection, or None once stopping."""
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+                return conn
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._stop.is_set():
+                    return None
+                # e.g. EMFILE: keep serving once descriptors are free again.
+                log.warning("accepting a Thrift connection failed: %s", exc)
+                self._stop.wait(ACCEPT_RETRY_S)
+        return None
+
+    # -- serving ----------------------------------------------------------------------------
+    def _read_frame(self, conn: socket.socket) -> bytearray | None:
+        """The next inbound frame; None if the peer closed the connection between frames."""
+        header = _recv_exactly(conn, _FRAME_HEADER.size, "a frame header")
+        if header is None:
+            return None
+        (size,) = _FRAME_HEADER.unpack(header)
+        if size <= 0:
+            raise FrameError(f"invalid frame length {size}")
+        if size > self.max_frame_bytes:
+            raise FrameError(f"frame of {size} bytes is over nimbus.thrift.max_buffer_size "
+                             f"({self.max_frame_bytes})")
+        frame = _recv_exactly(conn, size, "a frame")
+        if frame is None:
+            raise EOFError(f"peer closed after the header of a {size}-byte frame")
+        return frame
 
     def _serve(self, conn: socket.socket) -> None:
-        sock = TSocket(socket_family=socket.AF_INET)
+        try:
+            host, port = conn.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "a peer"
+        sock = TSocket(socket_family=self._family)
         sock.sock = conn
-        trans = TFramedTransportFactory().get_transport(sock)
-        proto = TBinaryProtocolFactory().get_protocol(trans)
+        out = TFramedTransport(sock)  # responses only; inbound frames are read above
+        oprot = self._protocols.get_protocol(out)
         try:
             while not self._stop.is_set():
-                self._processor.process(proto, proto)
+                frame = self._read_frame(conn)
+                if frame is None:
+                    return
+                iprot = self._protocols.get_protocol(TBufferedTransport(_FrameReader(frame)))
+                self._processor.process(iprot, oprot)
+        except FrameError as exc:
+            log.warning("dropped Thrift connection from %s: %s", peer, exc)
+        except BadRequestError as exc:
+            log.warning("dropped Thrift connection from %s: undecodable request (%s)",
+                        peer, exc)
+        except TimeoutError:
+            log.info("dropped Thrift connection from %s: nothing received for %ss",
+                     peer, self.idle_timeout_s)
         except (TTransportException, OSError, EOFError):
             pass
         except Exception:
-            log.exception("thrift connection failed")
+            log.exception("thrift connection from %s failed", peer)
         finally:
-            trans.close()
-            with self._conns_lock:
-                self._conns.pop(threading.current_thread(), None)
+            try:
+                conn.close()
+            finally:
+                with self._conns_lock:
+                    self._conns.pop(threading.current_thread(), None)
+                self._slots.release()

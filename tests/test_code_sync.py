@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nimbus.cluster_state import StormClusterState
+from nimbus.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.code_sync import CodeSync
 from nimbus.distributors import CodeDistributor
 from nimbus.hookspecs import hookimpl
@@ -20,6 +20,7 @@ class RecordingDistributor:
 
     name = "recording"
     cleaned: list[str] = []
+    shared_deleted: list[str] = []
 
     @hookimpl
     def prepare(self, conf, context):
@@ -42,6 +43,10 @@ class RecordingDistributor:
         RecordingDistributor.cleaned.append(topology_id)
 
     @hookimpl
+    def delete_shared(self, topology_id):
+        RecordingDistributor.shared_deleted.append(topology_id)
+
+    @hookimpl
     def close(self, conf):
         pass
 
@@ -53,6 +58,7 @@ def setup(make_zk, zk_root, tmp_path):
     store = LocalCodeStore(tmp_path)
     store.path(TOPOLOGY).mkdir()
     RecordingDistributor.cleaned = []
+    RecordingDistributor.shared_deleted = []
     return state, store, CodeDistributor(RecordingDistributor)
 
 
@@ -82,3 +88,72 @@ def test_code_of_a_removed_topology_is_cleaned_up(setup):
     sync.sync_once()
     assert not store.has(TOPOLOGY)
     assert RecordingDistributor.cleaned == [TOPOLOGY]
+    # A follower's sync drops only its own copy: shared storage is the leader's to delete.
+    assert RecordingDistributor.shared_deleted == []
+
+
+def test_absent_storms_directory_is_not_read_as_no_live_topology(setup):
+    """A wrong root, or a wiped or half-restored ZooKeeper: nothing may be removed."""
+    state, store, distributor = setup
+    state.zk.create(state.storm_path(TOPOLOGY),
+                    StormBase(storm_name="fresh", launch_time_secs=1, status=ACTIVE).encode())
+    store.path("other-2-2").mkdir()  # a copy of a topology that is not live any more
+    state.zk.delete(state.path("storms"), recursive=True)
+    sync = CodeSync(state, store, distributor, period_s=3600)
+    with pytest.raises(LayoutMissingError, match=r"/storms does not exist"):
+        sync.sync_once()
+    assert store.topologies() == {TOPOLOGY, "other-2-2"}
+    assert RecordingDistributor.cleaned == []
+    with pytest.raises(LayoutMissingError):
+        sync.missing()
+
+
+def test_store_of_another_cluster_is_never_cleaned(setup):
+    state, store, distributor = setup
+    sync = CodeSync(state, store, distributor, period_s=3600,
+                    cleanup_blocked="holds code of cluster abc")
+    sync.sync_once()
+    assert store.has(TOPOLOGY)
+    assert RecordingDistributor.cleaned == []
+
+
+def test_cluster_id_is_made_once_and_a_foreign_store_is_reported(setup, tmp_path):
+    state, store, _ = setup
+    cluster = state.setup()
+    assert state.setup() == cluster, "the id is kept across set-ups"
+    assert store.claim(cluster) is None, "an unmarked store (earlier release) is adopted"
+    assert store.claim(cluster) is None
+    assert store.claim("another-cluster") == cluster, "a store with code of another id"
+    assert store.has(TOPOLOGY), "claiming never deletes"
+    empty = LocalCodeStore(tmp_path / "empty")
+    empty.claim("another-cluster")
+    assert empty.claim(cluster) is None, "an empty store simply changes hands"
+
+
+def test_replica_change_during_a_failing_download_retries_at_once(setup, monkeypatch):
+    """A replica that registers while a download fails must not wait for the backoff."""
+    state, store, distributor = setup
+    state.zk.create(state.storm_path("wanted-3-3"),
+                    StormBase(storm_name="wanted", launch_time_secs=1, status=ACTIVE).encode())
+    from nimbus.records import CodeMeta
+
+    state.zk.create(state.code_path("wanted-3-3"), CodeMeta(
+        distributor="recording", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
+        created_secs=1).encode())
+    sync = CodeSync(state, store, distributor, period_s=3600)
+    attempts = []
+
+    def download(dest_dir, topology_id, metafile):
+        attempts.append(topology_id)
+        if len(attempts) == 1:
+            sync._on_replica_change(None)  # a new replica appears mid-download
+            raise RuntimeError("no replica could serve it")
+        dest_dir.mkdir(parents=True)
+        return []
+
+    monkeypatch.setattr(distributor, "download", download)
+    sync.sync_once()
+    assert attempts == ["wanted-3-3"] and not store.has("wanted-3-3")
+    sync.sync_once()  # the flag raised during the failed attempt overrides the backoff
+    assert attempts == ["wanted-3-3", "wanted-3-3"]
+    assert store.has("wanted-3-3")

@@ -71,3 +71,102 @@ def test_broken_plugin_is_skipped_not_fatal(monkeypatch, caplog):
     monkeypatch.setattr(d, "entry_points", lambda group: [EP(), Good()])
     assert list(installed_distributors()) == ["good"]
     assert "failed to load and is skipped" in caplog.text
+
+
+@pytest.fixture
+def plugin_dir(tmp_path, monkeypatch):
+    """A directory on sys.path for throw-away distributor modules (unloaded afterwards)."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = set(sys.modules)
+    yield tmp_path
+    for name in set(sys.modules) - before:
+        if name.startswith("nimbus_ha_test_"):
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("path", ["nimbus_ha_test_broken:Dist", "nimbus_ha_test_broken.Dist"])
+def test_dotted_path_whose_import_fails_shows_the_import_error(plugin_dir, path):
+    (plugin_dir / "nimbus_ha_test_broken.py").write_text(
+        "import nimbus_ha_test_missing_dependency\n\nclass Dist:\n    name = 'x'\n")
+    with pytest.raises(DistributorError) as err:
+        resolve_distributor_class(path)
+    message = str(err.value)
+    assert "unknown code distributor" not in message
+    assert "importing module 'nimbus_ha_test_broken' failed" in message
+    assert "No module named 'nimbus_ha_test_missing_dependency'" in message
+    assert isinstance(err.value.__cause__, ImportError)
+
+
+def test_dotted_path_whose_module_raises_import_error_itself(plugin_dir):
+    (plugin_dir / "nimbus_ha_test_raises.py").write_text(
+        "raise ImportError('libfoo.so.1: cannot open shared object file')\n")
+    with pytest.raises(DistributorError, match="libfoo.so.1: cannot open shared object"):
+        resolve_distributor_class("nimbus_ha_test_raises:Dist")
+
+
+def test_dotted_path_without_the_attribute_names_attribute_and_module(plugin_dir):
+    (plugin_dir / "nimbus_ha_test_empty.py").write_text("class Other:\n    pass\n")
+    with pytest.raises(DistributorError) as err:
+        resolve_distributor_class("nimbus_ha_test_empty:Dist")
+    assert "module 'nimbus_ha_test_empty' has no attribute 'Dist'" in str(err.value)
+
+
+def test_dotted_path_of_a_missing_module_is_unknown(plugin_dir):
+    with pytest.raises(DistributorError, match="unknown code distributor"):
+        resolve_distributor_class("nimbus_ha_test_absent.sub:Dist")
+
+
+def test_selecting_an_entry_point_that_fails_to_import_shows_why(monkeypatch):
+    import nimbus.distributors as d
+
+    class EP:
+        name, value = "broken", "broken_pkg:Thing"
+
+        def load(self):
+            raise ImportError("No module named 'libbroken'")
+
+    monkeypatch.setattr(d, "entry_points", lambda group: [EP()])
+    with pytest.raises(DistributorError,
+                       match="'broken' is installed but cannot be imported: "
+                             "ImportError: No module named 'libbroken'"):
+        resolve_distributor_class("broken")
+
+
+def test_prepare_failure_names_the_plugin_even_for_a_distributor_error():
+    """A plugin's own DistributorError (e.g. a store's) still says which plugin failed."""
+    from nimbus.hookspecs import DistributorContext
+
+    class StoreRefused(DistributorError):
+        pass
+
+    class FailsToStart(Incomplete):
+        name = "failing"
+
+        @hookimpl
+        def prepare(self, conf, context):
+            raise StoreRefused("set some.setting to the bucket")
+
+        @hookimpl
+        def download(self, dest_dir, topology_id, metafile):
+            return []
+
+        @hookimpl
+        def get_replication_count(self, topology_id):
+            return 0
+
+        @hookimpl
+        def cleanup(self, topology_id):
+            pass
+
+        @hookimpl
+        def close(self, conf):
+            pass
+
+    distributor = CodeDistributor(FailsToStart)
+    with pytest.raises(DistributorError) as err:
+        distributor.prepare({}, DistributorContext(None, "/storm", "h:1", None, None))
+    assert str(err.value) == ("code distributor 'failing' cannot start: "
+                              "set some.setting to the bucket")
+    assert isinstance(err.value.__cause__, StoreRefused)

@@ -151,3 +151,43 @@ def test_lock_node_with_lost_create_reply_is_adopted_not_left_blocking(make_zk, 
     wait_for(lambda: len(zk.get_children(f"{zk_root}/leader-lock")) == 1, 10,
              "the stray node to be removed")
     assert a.is_leader()
+
+
+def test_leader_stops_at_once_on_suspended_and_leads_again_on_reconnect(make_zk, zk_root,
+                                                                        electors):
+    from kazoo.protocol.states import KazooState
+
+    from nimbus.testing.faults import lose_connection
+
+    zk, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
+    electors.append(a)
+    a.add_to_leader_lock_queue()
+    wait_for(a.is_leader, 10, "a to lead")
+    lock_node = a.fence().lock_path
+    seen: list[bool] = []
+
+    def on_state(state: str) -> None:
+        # Runs on kazoo's thread right after the elector's own listener.
+        if state == KazooState.SUSPENDED:
+            seen.append(a.is_leader())
+
+    zk.add_listener(on_state)
+    lose_connection(zk)
+    assert seen == [False], "is_leader() is false the moment the connection is SUSPENDED"
+    # The session survived: the same lock node is still at the head, and a leads again.
+    wait_for(a.is_leader, 10, "a to lead again after reconnecting")
+    assert a.fence().lock_path == lock_node
+
+
+def test_leadership_is_logged_with_the_code_held(make_zk, zk_root, electors, caplog):
+    import logging
+
+    _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
+                           code_report=lambda: "held 2 of 2 live topologies [a-1-1,b-2-2]")
+    electors.append(a)
+    with caplog.at_level(logging.INFO, logger="nimbus.elector"):
+        a.add_to_leader_lock_queue()
+        wait_for(a.is_leader, 10, "a to lead")
+    gained = [r.getMessage() for r in caplog.records if "gained leadership" in r.getMessage()]
+    assert len(gained) == 1
+    assert gained[0].endswith("code held: held 2 of 2 live topologies [a-1-1,b-2-2]")

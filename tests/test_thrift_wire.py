@@ -1,4 +1,8 @@
-"""Field ids that Storm's clients depend on (storm.thrift, Storm 1.x)."""
+"""Spot checks of field ids that Storm's clients depend on (storm.thrift, Storm 1.x).
+
+The expected ids here are typed by hand.  The full comparison of every struct, method and
+enum against an independent copy of Storm's own IDL is tests/test_thrift_idl_vs_storm.py.
+"""
 
 from nimbus.thrift import storm
 

@@ -2,9 +2,14 @@
 
 Usage (in a plugin's ``tests/test_conformance.py``)::
 
-    from nimbus.testing.conformance import ConformanceHost, DistributorConformance
+    from nimbus.testing.conformance import (
+        PER_HOST, ConformanceHost, DistributorConformance)
 
     class TestMyDistributor(DistributorConformance):
+        # How get_replication_count counts: PER_HOST (each host holding a verified copy
+        # registers itself) or STORE (the store's own redundancy; set store_replication).
+        replication_model = PER_HOST
+
         @pytest.fixture
         def hosts(self, tmp_path):
             # Return a factory: hosts(n) -> n ConformanceHost sharing one backend, each
@@ -14,25 +19,39 @@ Usage (in a plugin's ``tests/test_conformance.py``)::
         @pytest.fixture
         def tamper(self):
             # Optional: return a function (host, topology_id) that corrupts the stored
-            # copy that other hosts download from; the default skips that test.
+            # copy of ``stormjar.jar`` that other hosts download from; the default skips
+            # that test.
             ...
 
 Every hook is exercised through ``nimbus.distributors.CodeDistributor`` (so through
-pluggy), exactly as the nimbus calls it.
+pluggy), exactly as the nimbus calls it. Counts are checked exactly, and every failure
+must be a ``nimbus.distributors.DistributorError`` of the documented kind
+(``MetafileError``, ``CodeVerificationError``) whose message names the topology (and,
+for a refused copy, the file); see docs/hooks.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from nimbus.distributors import CodeDistributor
+from nimbus.distributors import (
+    CodeDistributor,
+    CodeVerificationError,
+    DistributorError,
+    MetafileError,
+)
 from nimbus.hookspecs import DISTRIBUTOR_HOOKS
+
+#: Replication models (``DistributorConformance.replication_model``).
+PER_HOST = "per-host"
+STORE = "store"
 
 
 @dataclass
@@ -75,10 +94,35 @@ def _digests(root: Path) -> dict[str, str]:
             for p in root.rglob("*") if p.is_file()}
 
 
+def _assert_names(error: BaseException, *needles: str) -> None:
+    message = str(error)
+    for needle in needles:
+        assert needle in message, f"the error must name {needle!r}, got: {message!r}"
+
+
 class DistributorConformance:
     """The behaviour every code distributor must show; see the module docstring."""
 
     topology_id = "conformance-1-1700000000"
+    #: The file that ``tamper`` corrupts; a refused copy's error must name it.
+    tampered_file = "stormjar.jar"
+    #: How ``get_replication_count`` counts; it fixes every expected count exactly.
+    #: PER_HOST: each host holding a verified copy registers itself (localfs, torrent):
+    #: upload counts 1, each download exactly one more, each host's cleanup one less.
+    #: STORE: the store's own redundancy, ``store_replication``, from the upload on
+    #: (s3, hdfs): downloads and a host's cleanup do not change it (the bundle is
+    #: shared); ``delete_shared`` (the leader's, after a removal) makes it 0.
+    replication_model: str = ""
+    store_replication: int = 0
+
+    def expected_count(self, holders: int) -> int:
+        """The exact count while ``holders`` hosts (the uploader included) hold a copy."""
+        if self.replication_model == PER_HOST:
+            return holders
+        if self.replication_model == STORE and self.store_replication >= 1:
+            return self.store_replication if holders else 0
+        pytest.fail(f"{type(self).__name__} must set replication_model = PER_HOST, or "
+                    "STORE with store_replication = the count of a complete bundle")
 
     @pytest.fixture
     def tamper(self) -> Callable[[ConformanceHost, str], None] | None:
@@ -86,9 +130,15 @@ class DistributorConformance:
 
     @pytest.fixture
     def uploaded(self, hosts: Callable[[int], list[ConformanceHost]]):
+        return self.upload_sample(hosts)
+
+    def upload_sample(self, hosts: Callable[[int], list[ConformanceHost]], **code_args):
+        """Two hosts, the first having uploaded a sample topology: (hosts, metafile bytes,
+        sha256 of every file)."""
+        self.expected_count(1)  # fail at once, and clearly, if no model is declared
         group = hosts(2)
         source = group[0].code_dir / self.topology_id
-        digests = _write_code(source)
+        digests = _write_code(source, **code_args)
         metafile = group[0].distributor.upload(source, self.topology_id)
         return group, metafile.read_bytes(), digests
 
@@ -96,6 +146,13 @@ class DistributorConformance:
         path = tmp_path / f"{self.topology_id}.meta"
         path.write_bytes(data)
         return path
+
+    def _count(self, host: ConformanceHost, topology_id: str | None = None) -> int:
+        return host.distributor.get_replication_count(topology_id or self.topology_id)
+
+    def test_declares_a_replication_model(self) -> None:
+        assert self.expected_count(1) >= 1
+        assert self.expected_count(0) == 0
 
     def test_implements_every_hook(self, hosts: Callable[[int], list[ConformanceHost]]) -> None:
         distributor = hosts(1)[0].distributor
@@ -105,7 +162,8 @@ class DistributorConformance:
     def test_upload_returns_metafile_and_counts_a_replica(self, uploaded) -> None:
         group, metafile, _ = uploaded
         assert metafile, "upload must return a non-empty metafile"
-        assert group[0].distributor.get_replication_count(self.topology_id) >= 1
+        assert self._count(group[0]) == self.expected_count(1)
+        assert self._count(group[1]) == self.expected_count(1), "every host sees the count"
 
     def test_download_reproduces_every_byte(self, uploaded, tmp_path: Path) -> None:
         group, metafile, digests = uploaded
@@ -116,51 +174,96 @@ class DistributorConformance:
         assert {f.relative_to(dest).as_posix() for f in files} == set(digests)
 
     def test_download_raises_replication_count(self, uploaded, tmp_path: Path) -> None:
+        """PER_HOST: exactly one more (the downloader); STORE: unchanged."""
         group, metafile, _ = uploaded
-        before = group[0].distributor.get_replication_count(self.topology_id)
+        assert self._count(group[0]) == self.expected_count(1)
         group[1].distributor.download(group[1].code_dir / self.topology_id, self.topology_id,
                                       self._metafile(tmp_path, metafile))
-        after = group[0].distributor.get_replication_count(self.topology_id)
-        assert after >= before >= 1
+        assert self._count(group[0]) == self.expected_count(2)
+        assert self._count(group[1]) == self.expected_count(2)
 
     def test_corrupt_metafile_fails_and_leaves_nothing(self, uploaded, tmp_path: Path) -> None:
         group, metafile, _ = uploaded
         dest = group[1].code_dir / self.topology_id
-        before = group[0].distributor.get_replication_count(self.topology_id)
         for bad in (b"", b"\x00garbage" * 10, metafile[: len(metafile) // 2]):
-            with pytest.raises(Exception):  # noqa: B017 - any clear error will do
+            with pytest.raises(MetafileError) as err:
                 group[1].distributor.download(dest, self.topology_id,
                                               self._metafile(tmp_path, bad))
+            _assert_names(err.value, self.topology_id)
             assert not dest.exists(), "a failed download must leave no directory behind"
-        assert group[0].distributor.get_replication_count(self.topology_id) == before
+        assert self._count(group[0]) == self.expected_count(1)
+
+    def test_metafile_of_another_topology_is_refused(self, uploaded, tmp_path: Path) -> None:
+        group, metafile, _ = uploaded
+        other = "other-1-1700000000"
+        dest = group[1].code_dir / other
+        with pytest.raises(MetafileError) as err:
+            group[1].distributor.download(dest, other, self._metafile(tmp_path, metafile))
+        _assert_names(err.value, other)
+        assert not dest.exists()
+        assert self._count(group[0], other) == 0
+        assert self._count(group[0]) == self.expected_count(1)
 
     def test_tampered_copy_is_never_counted(self, uploaded, tamper, tmp_path: Path) -> None:
         if tamper is None:
             pytest.skip("this distributor's tests give no way to corrupt a stored copy")
         group, metafile, _ = uploaded
-        before = group[0].distributor.get_replication_count(self.topology_id)
         tamper(group[0], self.topology_id)
         dest = group[1].code_dir / self.topology_id
-        with pytest.raises(Exception):  # noqa: B017
+        with pytest.raises(CodeVerificationError) as err:
             group[1].distributor.download(dest, self.topology_id,
                                           self._metafile(tmp_path, metafile))
+        _assert_names(err.value, self.topology_id, self.tampered_file)
         assert not dest.exists()
-        # Never more: a source that detects its own corruption may even withdraw itself.
-        assert group[0].distributor.get_replication_count(self.topology_id) <= before
+        # The refused copy adds nothing; the source's count is what it was.
+        assert self._count(group[0]) == self.expected_count(1)
+        assert self._count(group[1]) == self.expected_count(1)
 
     def test_unknown_topology_fails_cleanly(self, hosts, tmp_path: Path) -> None:
+        self.expected_count(0)
         group = hosts(1)
         dest = group[0].code_dir / "never-1-1"
-        with pytest.raises(Exception):  # noqa: B017
+        with pytest.raises(MetafileError) as err:
             group[0].distributor.download(dest, "never-1-1", self._metafile(tmp_path, b"{}"))
+        _assert_names(err.value, "never-1-1")
         assert not dest.exists()
-        assert group[0].distributor.get_replication_count("never-1-1") == 0
+        assert self._count(group[0], "never-1-1") == 0
+        group[0].distributor.cleanup("never-1-1")  # must not fail for an unknown topology
+
+    def test_code_gone_everywhere_fails_cleanly(self, uploaded, tmp_path: Path) -> None:
+        """A valid metafile whose code no host or store holds any more: a plain
+        DistributorError (nothing is corrupt) naming the topology, and nothing left."""
+        group, metafile, _ = uploaded
+        group[0].distributor.cleanup(self.topology_id)
+        shutil.rmtree(group[0].code_dir / self.topology_id)  # as the nimbus does
+        group[0].distributor.delete_shared(self.topology_id)  # as the leader does
+        assert self._count(group[0]) == 0
+        dest = group[1].code_dir / self.topology_id
+        with pytest.raises(DistributorError) as err:
+            group[1].distributor.download(dest, self.topology_id,
+                                          self._metafile(tmp_path, metafile))
+        assert not isinstance(err.value, (MetafileError, CodeVerificationError)), err.value
+        _assert_names(err.value, self.topology_id)
+        assert not dest.exists()
+        assert self._count(group[1]) == 0
 
     def test_cleanup_forgets_the_topology(self, uploaded, tmp_path: Path) -> None:
+        """PER_HOST: each host's cleanup withdraws exactly its own copy. STORE: a host's
+        cleanup never touches the shared bundle; the leader's delete_shared removes it.
+        Both idempotent; 0 once every host has cleaned up and delete_shared has run."""
         group, metafile, _ = uploaded
         group[1].distributor.download(group[1].code_dir / self.topology_id, self.topology_id,
                                       self._metafile(tmp_path, metafile))
-        before = group[0].distributor.get_replication_count(self.topology_id)
+        assert self._count(group[0]) == self.expected_count(2)
         group[1].distributor.cleanup(self.topology_id)
         group[1].distributor.cleanup(self.topology_id)  # idempotent
-        assert group[0].distributor.get_replication_count(self.topology_id) <= before
+        assert self._count(group[0]) == self.expected_count(1)
+        assert self._count(group[1]) == self.expected_count(1)
+        group[0].distributor.cleanup(self.topology_id)
+        # PER_HOST: nobody holds a copy; STORE: the bundle is still there until deleted.
+        left = 0 if self.replication_model == PER_HOST else self.store_replication
+        assert self._count(group[0]) == left
+        group[0].distributor.delete_shared(self.topology_id)
+        group[0].distributor.delete_shared(self.topology_id)  # idempotent
+        assert self._count(group[0]) == 0
+        assert self._count(group[1]) == 0

@@ -1,10 +1,15 @@
-"""Fault injection against a real ZooKeeper server (the technique of kazoo's harness)."""
+"""Fault injection against a real ZooKeeper server (the technique of kazoo's harness).
+
+* :func:`expire_session`: the session ends for real, its ephemeral nodes go (LOST).
+* :func:`lose_connection`: the TCP connection drops, the session survives (SUSPENDED).
+"""
 
 from __future__ import annotations
 
 import threading
 
 from kazoo.client import KazooClient
+from kazoo.protocol.connection import _CONNECTION_DROP
 from kazoo.protocol.states import KazooState
 
 
@@ -37,3 +42,31 @@ def expire_session(zk: KazooClient, hosts: str, timeout_s: float = 30.0) -> None
         pass
     if not lost.wait(timeout_s):
         raise TimeoutError("the expired session was not reported as LOST")
+
+
+def lose_connection(zk: KazooClient, timeout_s: float = 15.0) -> None:
+    """Drop ``zk``'s TCP connection (the session survives) and wait until it reconnects.
+
+    kazoo reports SUSPENDED at once and CONNECTED when it has reconnected to the same
+    session, as after a network blip shorter than the session timeout. Listeners added
+    before this call see SUSPENDED before this function returns.
+    """
+    suspended = threading.Event()
+    reconnected = threading.Event()
+
+    def listener(state: str) -> bool:
+        if state == KazooState.SUSPENDED:
+            suspended.set()
+        elif state == KazooState.CONNECTED and suspended.is_set():
+            reconnected.set()
+            return True  # remove this listener
+        return False
+
+    zk.add_listener(listener)
+    # The technique of kazoo's own harness: ask the connection thread to drop the socket.
+    zk._call(_CONNECTION_DROP, None)
+    if not suspended.wait(timeout_s):
+        zk.remove_listener(listener)
+        raise TimeoutError("the dropped connection was not reported as SUSPENDED")
+    if not reconnected.wait(timeout_s):
+        raise TimeoutError("the client did not reconnect after the dropped connection")

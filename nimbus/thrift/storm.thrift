@@ -5,6 +5,8 @@
 # required/optional markers and exception ids follow Storm 1.1.x / 1.2.x so
 # that stock Storm clients (framed transport, binary protocol) interoperate.
 # Do not renumber anything in this file.
+# tests/test_thrift_idl_vs_storm.py compares every declaration here with Storm's
+# own storm.thrift (Storm 1.1.1, as embedded in the streamparse package).
 
 namespace py nimbus_storm
 namespace java org.apache.storm.generated

@@ -16,6 +16,7 @@ from nimbus_ha_hdfs.distributor import PREFIX, HDFSCodeDistributor
 
 from nimbus.distributors import DistributorError, resolve_distributor_class
 from nimbus.testing.conformance import (
+    STORE,
     ConformanceHost,
     DistributorConformance,
     _digests,
@@ -42,6 +43,9 @@ def hosts(tmp_path, store_dir, zk_server, zk_root):
 
 
 class TestHdfsConformance(DistributorConformance):
+    replication_model = STORE
+    store_replication = 1  # a file:// namenode: one local copy
+
     @pytest.fixture
     def tamper(self, store_dir):
         def corrupt(host: ConformanceHost, topology_id: str) -> None:

@@ -21,9 +21,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+from nimbus.distributors import CodeVerificationError, DistributorError, MetafileError
 from nimbus.hookspecs import DistributorContext, hookimpl
 from nimbus.local_code import (
     atomic_dir,
+    check_relative_path,
     discard_copy,
     leftover_copies,
     list_files,
@@ -36,9 +38,10 @@ log = logging.getLogger(__name__)
 
 METAFILE_FORMAT = 1
 
-
-class CodeVerificationError(RuntimeError):
-    """A downloaded file does not match the size or sha256 recorded at upload."""
+# Errors are nimbus.distributors': MetafileError for a metafile that is not localfs's for
+# the topology, CodeVerificationError (also raised per file, and re-exported from here)
+# when every replica served a copy that fails its size or sha256, and DistributorError
+# when no replica could deliver one for any other reason.
 
 
 def sha256_file(path: Path) -> str:
@@ -50,7 +53,7 @@ def sha256_file(path: Path) -> str:
 
 
 def read_metafile(metafile: Path, topology_id: str) -> list[dict[str, Any]]:
-    """The file list of a localfs metafile; raises ValueError if it is not one."""
+    """The file list of a localfs metafile; raises MetafileError if it is not one."""
     try:
         meta = json.loads(Path(metafile).read_text(encoding="utf-8"))
         if meta["format"] != METAFILE_FORMAT or meta["topology_id"] != topology_id:
@@ -60,9 +63,11 @@ def read_metafile(metafile: Path, topology_id: str) -> list[dict[str, Any]]:
             if not (isinstance(entry["path"], str) and isinstance(entry["size"], int)
                     and isinstance(entry["sha256"], str) and len(entry["sha256"]) == 64):
                 raise ValueError(f"bad entry {entry!r:.80}")
+            check_relative_path(entry["path"])
         return files
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{metafile}: not a localfs metafile for {topology_id}: {exc}") from None
+        raise MetafileError(
+            f"{metafile}: not a localfs metafile for {topology_id}: {exc}") from None
 
 
 class LocalFileSystemCodeDistributor:
@@ -105,8 +110,9 @@ class LocalFileSystemCodeDistributor:
         peers = [p for p in self._peers(topology_id) if p != ctx.address]
         random.shuffle(peers)  # spread the load of many downloaders over the replicas
         if not peers:
-            raise RuntimeError(f"no nimbus holds a registered copy of {topology_id}")
+            raise DistributorError(f"no nimbus holds a registered copy of {topology_id}")
         errors = []
+        refused = 0  # replicas whose copy failed verification
         total = sum(e["size"] for e in files)
         for peer in peers:
             try:
@@ -122,8 +128,13 @@ class LocalFileSystemCodeDistributor:
             except Exception as exc:  # try the next replica
                 log.warning("download of %s from %s failed: %s", topology_id, peer, exc)
                 errors.append(f"{peer}: {exc}")
+                refused += isinstance(exc, CodeVerificationError)
         else:
-            raise RuntimeError(f"could not download {topology_id}: " + "; ".join(errors))
+            if refused == len(peers):
+                raise CodeVerificationError(
+                    f"could not download {topology_id}: the copy of every replica fails "
+                    "verification: " + "; ".join(errors))
+            raise DistributorError(f"could not download {topology_id}: " + "; ".join(errors))
         self._register(topology_id)
         return [dest_dir / e["path"] for e in files]
 
@@ -167,7 +178,7 @@ class LocalFileSystemCodeDistributor:
                     path = safe_join(code, entry["path"])
                     if path.stat().st_size != entry["size"] or sha256_file(path) != entry["sha256"]:
                         raise CodeVerificationError(f"{entry['path']} changed on disk")
-            except (OSError, ValueError, CodeVerificationError) as exc:
+            except (OSError, ValueError, DistributorError) as exc:
                 log.warning("local copy of %s is not intact (%s): deleting it", topology_id, exc)
                 discard_copy(metafile, code)
                 continue

@@ -7,7 +7,12 @@ import pytest
 
 from nimbus.cluster_state import StormClusterState
 from nimbus.distributors import resolve_distributor_class
-from nimbus.testing.conformance import ConformanceHost, DistributorConformance, flip_byte
+from nimbus.testing.conformance import (
+    PER_HOST,
+    ConformanceHost,
+    DistributorConformance,
+    flip_byte,
+)
 from nimbus.testing.faults import expire_session
 from nimbus.testing.hosts import SimulatedHosts
 
@@ -28,6 +33,8 @@ def corrupt_jar(host: ConformanceHost, topology_id: str) -> None:
 
 
 class TestLocalfsConformance(DistributorConformance):
+    replication_model = PER_HOST  # one registration per host holding a verified copy
+
     @pytest.fixture
     def tamper(self):
         return corrupt_jar

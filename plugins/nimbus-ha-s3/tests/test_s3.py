@@ -12,7 +12,12 @@ from nimbus_ha_s3.seaweed import SeaweedS3Server
 
 from nimbus.distributors import CodeDistributor, DistributorError, resolve_distributor_class
 from nimbus.hookspecs import DistributorContext
-from nimbus.testing.conformance import ConformanceHost, DistributorConformance, _write_code
+from nimbus.testing.conformance import (
+    STORE,
+    ConformanceHost,
+    DistributorConformance,
+    _write_code,
+)
 from nimbus.zkserver import free_port
 
 BUCKET = "topologies"
@@ -61,6 +66,9 @@ def hosts(s3, tmp_path):
 
 
 class TestS3Conformance(DistributorConformance):
+    replication_model = STORE
+    store_replication = 2  # replication.count in s3_conf
+
     @pytest.fixture
     def tamper(self, s3):
         def corrupt(host: ConformanceHost, topology_id: str) -> None:
@@ -147,7 +155,7 @@ def test_download_cut_off_half_way_leaves_nothing(tmp_path, monkeypatch):
 
         monkeypatch.setattr(store_module, "TransferMeter", CutOff)
         dest = tmp_path / "b" / "code" / "t-1-1"
-        with pytest.raises(S3CodeError):
+        with pytest.raises(S3CodeError, match="download of t-1-1"):
             target.download(dest, "t-1-1", metafile)
         assert not dest.exists()
         assert not list(dest.parent.glob(".incoming-*"))

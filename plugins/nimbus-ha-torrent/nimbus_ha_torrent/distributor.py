@@ -12,18 +12,24 @@
 * ``get_replication_count`` counts hosts that completed (the registrations).
 * A copy is seeded (and registered) only after libtorrent's full hash check passes, at
   upload, after a download and for copies found on disk at start-up.
+* Errors are ``nimbus.distributors.DistributorError``: ``TorrentMetafileError`` (a
+  ``MetafileError``) for a metafile that is not a .torrent of the topology,
+  ``TorrentVerificationError`` (a ``CodeVerificationError``) when the download stalled
+  on pieces that fail their hash, ``TorrentCodeError`` for any other stall or failure.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import libtorrent as lt
 
+from nimbus.distributors import CodeVerificationError, DistributorError, MetafileError
 from nimbus.hookspecs import DistributorContext, hookimpl
 from nimbus.local_code import (
     atomic_dir,
@@ -46,8 +52,16 @@ RESTART_AFTER_S = 3.0
 MAX_RESTARTS = 3
 
 
-class TorrentCodeError(RuntimeError):
+class TorrentCodeError(DistributorError):
     """A .torrent is invalid, or the swarm could not deliver a verified copy."""
+
+
+class TorrentMetafileError(TorrentCodeError, MetafileError):
+    """The metafile is not a valid .torrent of that topology."""
+
+
+class TorrentVerificationError(TorrentCodeError, CodeVerificationError):
+    """Peers sent only pieces that fail their hash: the download stalled on them."""
 
 
 def choose_piece_size(total_bytes: int) -> int:
@@ -78,17 +92,32 @@ def read_torrent(data: bytes, topology_id: str) -> Any:
     try:
         info = lt.torrent_info(data)
     except RuntimeError as exc:
-        raise TorrentCodeError(f"metafile of {topology_id} is not a valid .torrent: {exc}") \
-            from None
+        raise TorrentMetafileError(
+            f"metafile of {topology_id} is not a valid .torrent: {exc}") from None
     if info.name() != topology_id:
-        raise TorrentCodeError(f"metafile is for {info.name()!r}, not {topology_id!r}")
+        raise TorrentMetafileError(f"metafile is for {info.name()!r}, not {topology_id!r}")
     layout = info.layout()
     for index in range(layout.num_files()):
         path = layout.file_path(index)
         check_relative_path(path)
         if not path.startswith(topology_id + os.sep):
-            raise TorrentCodeError(f"torrent file {path!r} is outside {topology_id}/")
+            raise TorrentMetafileError(f"torrent file {path!r} is outside {topology_id}/")
     return info
+
+
+def _files_of_pieces(handle: Any, pieces: list[int]) -> list[str]:
+    """The files (``<topology id>/<path>``) that the given pieces belong to."""
+    info = handle.torrent_file()
+    if info is None:
+        return []
+    layout = info.layout()
+    names: list[str] = []
+    for piece in pieces:
+        for part in info.map_block(piece, 0, info.piece_size(piece)):
+            name = layout.file_path(part.file_index)
+            if name not in names:
+                names.append(name)
+    return names
 
 
 class TorrentCodeDistributor:
@@ -102,6 +131,9 @@ class TorrentCodeDistributor:
         self._swarm: Swarm | None = None
         self._replicas: ReplicaRegistry | None = None
         self._seeding: dict[str, str] = {}  # info hash -> topology id
+        # _seeding and the replica registration that goes with each entry change together,
+        # from hook threads and from the swarm's alert thread (_on_corrupt_seed).
+        self._seeding_lock = threading.Lock()
 
     @hookimpl
     def config_defaults(self) -> dict[str, Any]:
@@ -166,7 +198,8 @@ class TorrentCodeDistributor:
             self._metafile(topology_id).write_bytes(torrent)
         if not self._seed(torrent, topology_id, dest_dir.parent):
             discard_copy(self._metafile(topology_id), dest_dir)
-            raise TorrentCodeError(f"the downloaded copy of {topology_id} failed its check")
+            raise TorrentVerificationError(
+                f"the downloaded copy of {topology_id} failed libtorrent's hash check")
         layout = info.layout()
         return [dest_dir.parent / layout.file_path(i) for i in range(layout.num_files())]
 
@@ -177,14 +210,15 @@ class TorrentCodeDistributor:
     @hookimpl
     def cleanup(self, topology_id: str) -> None:
         swarm = self._require_swarm()
-        for info_hash, tid in list(self._seeding.items()):
-            if tid == topology_id:
-                handle = swarm.find(info_hash)
-                if handle is not None:
-                    swarm.remove(handle)
-                self._seeding.pop(info_hash, None)
-        if self._replicas is not None:
-            self._replicas.unregister(topology_id)
+        with self._seeding_lock:
+            for info_hash, tid in list(self._seeding.items()):
+                if tid == topology_id:
+                    handle = swarm.find(info_hash)
+                    if handle is not None:
+                        swarm.remove(handle)
+                    self._seeding.pop(info_hash, None)
+            if self._replicas is not None:
+                self._replicas.unregister(topology_id)
         self._metafile(topology_id).unlink(missing_ok=True)
 
     @hookimpl
@@ -220,9 +254,10 @@ class TorrentCodeDistributor:
             return False
         info_hash = str(handle.info_hashes().v1)
         swarm.mark_seeding(info_hash)
-        self._seeding[info_hash] = topology_id
-        if self._replicas is not None:
-            self._replicas.register(topology_id, swarm.endpoint)
+        with self._seeding_lock:
+            self._seeding[info_hash] = topology_id
+            if self._replicas is not None:
+                self._replicas.register(topology_id, swarm.endpoint)
         return True
 
     def _connect_peers(self, handle: Any, topology_id: str, known: set[str]) -> None:
@@ -279,8 +314,9 @@ class TorrentCodeDistributor:
                     last_progress = now
                     continue
                 if now - last_progress > stall_s or now > deadline:
-                    raise TorrentCodeError(self._stall_report(
-                        handle, status, topology_id, hash_failures + state.hash_failures))
+                    corrupt = hash_failures + state.hash_failures
+                    error = TorrentVerificationError if corrupt else TorrentCodeError
+                    raise error(self._stall_report(handle, status, topology_id, corrupt))
             if state.error:
                 raise TorrentCodeError(f"download of {topology_id} failed: {state.error}")
             status = handle.status()
@@ -301,18 +337,24 @@ class TorrentCodeDistributor:
                     connected)
         why = (f"{hash_failures} corrupt pieces received, " if hash_failures else "") + \
             f"{peers} replicas registered, connected: {', '.join(connected) or 'none'}"
-        return (f"download of {topology_id} stalled at {status.progress:.1%} ({why}); "
-                "no partial copy is kept")
+        files = _files_of_pieces(handle, missing)
+        lacking = (f"; missing pieces {', '.join(map(str, missing))} of "
+                   f"{', '.join(files)}") if files else ""
+        return (f"download of {topology_id} stalled at {status.progress:.1%} ({why}"
+                f"{lacking}); no partial copy is kept")
 
     def _on_corrupt_seed(self, info_hash: str) -> None:
-        topology_id = self._seeding.pop(info_hash, None)
-        if topology_id is None:
-            return
-        handle = self._swarm.find(info_hash)
-        if handle is not None:
-            self._swarm.remove(handle)
-        if self._replicas is not None:
-            self._replicas.unregister(topology_id)
+        # The swarm's alert thread. Under the lock, so that a copy seeded again meanwhile
+        # (same info hash) is never unregistered by this older report.
+        with self._seeding_lock:
+            topology_id = self._seeding.pop(info_hash, None)
+            if topology_id is None:
+                return
+            handle = self._swarm.find(info_hash)
+            if handle is not None:
+                self._swarm.remove(handle)
+            if self._replicas is not None:
+                self._replicas.unregister(topology_id)
 
     def _adopt_existing_copies(self) -> None:
         """Seed again, after a full hash check, the copies an earlier run left on disk."""

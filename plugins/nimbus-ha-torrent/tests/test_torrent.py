@@ -8,8 +8,9 @@ import libtorrent as lt
 import pytest
 from nimbus_ha_torrent.distributor import PREFIX, TorrentCodeDistributor, TorrentCodeError
 
-from nimbus.distributors import resolve_distributor_class
+from nimbus.distributors import CodeVerificationError, resolve_distributor_class
 from nimbus.testing.conformance import (
+    PER_HOST,
     ConformanceHost,
     DistributorConformance,
     _digests,
@@ -36,6 +37,8 @@ def corrupt_file(host: ConformanceHost, topology_id: str) -> None:
 
 
 class TestTorrentConformance(DistributorConformance):
+    replication_model = PER_HOST  # one registration per host seeding a verified copy
+
     @pytest.fixture
     def tamper(self):
         return corrupt_file
@@ -118,7 +121,7 @@ def test_forged_piece_hashes_never_complete(hosts, tmp_path):
     decoded[b"info"][b"pieces"] = bytes(pieces)
     meta.write_bytes(lt.bencode(decoded))
     dest = target.code_dir / TOPOLOGY
-    with pytest.raises(TorrentCodeError, match="stalled"):
+    with pytest.raises(CodeVerificationError, match="stalled"):
         target.distributor.download(dest, TOPOLOGY, meta)
     assert not dest.exists()
     assert source.distributor.get_replication_count(TOPOLOGY) == 1
@@ -146,7 +149,9 @@ def test_download_cut_off_half_way_leaves_nothing(hosts, tmp_path, monkeypatch):
 
     monkeypatch.setattr(torrent_module, "TransferMeter", CutOff)
     dest = target.code_dir / TOPOLOGY
-    with pytest.raises(TorrentCodeError, match="stalled"):
+    with pytest.raises(TorrentCodeError, match=f"download of {TOPOLOGY} stalled") as err:
         target.distributor.download(dest, TOPOLOGY, meta)
+    # The seeder went away: nothing was corrupt, so not a verification error.
+    assert not isinstance(err.value, CodeVerificationError)
     assert not dest.exists() and not list(dest.parent.glob(".incoming-*"))
     assert closed.is_set() and target.distributor.get_replication_count(TOPOLOGY) == 0

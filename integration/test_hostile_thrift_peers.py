@@ -1,0 +1,166 @@
+"""A real nimbus process under hostile Thrift peers: it drops them and its memory stays flat.
+
+Raw sockets send what no Thrift client would: frame headers of 1 and 2 GiB followed by
+megabytes of zeros, negative and zero lengths, random bytes, a half frame, and more idle
+connections than ``nimbus.thrift.threads``. The nimbus must drop each bad peer, never run
+more connection threads than the cap, answer a real ``getClusterInfo`` afterwards, and its
+resident memory must not grow by more than RSS_GROWTH_BOUND.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import socket
+import struct
+
+import pytest
+from thriftpy2.protocol import TBinaryProtocol
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport import TMemoryBuffer
+
+from nimbus.devcluster import wait_for
+from nimbus.thrift import storm
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+THREADS = 4
+RSS_GROWTH_BOUND = 20 * 1024 * 1024
+ZEROS_SENT = 64 * 1024 * 1024  # what an unchecked 1-2 GiB frame would have buffered
+TIMEOUT_S = 10.0
+
+
+def proc_status(pid: int, field: str) -> int:
+    """A field of /proc/<pid>/status: VmRSS in bytes, Threads as a count."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            name, _, value = line.partition(":")
+            if name == field:
+                number, *unit = value.split()
+                return int(number) * (1024 if unit == ["kB"] else 1)
+    raise KeyError(field)
+
+
+def connect_raw(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+
+
+def send_then_end(sock: socket.socket, data: bytes) -> None:
+    """Send ``data`` and end the stream; the server may hang up half-way (that is a drop)."""
+    try:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError as exc:
+        assert exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN), exc
+
+
+def assert_dropped(sock: socket.socket) -> None:
+    """The nimbus closed ``sock`` without answering (TimeoutError if it did not)."""
+    sock.settimeout(TIMEOUT_S)
+    try:
+        data = sock.recv(1)
+    except ConnectionResetError:
+        return
+    assert data == b"", f"the nimbus answered {data!r} instead of dropping the connection"
+
+
+def send_zeros(sock: socket.socket, total: int) -> int:
+    """Send up to ``total`` zero bytes; how many went out before the nimbus hung up."""
+    sent = 0
+    block = bytes(1024 * 1024)
+    try:
+        while sent < total:
+            sent += sock.send(block)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return sent
+
+
+def cluster_info_request() -> bytes:
+    buf = TMemoryBuffer()
+    proto = TBinaryProtocol(buf)
+    proto.write_message_begin("getClusterInfo", TMessageType.CALL, 1)
+    proto.write_struct(storm.Nimbus.getClusterInfo_args())
+    proto.write_message_end()
+    body = buf.getvalue()
+    return struct.pack("!i", len(body)) + body
+
+
+def read_reply_name(sock: socket.socket) -> tuple[str, int]:
+    def exactly(size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            more = sock.recv(size - len(data))
+            assert more, f"connection closed after {len(data)} of {size} bytes"
+            data += more
+        return data
+
+    (size,) = struct.unpack("!i", exactly(4))
+    name, ttype, _ = TBinaryProtocol(TMemoryBuffer(exactly(size))).read_message_begin()
+    return name, ttype
+
+
+def test_hostile_peers_are_dropped_and_memory_stays_flat(make_cluster):
+    cluster = make_cluster(1, **{"nimbus.thrift.threads": THREADS})
+    nimbus = cluster.nimbuses[0]
+    pid, port = nimbus.process.pid, nimbus.port
+    client = cluster.client(deadline_s=30)
+    client.cluster_info()  # warm: every code path of a normal call has run once
+    threads_before = proc_status(pid, "Threads")
+    rss_before = proc_status(pid, "VmRSS")
+
+    def connections_served() -> int:
+        return proc_status(pid, "Threads") - threads_before
+
+    # Oversized, negative and zero frame lengths, each followed by a stream of zeros:
+    # the nimbus hangs up at the header, long before ZEROS_SENT.
+    for header in (struct.pack("!I", 2**31), struct.pack("!i", 2**31 - 1),
+                   struct.pack("!i", 2**30), struct.pack("!i", 1048576 + 1),
+                   struct.pack("!i", -1), struct.pack("!i", 0)):
+        with connect_raw(port) as sock:
+            sock.sendall(header)
+            sent = send_zeros(sock, ZEROS_SENT)
+            assert sent < ZEROS_SENT, f"header {header.hex()}: nimbus read {sent} bytes"
+            assert_dropped(sock)
+
+    # Random bytes, then end of stream.
+    for seed in range(3):
+        with connect_raw(port) as sock:
+            send_then_end(sock, random.Random(seed).randbytes(1024 * 1024))
+            assert_dropped(sock)
+
+    # A half frame, then the peer goes away: its connection thread ends.
+    with connect_raw(port) as sock:
+        sock.sendall(struct.pack("!i", 4096) + bytes(2048))
+        wait_for(lambda: connections_served() == 1, TIMEOUT_S, "the half frame's connection")
+    wait_for(lambda: connections_served() == 0, TIMEOUT_S, "the half frame to be dropped")
+
+    # THREADS + 10 idle connections: THREADS are served, the rest wait in the backlog;
+    # a request behind them is answered as soon as they close.
+    idle = [connect_raw(port) for _ in range(THREADS + 10)]
+    waiting = connect_raw(port)
+    try:
+        wait_for(lambda: connections_served() == THREADS, TIMEOUT_S, "the cap in use")
+        waiting.sendall(cluster_info_request())
+        waiting.settimeout(1.0)
+        with pytest.raises(TimeoutError):
+            waiting.recv(1)
+        assert connections_served() == THREADS
+        for sock in idle:
+            sock.close()
+        waiting.settimeout(TIMEOUT_S)
+        assert read_reply_name(waiting) == ("getClusterInfo", TMessageType.REPLY)
+        assert connections_served() <= THREADS
+    finally:
+        for sock in idle:
+            sock.close()
+        waiting.close()
+    wait_for(lambda: connections_served() == 0, TIMEOUT_S, "every connection to close")
+
+    assert nimbus.alive()
+    assert [n.port for n in client.cluster_info().nimbuses if n.isLeader] == [port]
+    growth = proc_status(pid, "VmRSS") - rss_before
+    assert growth < RSS_GROWTH_BOUND, f"RSS grew by {growth} bytes"
+    log = nimbus.log_text()
+    assert "Traceback" not in log
+    assert "over nimbus.thrift.max_buffer_size (1048576)" in log

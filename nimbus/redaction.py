@@ -1,0 +1,98 @@
+"""Secrets in configuration: which keys hold them, and how they are kept out of output.
+
+A key holds a secret when its last dotted part says so (``...password``,
+``...secret.key``, ``...payload``, ``...token``); such values are replaced by
+:data:`REDACTED` wherever configuration leaves the process: ``getNimbusConf``,
+``getTopologyConf``, CLI output and error messages. :class:`SecretLogFilter` also masks
+the values themselves in log records, since a library may print them in a message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+REDACTED = "********"
+# Suffixes of Storm-style keys whose values are credentials.
+SECRET_SUFFIXES = ("password", "passwd", "secret", "secret.key", "secret_key", "secretkey",
+                   "payload", "token", "tokens", "credentials")
+
+
+def is_secret_key(key: str) -> bool:
+    """True when ``key`` names a credential (e.g. ``nimbus.codedistributor.s3.secret.key``)."""
+    return str(key).lower().endswith(SECRET_SUFFIXES)
+
+
+def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``conf`` with every secret value replaced (nested mappings too)."""
+    out: dict[str, Any] = {}
+    for key, value in conf.items():
+        if is_secret_key(key) and value not in (None, ""):
+            out[key] = REDACTED
+        elif isinstance(value, Mapping):
+            out[key] = redact(value)
+        else:
+            out[key] = value
+    return out
+
+
+def redact_value(key: str, value: Any) -> Any:
+    """``value``, or :data:`REDACTED` when ``key`` holds a secret (for error messages)."""
+    return REDACTED if is_secret_key(key) and value not in (None, "") else value
+
+
+def secret_values(conf: Mapping[str, Any]) -> set[str]:
+    """The non-trivial secret strings in ``conf`` (nested mappings too)."""
+    found: set[str] = set()
+    for key, value in conf.items():
+        if isinstance(value, Mapping):
+            found |= secret_values(value)
+        elif is_secret_key(key) and isinstance(value, str) and len(value) >= 4:
+            found.add(value)
+    return found
+
+
+class SecretLogFilter(logging.Filter):
+    """Masks known secret values in every log record that passes through a handler."""
+
+    def __init__(self, secrets: Iterable[str]):
+        super().__init__()
+        # Longest first, so a secret that contains another is masked whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._secrets:
+            return True
+        message = record.getMessage()
+        masked = message
+        for secret in self._secrets:
+            masked = masked.replace(secret, REDACTED)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and record.exc_info[1] is not None:
+            text = logging.Formatter().formatException(record.exc_info)
+            for secret in self._secrets:
+                text = text.replace(secret, REDACTED)
+            record.exc_text, record.exc_info = text, None
+        return True
+
+
+_known_secrets: set[str] = set()
+
+
+def mask(text: str) -> str:
+    """``text`` with every secret value of a configuration seen by this process masked."""
+    for secret in sorted(_known_secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def install_log_redaction(conf: Mapping[str, Any]) -> None:
+    """Mask ``conf``'s secret values in every log handler and in :func:`mask`."""
+    _known_secrets.update(secret_values(conf))
+    log_filter = SecretLogFilter(_known_secrets)
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, SecretLogFilter)]:
+            handler.removeFilter(old)
+        handler.addFilter(log_filter)

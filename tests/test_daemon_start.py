@@ -1,0 +1,74 @@
+"""A nimbus that cannot start releases what it took and says why (real ZooKeeper)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from nimbus.config import load_config
+from nimbus.devcluster import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        yield sock.getsockname()[1]
+
+
+def conf_for(zk_server, zk_root, tmp_path, port, **extra):
+    host, _, zk_port = zk_server.hosts.rpartition(":")
+    return load_config(overrides={
+        "storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
+        "storm.zookeeper.root": zk_root, "nimbus.thrift.port": port,
+        "storm.local.dir": str(tmp_path / "local"), **extra})
+
+
+@pytest.mark.parametrize("distributor", ["localfs", "torrent"])
+def test_taken_thrift_port_releases_zookeeper_and_distributor(zk_server, zk_root, tmp_path,
+                                                              taken_port, distributor):
+    from nimbus.daemon import NimbusDaemon
+
+    conf = conf_for(zk_server, zk_root, tmp_path, taken_port,
+                    **{"storm.codedistributor.class": distributor})
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(OSError, match=rf"cannot serve Thrift on 127\.0\.0\.1:{taken_port}"):
+        NimbusDaemon(conf)
+    # kazoo's connection and event threads, the replica registry's and the libtorrent
+    # session's alert thread are all gone again.
+    wait_for(lambda: {t.name for t in threading.enumerate()} == before or None, 10,
+             "every thread the failed start made to end")
+
+
+def test_cli_exits_non_zero_with_the_reason(zk_server, zk_root, tmp_path, taken_port):
+    host, _, zk_port = zk_server.hosts.rpartition(":")
+    done = subprocess.run(
+        [sys.executable, "-m", "nimbus.cli", "nimbus",
+         "--set", f"storm.zookeeper.servers=['{host}']",
+         "--set", f"storm.zookeeper.port={zk_port}", "--set", f"storm.zookeeper.root={zk_root}",
+         "--set", f"nimbus.thrift.port={taken_port}",
+         "--set", f"storm.local.dir={tmp_path / 'local'}"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"cannot serve Thrift on 127.0.0.1:{taken_port}" in done.stderr
+    assert "Address already in use" in done.stderr
+
+
+def test_unreachable_zookeeper_is_a_clear_error(tmp_path, taken_port):
+    from nimbus.daemon import make_zk_client
+
+    conf = load_config(overrides={"storm.zookeeper.port": taken_port,
+                                  "storm.zookeeper.connection.timeout": 1000})
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ConnectionError, match=rf"cannot connect to ZooKeeper at "
+                                               rf"127\.0\.0\.1:{taken_port}"):
+        make_zk_client(conf)
+    wait_for(lambda: {t.name for t in threading.enumerate()} == before or None, 10,
+             "kazoo's threads to end")
