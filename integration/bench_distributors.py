@@ -4,9 +4,12 @@ For each backend (localfs, s3 on a real SeaweedFS, torrent, hdfs through pyarrow
 local directory), upload and download a
 bundle (256 MB by default) between simulated nimbus hosts on real servers, and print
 throughput as a ratio to ``shutil.copyfile`` of the same bytes measured in the same run.
-For torrent it also prints the time for 8 peers to finish versus 1 peer.
+Every figure, the baseline included, is the best of ``--trials`` runs (fresh hosts each).
+For torrent it also prints the time for ``--peers`` fresh peers to finish together
+(beside the seeder and the first downloader, which seeds by then) versus 1 peer.
 
-    .venv/bin/python integration/bench_distributors.py [--megabytes 256] [--peers 8]
+    .venv/bin/python integration/bench_distributors.py [--megabytes 256] [--peers 8] \
+        [--trials 3]
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ def timed(action) -> float:
 
 def bench_backend(name: str, work: Path, zk: ZooKeeperServer, conf: dict, megabytes: int,
                   peers: int) -> dict[str, float]:
-    simulated = SimulatedHosts(work / name, zk.hosts, f"/bench-{name}", name, conf,
+    work.mkdir(parents=True, exist_ok=True)
+    simulated = SimulatedHosts(work / name, zk.hosts, f"/bench-{name}-{work.name}", name, conf,
                                topology_ids=(TOPOLOGY,))
     try:
-        hosts = simulated.make(1 + (peers if name == "torrent" else 1))
+        # The seeder, the first downloader, then (torrent) ``peers`` fresh peers.
+        hosts = simulated.make(2 + (peers if name == "torrent" else 0))
         source, first, *rest = hosts
         write_bundle(source.code_dir, megabytes)
         metafile = work / f"{name}.meta"
@@ -80,6 +85,7 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=256)
     parser.add_argument("--peers", type=int, default=8)
     parser.add_argument("--backends", default="localfs,s3,torrent,hdfs")
+    parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
     size = args.megabytes * 1024 * 1024
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
@@ -88,7 +94,7 @@ def main() -> None:
         write_bundle(work / "baseline", args.megabytes)
         shutil.move(work / "baseline" / TOPOLOGY / "stormjar.jar", baseline_src)
         copy_s = min(timed(lambda i=i: shutil.copyfile(baseline_src, work / f"copy-{i}"))
-                     for i in range(3))
+                     for i in range(args.trials))
         results = {}
         with ZooKeeperServer(work / "zookeeper") as zk:
             for name in args.backends.split(","):
@@ -107,14 +113,19 @@ def main() -> None:
                     # No HDFS can run here: pyarrow's LocalFileSystem, the same calls.
                     conf = {"nimbus.codedistributor.hdfs.namenode": f"file://{work / 'hdfs'}"}
                 try:
-                    results[name] = bench_backend(name, work, zk, conf, args.megabytes,
-                                                  args.peers)
+                    runs = []
+                    for trial in range(args.trials):
+                        runs.append(bench_backend(name, work / f"trial-{trial}", zk, conf,
+                                                  args.megabytes, args.peers))
+                        shutil.rmtree(work / f"trial-{trial}", ignore_errors=True)
+                    results[name] = {k: min(r[k] for r in runs) for k in runs[0]}
                 finally:
                     if server is not None:
                         server.stop()
     mbps = size / 1e6
-    print(f"bundle {args.megabytes} MB; plain file copy {copy_s:.2f} s "
-          f"({mbps / copy_s:.0f} MB/s) is the baseline (ratio = copy time / backend time)")
+    print(f"bundle {args.megabytes} MB, best of {args.trials} trials each; plain file copy "
+          f"{copy_s:.2f} s ({mbps / copy_s:.0f} MB/s) is the baseline "
+          "(ratio = copy time / backend time)")
     for name, r in results.items():
         print(f"{name:8} upload   {r['upload']:6.2f} s  {mbps / r['upload']:7.0f} MB/s  "
               f"ratio {copy_s / r['upload']:.3f}")
@@ -122,7 +133,7 @@ def main() -> None:
               f"ratio {copy_s / r['download']:.3f}")
     if "torrent" in results and "swarm" in results["torrent"]:
         one, many = results["torrent"]["download"], results["torrent"]["swarm"]
-        print(f"torrent  {args.peers} peers at once: {many:.2f} s vs 1 peer {one:.2f} s "
+        print(f"torrent  {args.peers} fresh peers at once: {many:.2f} s vs 1 peer {one:.2f} s "
               f"(ratio {many / one:.2f})")
 
 

@@ -1,9 +1,13 @@
 """Benchmark: failover time after kill -9 of the leader (as a ratio to the ZooKeeper
 session timeout) and after SIGTERM (seconds), on a 3-nimbus loopback cluster.
 
-    .venv/bin/python integration/bench_failover.py [--trials 5] [--session-timeout-ms 4000]
+    .venv/bin/python integration/bench_failover.py [--trials 5] [--session-timeout-ms 4000] \
+        [--topologies 100]
 
-Failover time = from the signal until a surviving nimbus reports itself leader over Thrift.
+With ``--topologies N`` the cluster first runs N topologies (32 KB bundles, each on all 3
+nimbuses), so that the new leader must verify that it holds all their code before it
+leads; without it the cluster runs none. Failover time = from the signal until a
+surviving nimbus reports itself leader over Thrift.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from nimbus.archive import pack_directory
 from nimbus.client import connect
-from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
+from nimbus.devcluster import LocalCluster, NimbusProcess, sample_topology, wait_for
 
 
 def reports_itself_leader(nimbus: NimbusProcess) -> bool:
@@ -62,14 +67,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--session-timeout-ms", type=int, default=4000)
+    parser.add_argument("--topologies", type=int, default=0)
     args = parser.parse_args()
     timeout_s = args.session_timeout_ms / 1000
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(
             Path(tmp), 3, conf={"storm.zookeeper.session.timeout": args.session_timeout_ms}
     ) as cluster:
+        if args.topologies:
+            bundle = pack_directory(sample_topology(Path(tmp) / "topology", 32 * 1024))
+            client = cluster.client()
+            for i in range(args.topologies):
+                client.submit(f"bench-{i}", bundle, {"topology.min.replication.count": 3})
+            assert len(client.cluster_info().topologies) == args.topologies
         kills = [failover_once(cluster, "kill9") for _ in range(args.trials)]
         terms = [failover_once(cluster, "sigterm") for _ in range(args.trials)]
-    print(f"session timeout: {timeout_s:.1f} s, {args.trials} trials each, 3 nimbuses")
+    print(f"session timeout: {timeout_s:.1f} s, {args.trials} trials each, 3 nimbuses, "
+          f"{args.topologies} topologies")
     print(f"kill -9 failover: median {statistics.median(kills):.2f} s, "
           f"max {max(kills):.2f} s -> ratio to session timeout "
           f"{statistics.median(kills) / timeout_s:.2f} (max {max(kills) / timeout_s:.2f}; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,17 @@ def stormdist(path: Path) -> set[str]:
     root = path / "nimbus" / "stormdist"
     return {p.name for p in root.iterdir() if not p.name.startswith(".")} if root.exists() \
         else set()
+
+
+CLAIM = re.compile(r"gained leadership as \S+; code held: held (\d+) of (\d+) live "
+                   r"topologies \[([^\]]*)\]")
+
+
+def leadership_claims(log_text: str) -> list[tuple[int, int, set[str]]]:
+    """(held, live, live ids) of each time the nimbus whose log this is became leader.
+
+    The elector logs what the code sync verified just before it took the lock: the
+    design's rule is that held == live at that moment, on every backend.
+    """
+    return [(int(held), int(live), set(filter(None, ids.split(","))))
+            for held, live, ids in CLAIM.findall(log_text)]

@@ -6,7 +6,7 @@ import shutil
 import signal
 
 import pytest
-from helpers import observer, stormdist
+from helpers import leadership_claims, observer, stormdist
 from thriftpy2.thrift import TApplicationException
 
 from nimbus.archive import pack_directory
@@ -21,9 +21,16 @@ def statuses(client) -> dict[str, tuple[str, str]]:
 
 
 def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
-    # Large bundles: when the leader's session expires, the nimbus without code is told
-    # (by the same ZooKeeper event) both that it heads the queue and that replicas changed;
-    # its download must take longer than its check of the code, so that it gives up.
+    """The design's scenario, on every backend.
+
+    The next in line loses its code without noticing. When the leader dies it reaches the
+    head of the queue, and one of two things happens, both allowed by the design: its code
+    sync has already fetched the code again (a watch woke it, or the store always has the
+    code), and it leads; or it has not, so it gives the lock up and the nimbus holding all
+    code leads. Which one depends on thread scheduling, so the test asserts the branch
+    that happened, and on every branch the rule that matters: from the new leader's own
+    log, it held every live topology's code at the moment it became leader.
+    """
     bundle = pack_directory(sample_topology(tmp_path / "big", 16 * 1024 * 1024))
     # The periodic sync is an hour away: all replication below happens through watches.
     backend_name, backend_conf = backend
@@ -35,32 +42,41 @@ def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
                                      "topology.max.replication.wait.time.sec": -1})
     before = statuses(client)
     assert {n: s for n, (_, s) in before.items()} == dict.fromkeys(names, "ACTIVE")
-    assert all(t.replication_count >= 2 for t in client.cluster_info().topologies)
+    expected = 2 if backend_name == "s3" else 3  # s3: the store's declared redundancy
+    wait_for(lambda: sorted(t.replication_count for t in client.cluster_info().topologies)
+             == [expected] * 4, 30, "every topology to be fully replicated")
     state = observer(cluster)
 
     by_address = {n.address: n for n in cluster.nimbuses}
     queue = [by_address[address] for _, address in state.leader_queue()]
     leader, lacking, holder = queue
-    wait_for(lambda: all(stormdist(n.local_dir) >= {t for t, _ in before.values()}
-                         for n in queue), 30, "every nimbus to hold all code")
+    live = {t for t, _ in before.values()}
+    wait_for(lambda: all(stormdist(n.local_dir) == live for n in queue), 30,
+             "every nimbus to hold all code")
     # The next in line loses its code without noticing; the last one holds everything.
     # Renamed away first: a live BitTorrent session may still touch files under it.
     code_dir = lacking.local_dir / "nimbus" / "stormdist"
     code_dir.rename(code_dir.with_name("stormdist.lost"))
     shutil.rmtree(code_dir.with_name("stormdist.lost"))
+    marks = {n.address: len(n.log_text()) for n in queue}
     leader.kill9()
     leader.wipe()
 
     new_leader = cluster.wait_for_leader(exclude=leader.address, timeout_s=60)
-    live = {t for t, _ in before.values()}
-    if backend_name == "torrent":
-        # A live BitTorrent session notices its seeded files vanish: the copy stops
-        # counting at once and the nimbus re-fetches it before it can reach the lock.
-        assert stormdist(new_leader.local_dir) == live, "the new leader holds all code"
+    claims = leadership_claims(new_leader.log_text()[marks[new_leader.address]:])
+    assert claims == [(4, 4, live)], "the new leader held every live topology's code"
+    print(f"[{backend_name}] new leader: "
+          f"{'the nimbus that lost its code' if new_leader is lacking else 'the holder'}")
+    if new_leader is lacking:
+        # Its code sync fetched the code again before it reached the head of the queue.
+        since = lacking.log_text()[marks[lacking.address]:]
+        assert "lacks topology code: giving it up" not in since
+        assert since.index("code complete: holds all 4 live topologies") < \
+            since.index("gained leadership")
     else:
         assert new_leader is holder, "the nimbus that holds all code must lead"
         wait_for(lambda: "lacks topology code: giving it up" in lacking.log_text(), 30,
-                 "the nimbus without code to give up the lock")
+                 "the nimbus without code to have given up the lock")
     wait_for(lambda: stormdist(lacking.local_dir) == live, 60,
              "the nimbus without code to sync it")
     wait_for(lambda: lacking.address in [a for _, a in state.leader_queue()], 30,
@@ -170,6 +186,10 @@ def test_restart_with_disk_intact_reregisters_and_tampered_copy_is_refetched(
     follower.start()
     wait_for(lambda: follower.address in state.replica_hosts(topology_id), 30,
              "the restarted nimbus to register its copy again")
+    # "code complete" is logged at the end of the first sync pass, after any download
+    # that pass made: only from then on does the absence of a download mean anything.
+    wait_for(lambda: "code complete: holds all 1 live topologies"
+             in follower.log_text()[log_before:], 30, "the first sync pass after restart")
     assert "downloaded " not in follower.log_text()[log_before:], "no download was needed"
 
     follower.terminate()
@@ -184,3 +204,38 @@ def test_restart_with_disk_intact_reregisters_and_tampered_copy_is_refetched(
     wait_for(lambda: follower.address in state.replica_hosts(topology_id), 30,
              "the fetched copy to be registered")
     state.zk.stop()
+
+
+@pytest.mark.parametrize("distributor", ["localfs", "torrent"])
+def test_head_of_queue_without_any_source_of_its_code_never_leads(make_cluster, bundle,
+                                                                   distributor):
+    """The give-up path, made certain: the only other copy is on the dead leader.
+
+    (Not run for s3: its store always holds the code, so the follower can always fetch it
+    first; the seed scenario covers that branch.)
+    """
+    cluster = make_cluster(2, **{"nimbus.code.sync.freq.secs": 3600,
+                                 "storm.codedistributor.class": distributor})
+    client = cluster.client()
+    topology_id = client.submit("only-copy", bundle, {"topology.min.replication.count": 2})
+    leader = cluster.wait_for_leader()
+    follower = next(n for n in cluster.nimbuses if n is not leader)
+    wait_for(lambda: stormdist(follower.local_dir) == {topology_id}, 30, "replication")
+    code_dir = follower.local_dir / "nimbus" / "stormdist"
+    code_dir.rename(code_dir.with_name("stormdist.lost"))
+    shutil.rmtree(code_dir.with_name("stormdist.lost"))
+    mark = len(follower.log_text())
+    leader.kill9()
+    wait_for(lambda: "lacks topology code: giving it up" in follower.log_text()[mark:], 30,
+             "the follower at the head of the queue to give the lock up")
+    assert cluster.leader_address() is None, "nobody leads while no nimbus holds the code"
+    assert leadership_claims(follower.log_text()[mark:]) == []
+    # The old leader returns with its disk intact: its copy is the source again.
+    leader.start()
+    new_leader = cluster.wait_for_leader(timeout_s=60)
+    claims = leadership_claims(new_leader.log_text()[
+        mark if new_leader is follower else 0:])
+    assert claims[-1] == (1, 1, {topology_id})
+    wait_for(lambda: stormdist(follower.local_dir) == {topology_id}, 60,
+             "the follower to fetch the code from the returned nimbus")
+    assert statuses(client) == {"only-copy": (topology_id, "ACTIVE")}

@@ -157,19 +157,20 @@ class CodeSync:
             if topology_id not in wanted or self._store.has(topology_id):
                 self._retry_at.pop(topology_id, None)
                 self._failures.pop(topology_id, None)
-        self._report_completeness(live)
+        self._report_completeness(live, held)
 
-    def _report_completeness(self, live: set[str]) -> None:
-        # Logged when it changes, so an operator (or a test) sees the moment this host
-        # became able to lead, after every download of the pass has finished.
+    def _report_completeness(self, live: set[str], held_before: set[str]) -> None:
+        # Logged when it changes, and after a pass that fetched missing code, so that an
+        # operator (or a test) sees the moment this host became able to lead.
         missing = sorted(t for t in live if not self._store.has(t))
-        if (not missing) != self._complete:
-            self._complete = not missing
-            if missing:
+        if missing:
+            if self._complete is not False:
                 log.info("code incomplete: missing %d of %d live topologies [%s]",
                          len(missing), len(live), ",".join(missing))
-            else:
-                log.info("code complete: holds all %d live topologies", len(live))
+            self._complete = False
+        elif self._complete is not True or live - held_before:
+            log.info("code complete: holds all %d live topologies", len(live))
+            self._complete = True
 
     def _on_replica_change(self, _event: object) -> None:
         # kazoo's event thread: only flag; the sync thread owns _retry_at.

@@ -31,7 +31,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from nimbus.cluster_state import Fence, StormClusterState
+from nimbus.cluster_state import Fence, LayoutMissingError, StormClusterState
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,10 @@ class LeaderElector:
             try:
                 with self._lock:
                     self._evaluate()
+            except LayoutMissingError as exc:
+                # Whether this nimbus holds all code cannot be known: it must not lead.
+                log.error("not leading: %s", exc)
+                self._set_leader(None)
             except KazooException as exc:
                 log.warning("leader election step failed (%s); retrying", exc)
                 self._set_leader(None)

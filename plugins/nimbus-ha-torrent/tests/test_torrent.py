@@ -121,7 +121,7 @@ def test_forged_piece_hashes_never_complete(hosts, tmp_path):
     decoded[b"info"][b"pieces"] = bytes(pieces)
     meta.write_bytes(lt.bencode(decoded))
     dest = target.code_dir / TOPOLOGY
-    with pytest.raises(CodeVerificationError, match="stalled"):
+    with pytest.raises(TorrentCodeError, match="stalled"):
         target.distributor.download(dest, TOPOLOGY, meta)
     assert not dest.exists()
     assert source.distributor.get_replication_count(TOPOLOGY) == 1
