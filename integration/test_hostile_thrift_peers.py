@@ -13,6 +13,7 @@ import errno
 import random
 import socket
 import struct
+import time
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocol
@@ -39,6 +40,20 @@ def proc_status(pid: int, field: str) -> int:
                 number, *unit = value.split()
                 return int(number) * (1024 if unit == ["kB"] else 1)
     raise KeyError(field)
+
+
+def settled(read, timeout_s: float = TIMEOUT_S, polls: int = 10, interval_s: float = 0.1):
+    """``read()`` once it has returned the same value ``polls`` times in a row."""
+    deadline = time.monotonic() + timeout_s
+    last, same = read(), 0
+    while same < polls:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"value did not settle within {timeout_s}s (last {last})")
+        time.sleep(interval_s)
+        value = read()
+        same = same + 1 if value == last else 0
+        last = value
+    return last
 
 
 def connect_raw(port: int) -> socket.socket:
@@ -106,7 +121,9 @@ def test_hostile_peers_are_dropped_and_memory_stays_flat(make_cluster):
     pid, port = nimbus.process.pid, nimbus.port
     client = cluster.client(deadline_s=30)
     client.cluster_info()  # warm: every code path of a normal call has run once
-    threads_before = proc_status(pid, "Threads")
+    # The warm-up's connection thread ends a moment after the client hangs up: count
+    # the threads once that number has settled, or every count below is off by one.
+    threads_before = settled(lambda: proc_status(pid, "Threads"))
     rss_before = proc_status(pid, "VmRSS")
 
     def connections_served() -> int:

@@ -61,14 +61,17 @@ def test_cli_exits_non_zero_with_the_reason(zk_server, zk_root, tmp_path, taken_
     assert "Address already in use" in done.stderr
 
 
-def test_unreachable_zookeeper_is_a_clear_error(tmp_path, taken_port):
+def test_unreachable_zookeeper_is_a_clear_error():
     from nimbus.daemon import make_zk_client
+    from nimbus.devcluster import free_port
 
-    conf = load_config(overrides={"storm.zookeeper.port": taken_port,
+    closed_port = free_port()  # nothing listens there: connections are refused
+
+    conf = load_config(overrides={"storm.zookeeper.port": closed_port,
                                   "storm.zookeeper.connection.timeout": 1000})
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ConnectionError, match=rf"cannot connect to ZooKeeper at "
-                                               rf"127\.0\.0\.1:{taken_port}"):
+                                               rf"127\.0\.0\.1:{closed_port}"):
         make_zk_client(conf)
     wait_for(lambda: {t.name for t in threading.enumerate()} == before or None, 10,
              "kazoo's threads to end")

@@ -132,11 +132,12 @@ class DistributorConformance:
     def uploaded(self, hosts: Callable[[int], list[ConformanceHost]]):
         return self.upload_sample(hosts)
 
-    def upload_sample(self, hosts: Callable[[int], list[ConformanceHost]], **code_args):
-        """Two hosts, the first having uploaded a sample topology: (hosts, metafile bytes,
-        sha256 of every file)."""
+    def upload_sample(self, hosts: Callable[[int], list[ConformanceHost]], n: int = 2,
+                      **code_args):
+        """``n`` hosts, the first having uploaded a sample topology: (hosts, metafile
+        bytes, sha256 of every file)."""
         self.expected_count(1)  # fail at once, and clearly, if no model is declared
-        group = hosts(2)
+        group = hosts(n)
         source = group[0].code_dir / self.topology_id
         digests = _write_code(source, **code_args)
         metafile = group[0].distributor.upload(source, self.topology_id)
@@ -246,6 +247,21 @@ class DistributorConformance:
         _assert_names(err.value, self.topology_id)
         assert not dest.exists()
         assert self._count(group[1]) == 0
+
+    def test_cleanup_on_one_host_leaves_the_code_to_the_others(self, hosts,
+                                                               tmp_path: Path) -> None:
+        """cleanup runs on every nimbus, leader or not, whenever its own copy goes: it
+        must never take away what other hosts fetch from (shared objects, their copies)."""
+        group, metafile, digests = self.upload_sample(hosts, n=3)
+        meta = self._metafile(tmp_path, metafile)
+        group[1].distributor.download(group[1].code_dir / self.topology_id,
+                                      self.topology_id, meta)
+        group[0].distributor.cleanup(self.topology_id)
+        shutil.rmtree(group[0].code_dir / self.topology_id)  # as the nimbus does next
+        dest = group[2].code_dir / self.topology_id
+        group[2].distributor.download(dest, self.topology_id, meta)
+        assert _digests(dest) == digests
+        assert self._count(group[2]) == self.expected_count(2)
 
     def test_cleanup_forgets_the_topology(self, uploaded, tmp_path: Path) -> None:
         """PER_HOST: each host's cleanup withdraws exactly its own copy. STORE: a host's

@@ -64,7 +64,9 @@ def test_local_directory_counts_one_copy(hosts):
     _write_code(source.code_dir / TOPOLOGY, big_bytes=1000)
     source.distributor.upload(source.code_dir / TOPOLOGY, TOPOLOGY)
     assert source.distributor.get_replication_count(TOPOLOGY) == 1
-    source.distributor.cleanup(TOPOLOGY)
+    source.distributor.cleanup(TOPOLOGY)  # this host's state only: the bundle is shared
+    assert source.distributor.get_replication_count(TOPOLOGY) == 1
+    source.distributor.delete_shared(TOPOLOGY)
     assert source.distributor.get_replication_count(TOPOLOGY) == 0
 
 
