@@ -157,3 +157,32 @@ def test_replica_change_during_a_failing_download_retries_at_once(setup, monkeyp
     sync.sync_once()  # the flag raised during the failed attempt overrides the backoff
     assert attempts == ["wanted-3-3", "wanted-3-3"]
     assert store.has("wanted-3-3")
+
+
+class NotLeading:
+    """An elector that has just lost the lock (the state _abandon runs in)."""
+
+    def is_leader(self) -> bool:
+        return False
+
+    def fence(self):
+        from nimbus.elector import NoLeaderError
+
+        raise NoLeaderError("this nimbus is not the leader")
+
+
+def test_abandoned_submission_of_a_deposed_leader_keeps_shared_code(setup):
+    """Deleting shared code is a leader action: a submission abandoned after the lock was
+    lost drops only this host's copy; the next leader's duties remove the rest, fenced."""
+    from nimbus.config import load_config
+    from nimbus.lifecycle import TopologyLifecycle
+
+    state, store, distributor = setup
+    state.zk.create(state.code_path(TOPOLOGY), b"")
+    lifecycle = TopologyLifecycle(load_config(overrides={}), state, store, distributor,
+                                  NotLeading(), "127.0.0.1:1")
+    lifecycle._abandon(TOPOLOGY)
+    assert RecordingDistributor.shared_deleted == []
+    assert RecordingDistributor.cleaned == [TOPOLOGY]
+    assert not store.has(TOPOLOGY)
+    assert state.zk.exists(state.code_path(TOPOLOGY)) is not None, "left to the duties"
