@@ -70,3 +70,35 @@ def test_nimbus_pointed_at_another_cluster_keeps_its_code(make_cluster, bundle):
              "the nimbus to refuse to clean up another cluster's code")
     assert "local code will not be cleaned up" in nimbus.log_text()[mark:]
     assert stormdist(nimbus.local_dir) == {topology_id}
+
+
+def test_running_nimbus_keeps_its_code_when_zookeeper_is_set_up_anew(make_cluster, bundle):
+    """ZooKeeper is wiped, then one nimbus restarts and sets up an empty layout under a
+    new cluster id. The nimbus that kept running must not read the new, empty
+    /storm/storms as "every topology was removed": it keeps its code and does not lead."""
+    cluster = make_cluster(2, **{"nimbus.code.sync.freq.secs": 3600})
+    client = cluster.client()
+    ids = {client.submit(f"kept-{i}", bundle, {"topology.min.replication.count": 2})
+           for i in range(2)}
+    wait_for(lambda: all(stormdist(n.local_dir) == ids for n in cluster.nimbuses), 30,
+             "both nimbuses to hold all code")
+    state = observer(cluster)
+    old_id = state.zk.get("/storm")[0].decode()
+    restarted, running = cluster.nimbuses
+    mark = len(running.log_text())
+    state.zk.delete("/storm", recursive=True)
+    restarted.terminate()
+    restarted.start()
+    wait_for(lambda: state.zk.exists("/storm/storms") is not None and
+             state.zk.get("/storm")[0], 30, "the restarted nimbus to set up a new layout")
+    new_id = state.zk.get("/storm")[0].decode()
+    assert new_id != old_id
+    wait_for(lambda: f"holds cluster {new_id}, not cluster {old_id}"
+             in running.log_text()[mark:], 30, "the running nimbus to refuse the new layout")
+    assert cluster.wait_for_leader(timeout_s=30) is restarted
+    assert stormdist(running.local_dir) == ids, "the running nimbus removed nothing"
+    assert stormdist(restarted.local_dir) == ids, "the restarted nimbus keeps its code aside"
+    assert "local code will not be cleaned up" in restarted.log_text()
+    assert [a for _, a in state.leader_queue()] == [restarted.address], \
+        "the running nimbus left the queue"
+    state.zk.stop()

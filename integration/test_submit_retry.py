@@ -44,6 +44,31 @@ def test_retried_submit_of_the_same_upload_returns_its_topology(make_cluster, bu
         client.submit("once", bundle, {"topology.submission.token": "token-2"})
 
 
+def test_retry_arriving_while_the_first_submit_still_replicates(make_cluster, bundle):
+    """The retry of a submit whose first attempt is still waiting for replication (the
+    client gave up on it, say) waits for that attempt and answers with its topology."""
+    cluster = make_cluster(3)
+    state = observer(cluster)
+    conf = {"topology.submission.token": "same-token",
+            "topology.min.replication.count": 4,  # 3 nimbuses: waits the whole 8 s
+            "topology.max.replication.wait.time.sec": 8}
+    first: dict[str, object] = {}
+    submitter = threading.Thread(
+        target=lambda: first.setdefault("id", cluster.client().submit("twice", bundle, conf)),
+        name="test-first-submit")
+    submitter.start()
+    try:
+        wait_for(lambda: len(state.code_topologies()) == 1, 30,
+                 "the first attempt to be waiting for replication")
+        retried = cluster.client().submit("twice", bundle, conf)
+    finally:
+        submitter.join(timeout=60)
+    assert retried == first["id"]
+    assert named(cluster.client(), "twice") == [(retried, "ACTIVE")]
+    assert len(state.code_topologies()) == 1, "the retry's own upload left no code behind"
+    state.zk.stop()
+
+
 def test_leader_deposed_during_the_replication_wait_redirects_the_client(make_cluster,
                                                                          bundle):
     cluster = make_cluster(3, **{"storm.zookeeper.session.timeout": 3000})

@@ -21,11 +21,11 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
-from nimbus.config import Config, HostPort
+from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
 from nimbus.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
-CHUNK_BYTES = 512 * 1024
+CHUNK_BYTES = UPLOAD_CHUNK_BYTES
 # How long a submit with topology.max.replication.wait.time.sec = -1 may wait for replies.
 REPLICATION_FOREVER_S = 24 * 3600.0
 CONNECTION_ERRORS = (TTransportException, ConnectionError, OSError, EOFError)
@@ -47,6 +47,14 @@ def connect(address: HostPort | str, timeout_s: float = 30.0) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+def set_read_timeout(client: Any, timeout_s: float) -> None:
+    """Change the read timeout of a client made by :func:`connect`, for its next calls.
+
+    thriftpy2 has no public call for it: its framed transport holds the socket.
+    """
+    client._iprot.trans.sock.settimeout(timeout_s)
 
 
 def not_leader_redirect(exc: Exception) -> str | None:
@@ -112,12 +120,11 @@ class NimbusClient:
         raise NimbusUnavailableError(
             "no nimbus reachable via nimbus.seeds (" + "; ".join(errors) + ")")
 
-    def on_leader(self, call: Callable[[Any], Any], timeout_s: float | None = None,
-                  deadline_s: float | None = None) -> Any:
+    def on_leader(self, call: Callable[[Any], Any], deadline_s: float | None = None) -> Any:
         """Run ``call(client)`` on the leader, following redirects and failovers.
 
-        ``timeout_s`` bounds each attempt's socket reads, ``deadline_s`` all attempts
-        (defaults: the client's).
+        No new attempt starts after ``deadline_s`` (default: the client's); one that is
+        under way is not cut short.
         """
         deadline_s = deadline_s or self.deadline_s
         deadline = time.monotonic() + deadline_s
@@ -127,7 +134,7 @@ class NimbusClient:
         while time.monotonic() < deadline:
             try:
                 target = target or self.find_leader()
-                with connect(target, timeout_s or self.timeout_s) as client:
+                with connect(target, self.timeout_s) as client:
                     return call(client)
             except TApplicationException as exc:
                 redirect = not_leader_redirect(exc)
@@ -198,22 +205,27 @@ class NimbusClient:
         wait = topology_conf.get("topology.max.replication.wait.time.sec",
                                  self.conf["topology.max.replication.wait.time.sec"])
 
+        # The leader answers only once the code is replicated (or the wait is over).
+        wait_s = float(wait) if isinstance(wait, int) and wait >= 0 else REPLICATION_FOREVER_S
+
         def call(client: Any) -> str:
             location = self.upload_bundle(bundle, progress, client)
+            set_read_timeout(client, self.timeout_s + wait_s)  # for this reply only
             client.submitTopologyWithOpts(
                 name, location, json.dumps(topology_conf), storm.StormTopology(
                     spouts={}, bolts={}, state_spouts={}),
                 storm.SubmitOptions(initial_status=status))
+            set_read_timeout(client, self.timeout_s)
             info = client.getClusterInfo()
             for summary in info.topologies:
                 if summary.name == name:
                     return summary.id
             raise RuntimeError(f"submitted {name!r} but the leader does not list it")
 
-        # The leader answers only once the code is replicated (or the wait is over).
-        wait_s = float(wait) if isinstance(wait, int) and wait >= 0 else REPLICATION_FOREVER_S
-        return self.on_leader(call, timeout_s=self.timeout_s + wait_s,
-                              deadline_s=self.deadline_s + wait_s)
+        # A retry may start as late as the bounded wait allows; finding a leader while
+        # there is none still fails after the client's usual deadline.
+        return self.on_leader(call, deadline_s=self.deadline_s + (
+            wait_s if wait_s < REPLICATION_FOREVER_S else 0.0))
 
     def kill(self, name: str, wait_secs: int | None = None) -> None:
         opts = storm.KillOptions(wait_secs=wait_secs)

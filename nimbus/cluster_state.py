@@ -108,6 +108,26 @@ class StormClusterState:
             self.zk.retry(self.zk.ensure_path, self.path(sub))
         return self.cluster_id()
 
+    def check_cluster(self, expected: str) -> None:
+        """Raise LayoutMissingError unless the root still holds cluster ``expected``.
+
+        A nimbus keeps running while ZooKeeper is wiped; when some nimbus then restarts
+        and sets the layout up anew, the root holds a new id and every directory is empty.
+        The nimbuses still running must not read that as "no topology is live".
+        """
+        try:
+            data, _ = self.zk.retry(self.zk.get, self.root)
+        except NoNodeError:
+            data = b""
+        current = data.decode("utf-8", "replace")
+        if current != expected:
+            raise LayoutMissingError(
+                f"ZooKeeper root {self.root} holds cluster {current or '(none)'}, not "
+                f"cluster {expected} that this nimbus joined (ZooKeeper wiped and set up "
+                "again, or restored from elsewhere?); refusing to act on it. Restart this "
+                "nimbus to join the new cluster: its code is then kept aside, never removed"
+            )
+
     def cluster_id(self) -> str:
         """The id written into the root node by the first :meth:`setup`."""
         data, stat = self.zk.retry(self.zk.get, self.root)
@@ -121,26 +141,22 @@ class StormClusterState:
             return self.zk.retry(self.zk.get, self.root)[0].decode("utf-8", "replace")
 
     # -- low-level helpers ---------------------------------------------------------------
-    def _children(self, path: str, watch: Watch = None) -> list[str]:
-        """Children of a node that may legitimately be absent (one topology's subtree)."""
+    def _children(self, path: str, watch: Watch = None, layout: bool = False) -> list[str]:
+        """Children of ``path``; an absent node has none, unless it is a ``layout``
+        directory (made by :meth:`setup`, never removed): then LayoutMissingError, since
+        an absent directory is not an empty one."""
         try:
             return sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
         except NoNodeError:
+            if layout:
+                raise LayoutMissingError(
+                    f"{path} does not exist in ZooKeeper: storm.zookeeper.root is wrong or "
+                    "ZooKeeper was wiped or partly restored; refusing to treat it as empty"
+                ) from None
             return []
 
     def _layout_children(self, sub: str, watch: Watch = None) -> list[str]:
-        """Children of a layout directory, which :meth:`setup` created and nothing removes.
-
-        Raises LayoutMissingError when it is absent: an absent directory is not an empty one.
-        """
-        path = self.path(sub)
-        try:
-            return sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
-        except NoNodeError:
-            raise LayoutMissingError(
-                f"{path} does not exist in ZooKeeper: storm.zookeeper.root is wrong or "
-                "ZooKeeper was wiped or partly restored; refusing to treat it as empty"
-            ) from None
+        return self._children(self.path(sub), watch, layout=True)
 
     def _get(self, path: str, watch: Watch = None) -> tuple[bytes, ZnodeStat] | None:
         try:
@@ -377,6 +393,10 @@ class StormClusterState:
             if got:
                 out.append(NimbusInfo.decode(got[0]))
         return out
+
+    def leader_lock_nodes(self, watch: Watch = None) -> list[str]:
+        """Names of the nodes queued under the leader lock (unsorted)."""
+        return self._layout_children("leader-lock", watch)
 
     def leader_queue(self, watch: Watch = None) -> list[tuple[str, str]]:
         """(lock node name, host:port) of every queued nimbus, the leader first."""

@@ -10,10 +10,11 @@ A failed download is retried with a growing pause (capped by the sync period) an
 once when a new replica registers, since that host may serve what the others could not.
 
 Removal is the dangerous half. A copy is removed only when ZooKeeper positively lists the
-live topologies and this one is not among them: an absent ``storms`` directory
-(:class:`LayoutMissingError`) stops the pass before anything is removed, and a store that
-holds another cluster's code (``cleanup_blocked``) is never cleaned. Removal here only
-drops *this host's* copy (the ``cleanup`` hook); shared storage is the leader's to delete.
+live topologies and this one is not among them: an absent ``storms`` directory, or a
+root that now holds another cluster's id (:class:`LayoutMissingError`), stops the pass
+before anything is removed, and a store that holds another cluster's code
+(``cleanup_blocked``) is never cleaned. Removal here only drops *this host's* copy (the
+``cleanup`` hook); shared storage is the leader's to delete.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class CodeSync:
         protected: Callable[[], set[str]] = set,
         on_synced: Callable[[], None] = lambda: None,
         cleanup_blocked: str = "",
+        cluster_id: str | None = None,
     ):
         self._state = state
         self._store = store
@@ -56,11 +58,13 @@ class CodeSync:
         self._protected = protected
         self._on_synced = on_synced
         self._cleanup_blocked = cleanup_blocked
+        self._cluster_id = cluster_id
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._complete: bool | None = None
+        self._layout_error = ""  # logged once per distinct problem, not every retry
         # Set by kazoo's event thread, taken by the sync thread: a lock makes the
         # test-and-clear atomic, so a flag raised in between is never lost.
         self._retry_now = False
@@ -81,8 +85,16 @@ class CodeSync:
         """Ask for a run soon; also the callback of every watch this sync leaves."""
         self._wake.set()
 
+    def _check_cluster(self) -> None:
+        if self._cluster_id is not None:
+            self._state.check_cluster(self._cluster_id)
+
     def missing(self) -> set[str]:
-        """Topologies under /storms whose code this host lacks."""
+        """Topologies under /storms whose code this host lacks.
+
+        Raises LayoutMissingError when that cannot be known (see the module docstring).
+        """
+        self._check_cluster()
         return {t for t in self._state.active_storms() if not self._store.has(t)}
 
     def code_report(self) -> str:
@@ -96,13 +108,20 @@ class CodeSync:
             # Clear before the pass, never after the wait: a wake-up that arrives while a
             # pass runs then makes the next wait return at once instead of being lost.
             self._wake.clear()
+            if self._stop.is_set():  # stop() may have set both just before the clear
+                break
             pause = self._period_s
             try:
                 self.sync_once()
+                if self._layout_error:
+                    log.info("code sync resumed: the cluster layout is back")
+                    self._layout_error = ""
                 if self._retry_at:
                     pause = min(pause, max(0.05, min(self._retry_at.values()) - time.monotonic()))
             except LayoutMissingError as exc:
-                log.error("code sync stopped, nothing fetched or removed: %s", exc)
+                if str(exc) != self._layout_error:
+                    log.error("code sync stopped, nothing fetched or removed: %s", exc)
+                self._layout_error = str(exc)
                 pause = min(pause, 5.0)
             except KazooException as exc:
                 log.warning("code sync could not read cluster state: %s", exc)
@@ -129,6 +148,7 @@ class CodeSync:
         # metafile, never mistaken for the code of a removed topology.
         held = self._store.topologies()
         protected = self._protected()
+        self._check_cluster()
         if self._take_retry_now():
             self._retry_at = dict.fromkeys(self._retry_at, 0.0)
         live = set(self._state.active_storms(watch=self.wake))

@@ -18,6 +18,10 @@ import yaml
 from nimbus.redaction import redact, redact_value
 
 DEFAULTS_SOURCE = "defaults.yaml (built in)"
+# The chunk size of nimbus-ha's own uploads, and the Thrift framing around one: every
+# nimbus must accept a frame of this size (nimbus.thrift.max_buffer_size).
+UPLOAD_CHUNK_BYTES = 512 * 1024
+UPLOAD_FRAME_OVERHEAD_BYTES = 4096
 
 
 class ConfigError(ValueError):
@@ -217,6 +221,14 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
             HostPort.parse(seed, values["nimbus.thrift.port"])
         except ValueError as exc:
             raise ConfigError(f"key 'nimbus.seeds': {exc}") from None
+    smallest_frame = UPLOAD_CHUNK_BYTES + UPLOAD_FRAME_OVERHEAD_BYTES
+    if values["nimbus.thrift.max_buffer_size"] < smallest_frame:
+        raise ConfigError(
+            f"key 'nimbus.thrift.max_buffer_size' must be at least {smallest_frame} (an "
+            f"upload chunk of {UPLOAD_CHUNK_BYTES} bytes and its framing), got "
+            f"{values['nimbus.thrift.max_buffer_size']}")
+    if values["nimbus.thrift.threads"] < 1:
+        raise ConfigError("key 'nimbus.thrift.threads' must be at least 1")
     if not str(values["storm.zookeeper.root"]).strip("/"):
         raise ConfigError("key 'storm.zookeeper.root' must name a znode, e.g. /storm")
 

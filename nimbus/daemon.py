@@ -96,16 +96,18 @@ class NimbusDaemon:
                 "storm.zookeeper.root, or a wiped ZooKeeper?); move that directory away "
                 "to start this nimbus afresh")
             log.error("local code will not be cleaned up: %s", cleanup_blocked)
+        # Set first: a prepare that fails half-way (a session started, then an error)
+        # must be closed too.
+        self._prepared = True
         self.distributor.prepare(conf, DistributorContext(
             zk=self.zk, zk_root=conf.zk_root, address=self.address,
             local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
             code_dir=self.store.root, fetch_file=fetch_file))
-        self._prepared = True
         self.sync = CodeSync(self.state, self.store, self.distributor,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),
                              on_synced=lambda: self.elector.wake(),
-                             cleanup_blocked=cleanup_blocked)
+                             cleanup_blocked=cleanup_blocked, cluster_id=cluster_id)
         self.elector = LeaderElector(
             self.zk, self.state, self.address,
             has_all_code=lambda: not self.sync.missing(),
@@ -132,7 +134,10 @@ class NimbusDaemon:
                                         daemon=True)
 
     def _release(self) -> None:
-        """Give back what a failed construction took: the distributor, then ZooKeeper."""
+        """Give back what a failed construction took: the distributor, then ZooKeeper.
+
+        ``close`` is called on a distributor whose ``prepare`` failed, too (docs/hooks.md
+        asks plugins to allow that)."""
         if self._prepared:
             try:
                 self.distributor.close(self.conf)

@@ -60,25 +60,32 @@ class CodeVerificationError(DistributorError):
 
 def installed_distributors() -> dict[str, type]:
     """Entry-point name -> plugin class of every distributor that imports cleanly."""
+    return _load_entry_points()[0]
+
+
+def _load_entry_points() -> tuple[dict[str, type], dict[str, Exception]]:
+    """(name -> class of each plugin that imports, name -> error of each that does not)."""
     found: dict[str, type] = {}
+    broken: dict[str, Exception] = {}
     for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
         try:
             found[ep.name] = ep.load()
         except Exception as exc:  # a broken plugin must not take the nimbus down
             log.warning("code distributor %r (%s) failed to load and is skipped: %s",
                         ep.name, ep.value, exc)
-    return found
+            broken[ep.name] = exc
+    return found, broken
 
 
 def resolve_distributor_class(name: str) -> type:
     """Return the plugin class for ``name`` (entry point, dotted path or Storm class)."""
     name = name.strip()
     alias = STORM_CLASS_ALIASES.get(name, name)
-    installed = installed_distributors()
+    installed, failed = _load_entry_points()
     if alias in installed:
         return installed[alias]
-    broken = _entry_point_load_error(alias)
-    if broken is not None:
+    if alias in failed:
+        broken = failed[alias]
         raise DistributorError(
             f"code distributor {name!r} is installed but cannot be imported: "
             f"{type(broken).__name__}: {broken}") from broken
@@ -97,18 +104,6 @@ def resolve_distributor_class(name: str) -> type:
     )
 
 
-def _entry_point_load_error(name: str) -> BaseException | None:
-    """The error raised by loading the entry point ``name``, if there is one that fails."""
-    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
-        if ep.name != name:
-            continue
-        try:
-            ep.load()
-        except Exception as exc:
-            return exc
-    return None
-
-
 def _import_dotted(name: str, path: str) -> type | None:
     """The object at ``module:attr`` or ``module.attr``; None if no such module exists.
 
@@ -122,14 +117,11 @@ def _import_dotted(name: str, path: str) -> type | None:
         return None
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        # The dotted path itself names no module (or no package above it): unknown name.
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            return None
-        raise DistributorError(
-            f"code distributor {name!r}: importing module {module_name!r} failed: "
-            f"{type(exc).__name__}: {exc}") from exc
     except Exception as exc:  # ImportError, SyntaxError, anything the module raised
+        # The dotted path itself names no module (or no package above it): unknown name.
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            return None
         raise DistributorError(
             f"code distributor {name!r}: importing module {module_name!r} failed: "
             f"{type(exc).__name__}: {exc}") from exc

@@ -72,6 +72,7 @@ class LeaderElector:
         self._lock = threading.RLock()      # held by every queue decision (_evaluate)
         self._leader_lock = threading.RLock()  # guards _leader_node and its callback
         self._session_lost = False          # set on kazoo's thread, consumed under _lock
+        self._layout_error = ""             # logged once per distinct problem
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._want_queue = False
@@ -192,10 +193,17 @@ class LeaderElector:
             try:
                 with self._lock:
                     self._evaluate()
+                self._layout_error = ""
             except LayoutMissingError as exc:
-                # Whether this nimbus holds all code cannot be known: it must not lead.
-                log.error("not leading: %s", exc)
-                self._set_leader(None)
+                # Whether this nimbus holds all code cannot be known: it must not lead, nor
+                # hold a place at the head of the queue that blocks a nimbus that can. It
+                # queues again once the check passes, as after giving up for lack of code.
+                if str(exc) != self._layout_error:
+                    log.error("not leading: %s", exc)
+                self._layout_error = str(exc)
+                with self._lock:
+                    self._drop_node()
+                    self._waiting_for_code = True
             except KazooException as exc:
                 log.warning("leader election step failed (%s); retrying", exc)
                 self._set_leader(None)
@@ -217,7 +225,7 @@ class LeaderElector:
             self._set_leader(None)
             return
         lock_path = self._state.leader_lock_path
-        nodes = sorted(self._zk.get_children(lock_path), key=_seq)
+        nodes = sorted(self._state.leader_lock_nodes(), key=_seq)
         stale = self._own_stale_nodes(nodes)
         if self._node is None and self._want_queue and stale \
                 and (not self._waiting_for_code or self._has_all_code()):
@@ -240,7 +248,7 @@ class LeaderElector:
                 self._address.encode(), ephemeral=True, sequence=True,
             )
             log.info("%s queued for leadership as %s", self._address, self._node)
-            nodes = sorted(self._zk.get_children(lock_path), key=_seq)
+            nodes = sorted(self._state.leader_lock_nodes(), key=_seq)
         mine = posixpath.basename(self._node)
         if mine not in nodes:
             self._node = None

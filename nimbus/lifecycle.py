@@ -20,8 +20,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kazoo.exceptions import KazooException
+from kazoo.protocol.states import KazooState
+
 from nimbus.archive import check_bundle
-from nimbus.cluster_state import ConcurrentChangeError, StormClusterState
+from nimbus.cluster_state import ConcurrentChangeError, Fence, StormClusterState
 from nimbus.config import Config
 from nimbus.distributors import CodeDistributor
 from nimbus.elector import LeaderElector, NoLeaderError
@@ -132,7 +135,7 @@ class TopologyLifecycle:
             self.state.publish_code(fence, topology_id, CodeMeta(
                 distributor=self.distributor.name, metafile_b64=CodeMeta.pack(
                     metafile.read_bytes()), uploaded_by=self.address, created_secs=now))
-            replicas = self._wait_for_replication(topology_id, min_replicas, max_wait)
+            replicas = self._wait_for_replication(fence, topology_id, min_replicas, max_wait)
             base = StormBase(storm_name=name, launch_time_secs=now, status=initial_status,
                              num_workers=num_workers, owner=str(topo_conf.get(
                                  "topology.submitter.user", "")), submission_token=token)
@@ -174,16 +177,21 @@ class TopologyLifecycle:
                 self._pending[topology_id] = (name, token)
                 return None
 
-    def _wait_for_replication(self, topology_id: str, wanted: int, max_wait_s: int) -> int:
-        """Wait for ``wanted`` replicas, woken by replica registrations; returns the count."""
+    def _wait_for_replication(self, fence: Fence, topology_id: str, wanted: int,
+                              max_wait_s: int) -> int:
+        """Wait for ``wanted`` replicas, woken by replica registrations; returns the count.
+
+        A dropped connection alone does not end the wait: the session may survive it, and
+        the activation that follows is fenced anyway. Only a lock node that is really gone
+        does, with NoLeaderError, which the Thrift handler turns into "not a leader,
+        current leader is ...", so the client follows the redirect and retries there.
+        """
         deadline = None if max_wait_s == -1 else time.monotonic() + max_wait_s
         while True:
             count = self.distributor.get_replication_count(topology_id)
             if count >= wanted:
                 return count
-            if not self.elector.is_leader():
-                # NoLeaderError: the Thrift handler turns it into "not a leader, current
-                # leader is ...", so the client follows the redirect and retries there.
+            if not self.elector.is_leader() and self._lock_gone(fence):
                 raise NoLeaderError("lost leadership while waiting for replication")
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -194,6 +202,15 @@ class TopologyLifecycle:
                 # Replica registrations notify; the timeout covers stores without watches.
                 self.state.replica_hosts(topology_id, watch=self._notify_replication)
                 self._replication_changed.wait(min(0.5, remaining or 0.5))
+
+    def _lock_gone(self, fence: Fence) -> bool:
+        """True once ``fence``'s lock node is known to be gone (not merely unreachable)."""
+        if self.state.zk.state != KazooState.CONNECTED:
+            return False
+        try:
+            return self.state.zk.exists(fence.lock_path) is None
+        except KazooException:
+            return False
 
     def _notify_replication(self, _event: object) -> None:
         with self._replication_changed:

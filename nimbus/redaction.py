@@ -25,16 +25,18 @@ def is_secret_key(key: str) -> bool:
 
 
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``conf`` with every secret value replaced (nested mappings too)."""
-    out: dict[str, Any] = {}
-    for key, value in conf.items():
-        if is_secret_key(key) and value not in (None, ""):
-            out[key] = REDACTED
-        elif isinstance(value, Mapping):
-            out[key] = redact(value)
-        else:
-            out[key] = value
-    return out
+    """A copy of ``conf`` with every secret value replaced (in nested mappings and lists
+    of them too)."""
+    return {key: REDACTED if is_secret_key(key) and value not in (None, "")
+            else _redact_nested(value) for key, value in conf.items()}
+
+
+def _redact_nested(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return redact(value)
+    if isinstance(value, (list, tuple)):
+        return [_redact_nested(v) for v in value]
+    return value
 
 
 def redact_value(key: str, value: Any) -> Any:
@@ -43,13 +45,14 @@ def redact_value(key: str, value: Any) -> Any:
 
 
 def secret_values(conf: Mapping[str, Any]) -> set[str]:
-    """The non-trivial secret strings in ``conf`` (nested mappings too)."""
+    """The non-trivial secret strings in ``conf`` (nested mappings and lists too)."""
     found: set[str] = set()
     for key, value in conf.items():
-        if isinstance(value, Mapping):
-            found |= secret_values(value)
-        elif is_secret_key(key) and isinstance(value, str) and len(value) >= 4:
+        if is_secret_key(key) and isinstance(value, str) and len(value) >= 4:
             found.add(value)
+        for nested in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(nested, Mapping):
+                found |= secret_values(nested)
     return found
 
 

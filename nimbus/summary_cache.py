@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kazoo.exceptions import KazooException
 
-from nimbus.cluster_state import StormClusterState
+from nimbus.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.distributors import CodeDistributor
 from nimbus.records import NimbusInfo, StormBase, SupervisorInfo
 
@@ -89,6 +89,13 @@ class ClusterSummaryCache:
                     self._snapshot = snapshot
                     self._loaded = generation
                     self._fresh.notify_all()
+            except LayoutMissingError as exc:
+                # Serve no leader rather than a stale one; the code sync logs the cause.
+                log.debug("cluster summary unavailable: %s", exc)
+                with self._fresh:
+                    self._snapshot = replace(self._snapshot, leader=None)
+                self._stop.wait(0.5)
+                self._wake.set()
             except KazooException as exc:
                 log.debug("cluster summary reload failed: %s", exc)
                 self._stop.wait(0.5)

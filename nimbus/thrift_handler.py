@@ -72,10 +72,12 @@ class NimbusHandler:
         self._require_leader()
         try:
             return action()
-        except (NotLeaderError, NoLeaderError) as exc:
+        except (NotLeaderError, NoLeaderError):
             self._require_leader()  # lost it mid-call: redirect the client
-            # Leader again already (a brief suspension): report, the client may retry.
-            raise TApplicationException(TApplicationException.INTERNAL_ERROR, str(exc)) from None
+            # Leader again already (a brief suspension): redirect to ourselves, so the
+            # client retries here (a retried submit is recognised by its token).
+            raise TApplicationException(TApplicationException.INTERNAL_ERROR,
+                                        f"{NOT_LEADER_PREFIX}{self.address}") from None
         except TopologyNotFoundError as exc:
             raise storm.NotAliveException(msg=str(exc)) from None
         except TopologyExistsError as exc:

@@ -15,8 +15,9 @@ arithmetic overflows int32: neither is a limit.) Here the header is checked firs
 * a frame is decoded from its own bytes only: a request that claims more data than its
   frame holds (huge string or list lengths) fails to decode, and the connection is
   dropped, instead of reading on into the following frames;
-* a peer that stops sending (a half frame, an idle connection) is dropped after
-  ``idle_timeout_s``;
+* a peer that stops sending between frames is dropped after ``idle_timeout_s``; once a
+  frame has begun, all of it must arrive within ``frame_timeout_s``, so a half frame, or
+  a peer that trickles a byte now and then, cannot hold a connection thread for ever;
 * at most ``max_connections`` connections (Storm's ``nimbus.thrift.threads``) are served
   at once, one thread each. Over that cap the server stops accepting: further clients
   wait in the kernel's listen backlog (no thread, no memory of ours) and are served as
@@ -32,6 +33,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 ACCEPT_POLL_S = 0.5
 ACCEPT_RETRY_S = 0.5
 IDLE_CONNECTION_S = 900.0
+# Once a frame has begun, all of it must arrive within this (1 MiB at 10 KB/s: 105 s).
+FRAME_TIMEOUT_S = 120.0
 LISTEN_BACKLOG = 128
 # Storm's defaults for nimbus.thrift.max_buffer_size and nimbus.thrift.threads.
 DEFAULT_MAX_FRAME_BYTES = 1048576
@@ -91,12 +95,22 @@ class _FrameReader:
         return out
 
 
-def _recv_exactly(conn: socket.socket, size: int, what: str) -> bytearray | None:
-    """``size`` bytes from ``conn``; None if the peer closed before sending any."""
+def _recv_exactly(conn: socket.socket, size: int, what: str,
+                  deadline: float | None = None) -> bytearray | None:
+    """``size`` bytes from ``conn``; None if the peer closed before sending any.
+
+    With a ``deadline`` (time.monotonic()) every byte must have arrived by then, so a
+    peer that trickles a byte at a time cannot hold its connection thread for ever.
+    """
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
     while got < size:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{what} took too long: {got} of {size} bytes arrived")
+            conn.settimeout(remaining)
         n = conn.recv_into(view[got:])
         if n == 0:
             if got == 0:
@@ -122,6 +136,7 @@ class ThriftServer:
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  idle_timeout_s: float = IDLE_CONNECTION_S,
+                 frame_timeout_s: float = FRAME_TIMEOUT_S,
                  advertised_host: str | None = None):
         if max_frame_bytes < 1:
             raise ValueError(f"nimbus.thrift.max_buffer_size must be positive, "
@@ -131,6 +146,7 @@ class ThriftServer:
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
         self.idle_timeout_s = idle_timeout_s
+        self.frame_timeout_s = frame_timeout_s
         self._processor = _Processor(storm.Nimbus, handler)
         self._protocols = TBinaryProtocolFactory()
         host = host or "0.0.0.0"  # an empty bind address means every interface
@@ -236,18 +252,26 @@ class ThriftServer:
     # -- serving ----------------------------------------------------------------------------
     def _read_frame(self, conn: socket.socket) -> bytearray | None:
         """The next inbound frame; None if the peer closed the connection between frames."""
-        header = _recv_exactly(conn, _FRAME_HEADER.size, "a frame header")
-        if header is None:
+        # Between frames a connection may idle (the socket's idle timeout applies); once
+        # a frame has begun, all of it must arrive within frame_timeout_s.
+        first = _recv_exactly(conn, 1, "a frame header")
+        if first is None:
             return None
+        deadline = time.monotonic() + self.frame_timeout_s
+        rest = _recv_exactly(conn, _FRAME_HEADER.size - 1, "a frame header", deadline)
+        if rest is None:
+            raise EOFError("peer closed inside a frame header")
+        header = first + rest
         (size,) = _FRAME_HEADER.unpack(header)
         if size <= 0:
             raise FrameError(f"invalid frame length {size}")
         if size > self.max_frame_bytes:
             raise FrameError(f"frame of {size} bytes is over nimbus.thrift.max_buffer_size "
                              f"({self.max_frame_bytes})")
-        frame = _recv_exactly(conn, size, "a frame")
+        frame = _recv_exactly(conn, size, "a frame", deadline)
         if frame is None:
             raise EOFError(f"peer closed after the header of a {size}-byte frame")
+        conn.settimeout(self.idle_timeout_s)
         return frame
 
     def _serve(self, conn: socket.socket) -> None:

@@ -137,3 +137,12 @@ def test_bad_override():
 def test_wait_forever_is_allowed():
     assert load_config(overrides=["topology.max.replication.wait.time.sec=-1"])[
         "topology.max.replication.wait.time.sec"] == -1
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("nimbus.thrift.max_buffer_size", 65536, "must be at least 528384"),
+    ("nimbus.thrift.threads", 0, "'nimbus.thrift.threads' must be at least 1"),
+])
+def test_thrift_limits_that_would_refuse_every_upload_are_errors(key, value, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(overrides={key: value}, extra_defaults={})

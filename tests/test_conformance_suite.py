@@ -190,7 +190,11 @@ def test_the_suite_rejects_a_broken_distributor(tmp_path, plugin_class, test_nam
             getattr(suite, test_name)(uploaded, corrupt_in_memory, tmp_path)
         else:
             getattr(suite, test_name)(uploaded, tmp_path)
-    assert not isinstance(err.value, DistributorError), err.value
+    # Rejected by one of the suite's assertions, or (VagueErrors) by letting the vague
+    # error through where the suite demands a DistributorError: nothing else.
+    assert isinstance(err.value, AssertionError) or (
+        plugin_class is VagueErrors and type(err.value) is RuntimeError
+        and str(err.value) == "download failed"), repr(err.value)
 
 
 def test_the_suite_requires_a_replication_model(tmp_path):

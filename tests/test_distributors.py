@@ -35,7 +35,7 @@ def test_unknown_name_lists_installed():
 def test_known_backend_not_installed_names_the_distribution(monkeypatch):
     import nimbus.distributors as d
 
-    monkeypatch.setattr(d, "installed_distributors", lambda: {})
+    monkeypatch.setattr(d, "_load_entry_points", lambda: ({}, {}))
     with pytest.raises(DistributorError, match="pip install nimbus-ha-hdfs"):
         resolve_distributor_class("org.apache.storm.hdfs.ha.codedistributor.HDFSCodeDistributor")
 

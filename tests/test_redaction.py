@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from nimbus.cli import main
 from nimbus.config import ConfigError, load_config
-from nimbus.redaction import REDACTED, SecretLogFilter, is_secret_key, redact
+from nimbus.redaction import REDACTED, SecretLogFilter, is_secret_key, redact, secret_values
 
 SECRET = "s3cr3t-Value-42"
 
@@ -32,10 +32,14 @@ def test_ordinary_keys(key):
 
 def test_redact_replaces_secrets_at_any_depth():
     conf = {"a.password": "x", "topology.spark.conf": {"fs.s3a.secret.key": "y", "n": 1},
-            "empty.password": "", "plain": "z"}
+            "empty.password": "", "plain": "z",
+            "sinks": [{"name": "s", "auth.token": "t"}, "plain"]}
     assert redact(conf) == {"a.password": REDACTED,
                             "topology.spark.conf": {"fs.s3a.secret.key": REDACTED, "n": 1},
-                            "empty.password": "", "plain": "z"}
+                            "empty.password": "", "plain": "z",
+                            "sinks": [{"name": "s", "auth.token": REDACTED}, "plain"]}
+    assert secret_values({"sinks": [{"auth.token": "abcdef"}], "x.password": "ghij"}) == \
+        {"abcdef", "ghij"}
 
 
 def test_get_nimbus_conf_redacts_the_s3_secret():

@@ -217,13 +217,39 @@ def test_half_frame_then_close_frees_the_connection(make_server):
     assert_serves(server)
 
 
-def test_half_frame_left_open_is_dropped_after_the_idle_timeout(make_server):
-    server, _ = make_server(max_frame_bytes=MAX_FRAME, idle_timeout_s=0.5)
+def test_half_frame_left_open_is_dropped_after_the_frame_timeout(make_server):
+    server, _ = make_server(max_frame_bytes=MAX_FRAME, idle_timeout_s=60,
+                            frame_timeout_s=0.5)
     with raw(server) as sock:
         started = time.monotonic()
         sock.sendall(struct.pack("!i", 1000) + bytes(500))
         assert_dropped(sock)
         assert time.monotonic() - started >= 0.5
+    assert_serves(server)
+
+
+def test_a_frame_trickled_byte_by_byte_is_dropped_at_the_frame_timeout(make_server):
+    """Each byte comes well within the idle timeout, but the frame never completes in
+    time: the connection is dropped instead of holding its thread for ever."""
+    server, _ = make_server(max_frame_bytes=MAX_FRAME, idle_timeout_s=60,
+                            frame_timeout_s=1.0)
+    with raw(server) as sock:
+        sock.sendall(struct.pack("!i", 1000))
+        started = time.monotonic()
+        wait_for(lambda: server.active_connections == 1, DROP_TIMEOUT_S, "the connection")
+        dropped = False
+        for _ in range(100):  # the slow peer: one byte every 0.1 s, 10 s at most
+            try:
+                sock.sendall(b"\0")
+            except (BrokenPipeError, ConnectionResetError):
+                dropped = True
+                break
+            if server.active_connections == 0:
+                dropped = True
+                break
+            time.sleep(0.1)
+        assert dropped, "the trickling peer kept its connection"
+        assert 1.0 <= time.monotonic() - started < 5.0
     assert_serves(server)
 
 
