@@ -9,19 +9,22 @@ resident memory must not grow by more than RSS_GROWTH_BOUND.
 
 from __future__ import annotations
 
-import errno
 import random
 import socket
 import struct
 import time
 
 import pytest
-from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
-from thriftpy2.transport import TMemoryBuffer
 
 from nimbus.devcluster import wait_for
-from nimbus.thrift import storm
+from nimbus.testing.raw_thrift import (
+    assert_dropped,
+    cluster_info_request,
+    connect_raw,
+    read_reply,
+    send_then_end,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -56,27 +59,10 @@ def settled(read, timeout_s: float = TIMEOUT_S, polls: int = 10, interval_s: flo
     return last
 
 
-def connect_raw(port: int) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
 
 
-def send_then_end(sock: socket.socket, data: bytes) -> None:
-    """Send ``data`` and end the stream; the server may hang up half-way (that is a drop)."""
-    try:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-    except OSError as exc:
-        assert exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN), exc
 
 
-def assert_dropped(sock: socket.socket) -> None:
-    """The nimbus closed ``sock`` without answering (TimeoutError if it did not)."""
-    sock.settimeout(TIMEOUT_S)
-    try:
-        data = sock.recv(1)
-    except ConnectionResetError:
-        return
-    assert data == b"", f"the nimbus answered {data!r} instead of dropping the connection"
 
 
 def send_zeros(sock: socket.socket, total: int) -> int:
@@ -91,28 +77,8 @@ def send_zeros(sock: socket.socket, total: int) -> int:
     return sent
 
 
-def cluster_info_request() -> bytes:
-    buf = TMemoryBuffer()
-    proto = TBinaryProtocol(buf)
-    proto.write_message_begin("getClusterInfo", TMessageType.CALL, 1)
-    proto.write_struct(storm.Nimbus.getClusterInfo_args())
-    proto.write_message_end()
-    body = buf.getvalue()
-    return struct.pack("!i", len(body)) + body
 
 
-def read_reply_name(sock: socket.socket) -> tuple[str, int]:
-    def exactly(size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            more = sock.recv(size - len(data))
-            assert more, f"connection closed after {len(data)} of {size} bytes"
-            data += more
-        return data
-
-    (size,) = struct.unpack("!i", exactly(4))
-    name, ttype, _ = TBinaryProtocol(TMemoryBuffer(exactly(size))).read_message_begin()
-    return name, ttype
 
 
 def test_hostile_peers_are_dropped_and_memory_stays_flat(make_cluster):
@@ -166,7 +132,7 @@ def test_hostile_peers_are_dropped_and_memory_stays_flat(make_cluster):
         for sock in idle:
             sock.close()
         waiting.settimeout(TIMEOUT_S)
-        assert read_reply_name(waiting) == ("getClusterInfo", TMessageType.REPLY)
+        assert read_reply(waiting) == ("getClusterInfo", TMessageType.REPLY)
         assert connections_served() <= THREADS
     finally:
         for sock in idle:

@@ -3,7 +3,6 @@ connection cap; and the bind address kept apart from the advertised one."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import random
 import socket
@@ -12,21 +11,27 @@ import threading
 import time
 
 import pytest
-from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
-from thriftpy2.transport import TMemoryBuffer
 
 from nimbus.client import CHUNK_BYTES, connect
 from nimbus.cluster_state import StormClusterState
 from nimbus.config import load_config
 from nimbus.daemon import NimbusDaemon
 from nimbus.devcluster import wait_for
+from nimbus.testing.raw_thrift import (
+    DROP_TIMEOUT_S,
+    assert_dropped,
+    cluster_info_request,
+    framed,
+    message,
+    read_reply,
+    send_then_end,
+)
 from nimbus.thrift import storm
 from nimbus.thrift_server import ThriftServer
 from nimbus.zkserver import free_port
 
 MAX_FRAME = 600 * 1024
-DROP_TIMEOUT_S = 5.0
 
 
 class Handler:
@@ -58,20 +63,11 @@ def make_server():
     assert [t.name for t in threading.enumerate() if t.name.startswith("thrift-")] == []
 
 
-def message(name: str, args: object, seqid: int = 1) -> bytes:
-    buf = TMemoryBuffer()
-    proto = TBinaryProtocol(buf)
-    proto.write_message_begin(name, TMessageType.CALL, seqid)
-    proto.write_struct(args)
-    proto.write_message_end()
-    return buf.getvalue()
 
 
-def framed(body: bytes) -> bytes:
-    return struct.pack("!i", len(body)) + body
 
 
-CLUSTER_INFO_REQUEST = framed(message("getClusterInfo", storm.Nimbus.getClusterInfo_args()))
+CLUSTER_INFO_REQUEST = cluster_info_request()
 
 
 def raw(server: ThriftServer) -> socket.socket:
@@ -79,39 +75,12 @@ def raw(server: ThriftServer) -> socket.socket:
     return sock
 
 
-def recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        more = sock.recv(size - len(data))
-        assert more, f"connection closed after {len(data)} of {size} bytes"
-        data += more
-    return data
 
 
-def read_reply(sock: socket.socket) -> tuple[str, int]:
-    (size,) = struct.unpack("!i", recv_exactly(sock, 4))
-    name, ttype, _ = TBinaryProtocol(TMemoryBuffer(recv_exactly(sock, size))) \
-        .read_message_begin()
-    return name, ttype
 
 
-def send_then_end(sock: socket.socket, data: bytes) -> None:
-    """Send ``data`` and end the stream; the server may hang up half-way (that is a drop)."""
-    try:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-    except OSError as exc:
-        assert exc.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN), exc
 
 
-def assert_dropped(sock: socket.socket, timeout_s: float = DROP_TIMEOUT_S) -> None:
-    """The server closed ``sock`` without answering (TimeoutError if it did not)."""
-    sock.settimeout(timeout_s)
-    try:
-        data = sock.recv(1)
-    except ConnectionResetError:
-        return
-    assert data == b"", f"the server answered {data!r} instead of dropping the connection"
 
 
 def assert_serves(server: ThriftServer) -> None:
