@@ -31,6 +31,7 @@ from nimbus.hookspecs import DistributorContext
 from nimbus.lifecycle import TopologyLifecycle
 from nimbus.local_code import LocalCodeStore
 from nimbus.records import NimbusInfo
+from nimbus.scheduler import Scheduler
 from nimbus.session_renewal import SessionRenewal
 from nimbus.summary_cache import ClusterSummaryCache
 from nimbus.thrift_handler import NimbusHandler
@@ -115,6 +116,7 @@ class NimbusDaemon:
             code_report=self.sync.code_report)
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
                                            self.elector, self.address)
+        self.scheduler = Scheduler(conf, self.state)
         self.cache = ClusterSummaryCache(self.state, self.distributor)
         self.transfers = FileTransfers(conf.local_dir, self.store,
                                        conf["nimbus.max.topology.bytes"])
@@ -215,6 +217,7 @@ class NimbusDaemon:
     def _on_leadership(self, leader: bool) -> None:
         self.cache.wake()
         if leader:
+            self.scheduler.reset()  # heartbeat ages are measured afresh by a new leader
             self._duties_wake.set()
 
     def _duty_loop(self) -> None:
@@ -232,6 +235,7 @@ class NimbusDaemon:
         try:
             self.lifecycle.remove_due_kills()
             self.lifecycle.remove_orphan_code()
+            self.scheduler.schedule(self.elector.fence())
         except (NotLeaderError, NoLeaderError):
             log.info("duties skipped: leadership lost during the cycle")
         except LayoutMissingError as exc:

@@ -1,0 +1,261 @@
+"""The leader's scheduler: give every live topology its workers on supervisor slots.
+
+A duty of the leader only; every assignment it writes is fenced by the leader lock. One
+pass (:meth:`Scheduler.schedule`) reads the supervisors and the topologies, keeps every
+worker that is alive where it is, moves the others to free slots, and writes each
+Assignment that changed. A worker is one slot (``supervisor id``, port); its executor
+key in the Assignment is ``worker-<i>``.
+
+Liveness never compares clocks of different hosts:
+
+* a supervisor is alive while its ephemeral ``/supervisors/<id>`` node exists, that is
+  while its ZooKeeper session lives; its workers move only once that session has
+  ended (a supervisor that loses its connection stops its workers before then);
+* a worker is alive while the *version* of its heartbeat node keeps changing, as seen on
+  this leader's own monotonic clock. A worker gets ``nimbus.task.launch.secs`` to send
+  its first heartbeat and ``nimbus.task.timeout.secs`` between two heartbeats after that.
+  A leader that has just taken over starts every clock from the moment it first looks,
+  so a failover never reassigns healthy work (Storm's STORM-3984 did).
+
+Workers are spread: a new worker goes to the supervisor with the fewest workers of that
+topology, then the fewest used slots overall, so that one supervisor's death takes as
+little of one topology with it as possible.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from nimbus.cluster_state import Fence, StormClusterState
+from nimbus.config import Config
+from nimbus.records import KILLED, Assignment, StormBase, SupervisorInfo
+
+log = logging.getLogger(__name__)
+
+WORKER_PREFIX = "worker-"
+
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """A supervisor's port that runs at most one worker."""
+
+    supervisor_id: str
+    port: int
+
+    @property
+    def beat_name(self) -> str:
+        """The worker's heartbeat node under ``/workerbeats/<topology-id>/``."""
+        return f"{self.supervisor_id}-{self.port}"
+
+
+@dataclass
+class _Beat:
+    version: int | None   # None: no heartbeat node yet
+    changed_at: float     # this leader's monotonic clock
+    launched: bool        # a first heartbeat has been seen
+
+
+class HeartbeatObserver:
+    """When each worker's heartbeat last changed, on this leader's monotonic clock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        self._beats: dict[tuple[str, str], _Beat] = {}
+
+    def reset(self) -> None:
+        """Forget everything: a new leader trusts no age it did not measure itself."""
+        self._beats.clear()
+
+    def placed(self, topology_id: str, beat_name: str, version: int | None) -> None:
+        """A worker was just (re)assigned to this slot: it gets the launch time, and a
+        heartbeat node left there by an earlier worker does not count as its own."""
+        self._beats[(topology_id, beat_name)] = _Beat(version, self._clock(), launched=False)
+
+    def silent_for(self, topology_id: str, beat_name: str, version: int | None) -> tuple[
+            float, bool]:
+        """(seconds since the heartbeat last changed, whether this worker has beaten)."""
+        now = self._clock()
+        key = (topology_id, beat_name)
+        beat = self._beats.get(key)
+        if beat is None:
+            # First look (a new leader): the clock starts now, whatever the node says
+            # about the past; a worker whose node exists has started.
+            beat = self._beats[key] = _Beat(version, now, launched=version is not None)
+        elif version != beat.version:
+            beat.version, beat.changed_at = version, now
+            beat.launched = beat.launched or version is not None
+        return now - beat.changed_at, beat.launched
+
+    def forget(self, topology_id: str, beat_name: str) -> None:
+        self._beats.pop((topology_id, beat_name), None)
+
+    def keep_only(self, live: set[tuple[str, str]]) -> None:
+        for key in set(self._beats) - live:
+            del self._beats[key]
+
+
+class Scheduler:
+    """Assign workers of every topology to supervisor slots; see the module docstring."""
+
+    def __init__(self, conf: Config, state: StormClusterState,
+                 clock: Callable[[], float] = time.monotonic):
+        self._state = state
+        self._timeout_s = conf["nimbus.task.timeout.secs"]
+        self._launch_s = conf["nimbus.task.launch.secs"]
+        self._observer = HeartbeatObserver(clock)
+        self._fresh = False
+
+    def reset(self) -> None:
+        """Call on gaining leadership: heartbeat ages are measured afresh.
+
+        Safe from any thread: the next :meth:`schedule` (the duty thread) does the reset.
+        """
+        self._fresh = True
+
+    def schedule(self, fence: Fence) -> dict[str, Assignment]:
+        """One pass; returns the assignments it wrote (topology id -> Assignment)."""
+        if self._fresh:
+            self._fresh = False
+            self._observer.reset()
+        supervisors = self._live_supervisors()
+        topologies = self._topologies()
+        current = {t: self._state.assignment_info(t) for t in topologies}
+        silent: set[Slot] = set()
+        kept = {t: self._keep_alive_workers(t, current[t], supervisors, silent)
+                for t in topologies if current[t] is not None}
+        used = {slot for workers in kept.values() for slot in workers.values()}
+        # A slot whose worker went silent is not offered again in the same pass: its
+        # worker must move, not be handed the very slot it failed on.
+        free = sorted(self._all_slots(supervisors) - used - silent)
+        written: dict[str, Assignment] = {}
+        observed: set[tuple[str, str]] = set()
+        for topology_id, base in topologies.items():
+            old = current[topology_id]
+            if old is None:
+                continue  # being created or removed; the next pass sees it settled
+            wanted = 0 if base.status == KILLED else max(0, base.num_workers)
+            before = dict(kept[topology_id])
+            workers = self._resize(topology_id, kept[topology_id], wanted, free, used)
+            placed = [s for e, s in workers.items() if before.get(e) != s]
+            if placed:
+                beats = self._state.worker_beat_versions(topology_id)
+                for slot in placed:
+                    self._observer.placed(topology_id, slot.beat_name, beats.get(slot.beat_name))
+            observed |= {(topology_id, s.beat_name) for s in workers.values()}
+            new = self._assignment(old, workers, supervisors)
+            if new != old:
+                self._state.set_assignment(fence, topology_id, new)
+                written[topology_id] = new
+                self._log_change(topology_id, base, old, new, wanted)
+        self._observer.keep_only(observed)
+        return written
+
+    # -- reading ----------------------------------------------------------------------------
+    def _live_supervisors(self) -> dict[str, SupervisorInfo]:
+        live = {}
+        for supervisor_id in self._state.supervisors():
+            info = self._state.supervisor_info(supervisor_id)
+            if info is not None:
+                live[supervisor_id] = info
+        return live
+
+    def _topologies(self) -> dict[str, StormBase]:
+        found = {}
+        for topology_id in self._state.active_storms():
+            base = self._state.storm_base(topology_id)
+            if base is not None:
+                found[topology_id] = base
+        # Oldest first: when slots run short, the longest-running topologies keep theirs.
+        return dict(sorted(found.items(), key=lambda kv: (kv[1].launch_time_secs, kv[0])))
+
+    @staticmethod
+    def _all_slots(supervisors: dict[str, SupervisorInfo]) -> set[Slot]:
+        return {Slot(sid, port) for sid, info in supervisors.items() for port in info.meta}
+
+    # -- deciding ---------------------------------------------------------------------------
+    def _keep_alive_workers(self, topology_id: str, assignment: Assignment,
+                            supervisors: dict[str, SupervisorInfo],
+                            silent: set[Slot]) -> dict[str, Slot]:
+        """The workers of ``assignment`` that stay where they are; adds the slots of
+        workers that went silent to ``silent``."""
+        beats = self._state.worker_beat_versions(topology_id)
+        kept: dict[str, Slot] = {}
+        for executor, (supervisor_id, port) in sorted(assignment.executor_node_port.items()):
+            slot = Slot(supervisor_id, int(port))
+            if supervisor_id not in supervisors or slot.port not in supervisors[supervisor_id].meta:
+                log.info("%s: %s on %s:%d moves: its supervisor is gone", topology_id,
+                         executor, supervisor_id, slot.port)
+                self._observer.forget(topology_id, slot.beat_name)
+                continue
+            quiet, launched = self._observer.silent_for(
+                topology_id, slot.beat_name, beats.get(slot.beat_name))
+            limit = self._timeout_s if launched else self._launch_s
+            if quiet > limit:
+                log.warning("%s: %s on %s:%d moves: no heartbeat for %.0fs (limit %ss)",
+                            topology_id, executor, supervisor_id, slot.port, quiet, limit)
+                self._observer.forget(topology_id, slot.beat_name)
+                silent.add(slot)
+                continue
+            kept[executor] = slot
+        return kept
+
+    def _resize(self, topology_id: str, workers: dict[str, Slot], wanted: int,
+                free: list[Slot], used: set[Slot]) -> dict[str, Slot]:
+        """``workers`` trimmed or grown to ``wanted`` (as far as free slots allow)."""
+        indices = sorted(int(e[len(WORKER_PREFIX):]) for e in workers)
+        for index in indices[wanted:]:  # rebalanced down: the highest indices go
+            slot = workers.pop(f"{WORKER_PREFIX}{index}")
+            used.discard(slot)
+            free.append(slot)
+        free.sort()
+        for index in range(wanted):
+            executor = f"{WORKER_PREFIX}{index}"
+            if executor in workers:
+                continue
+            slot = self._pick(workers, free, used)
+            if slot is None:
+                log.warning("%s: no free slot for %s (%d of %d workers placed)",
+                            topology_id, executor, len(workers), wanted)
+                break
+            free.remove(slot)
+            used.add(slot)
+            workers[executor] = slot
+        return workers
+
+    @staticmethod
+    def _pick(workers: dict[str, Slot], free: list[Slot], used: set[Slot]) -> Slot | None:
+        if not free:
+            return None
+        mine: dict[str, int] = {}
+        for slot in workers.values():
+            mine[slot.supervisor_id] = mine.get(slot.supervisor_id, 0) + 1
+        load: dict[str, int] = {}
+        for slot in used:
+            load[slot.supervisor_id] = load.get(slot.supervisor_id, 0) + 1
+        return min(free, key=lambda s: (mine.get(s.supervisor_id, 0),
+                                        load.get(s.supervisor_id, 0), s))
+
+    @staticmethod
+    def _assignment(old: Assignment, workers: dict[str, Slot],
+                    supervisors: dict[str, SupervisorInfo]) -> Assignment:
+        now = int(time.time())  # start times are informational (uptime), never compared
+        executor_node_port = {e: [s.supervisor_id, s.port] for e, s in sorted(workers.items())}
+        start = {e: (old.executor_start_time_secs.get(e, now)
+                     if old.executor_node_port.get(e) == executor_node_port[e] else now)
+                 for e in executor_node_port}
+        node_host = {s.supervisor_id: supervisors[s.supervisor_id].hostname
+                     for s in workers.values()}
+        return replace(old, node_host=node_host, executor_node_port=executor_node_port,
+                       executor_start_time_secs=start)
+
+    @staticmethod
+    def _log_change(topology_id: str, base: StormBase, old: Assignment, new: Assignment,
+                    wanted: int) -> None:
+        def slots(a: Assignment) -> str:
+            return ", ".join(f"{e}={n}:{p}" for e, (n, p) in sorted(a.executor_node_port.items()))
+
+        log.info("assigned %s (%s, %d of %d workers): [%s] (was [%s])", topology_id,
+                 base.storm_name, len(new.executor_node_port), wanted, slots(new), slots(old))

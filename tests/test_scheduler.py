@@ -1,0 +1,201 @@
+"""The leader's scheduler against a real ZooKeeper.
+
+Supervisors and workers are played by kazoo clients of their own doing exactly what those
+daemons do in ZooKeeper (an ephemeral SupervisorInfo per session, heartbeat writes); the
+leader's clock is a fake one, so that timeouts are exact and nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nimbus.cluster_state import NotLeaderError, StormClusterState
+from nimbus.config import load_config
+from nimbus.devcluster import wait_for
+from nimbus.elector import LeaderElector
+from nimbus.records import ACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
+from nimbus.scheduler import Scheduler
+from nimbus.testing.faults import expire_session
+
+pytestmark = pytest.mark.integration
+TIMEOUT_S, LAUNCH_S = 30, 120
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def cluster(make_zk, zk_root):
+    """(state, fence, make scheduler, add supervisor, add topology, beat) on a real ZK."""
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    elector = LeaderElector(state.zk, state, "127.0.0.1:1", has_all_code=lambda: True)
+    elector.add_to_leader_lock_queue()
+    wait_for(elector.is_leader, 10, "the test's nimbus to lead")
+    conf = load_config(overrides={"nimbus.task.timeout.secs": TIMEOUT_S,
+                                  "nimbus.task.launch.secs": LAUNCH_S}, extra_defaults={})
+    clock = FakeClock()
+    supervisors = {}
+
+    def scheduler() -> Scheduler:
+        return Scheduler(conf, state, clock=clock)
+
+    def add_supervisor(sid: str, ports: list[int]) -> StormClusterState:
+        own = StormClusterState(make_zk(), zk_root)
+        own.supervisor_heartbeat(sid, SupervisorInfo(time_secs=1, hostname=f"host-{sid}",
+                                                     meta=ports))
+        supervisors[sid] = own
+        return own
+
+    def add_topology(topology_id: str, workers: int, launched: int = 1) -> None:
+        fence = elector.fence()
+        state.activate_storm(fence, topology_id, StormBase(
+            storm_name=topology_id.rsplit("-", 2)[0], launch_time_secs=launched,
+            status=ACTIVE, num_workers=workers), Assignment(master_code_dir="/code"))
+
+    def beat(topology_id: str, sid: str, port: int) -> None:
+        supervisors[sid].worker_heartbeat(topology_id, sid, port, b"{}")
+
+    yield state, elector, clock, scheduler, add_supervisor, add_topology, beat
+    elector.stop()
+
+
+def slots(state: StormClusterState, topology_id: str) -> dict[str, tuple[str, int]]:
+    return {e: (n, p) for e, (n, p) in
+            state.assignment_info(topology_id).executor_node_port.items()}
+
+
+def test_workers_are_spread_over_supervisors(cluster):
+    state, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700, 6701])
+    add_supervisor("s2", [6700, 6701])
+    add_topology("a-1-1", workers=2, launched=1)
+    add_topology("b-2-2", workers=2, launched=2)
+    written = scheduler().schedule(elector.fence())
+    assert set(written) == {"a-1-1", "b-2-2"}
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s2", 6700)}
+    assert slots(state, "b-2-2") == {"worker-0": ("s1", 6701), "worker-1": ("s2", 6701)}
+    assert state.assignment_info("a-1-1").node_host == {"s1": "host-s1", "s2": "host-s2"}
+    assert state.assignment_info("a-1-1").master_code_dir == "/code"
+
+
+def test_a_pass_with_nothing_to_change_writes_nothing(cluster):
+    _, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    sched = scheduler()
+    assert set(sched.schedule(elector.fence())) == {"a-1-1"}
+    assert sched.schedule(elector.fence()) == {}
+
+
+def test_workers_of_an_ended_session_move_and_the_others_stay(cluster, zk_server):
+    state, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    doomed = add_supervisor("s2", [6700])
+    add_supervisor("s3", [6700])
+    add_topology("a-1-1", workers=2)
+    sched = scheduler()
+    sched.schedule(elector.fence())
+    before = slots(state, "a-1-1")
+    assert before == {"worker-0": ("s1", 6700), "worker-1": ("s2", 6700)}
+    started = dict(state.assignment_info("a-1-1").executor_start_time_secs)
+    # Only a session that really ended moves work: the supervisor's node is ephemeral.
+    expire_session(doomed.zk, zk_server.hosts)
+    wait_for(lambda: "s2" not in state.supervisors(), 10, "s2's node to go")
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s3", 6700)}
+    after = state.assignment_info("a-1-1").executor_start_time_secs
+    assert after["worker-0"] == started["worker-0"], "the healthy worker was not restarted"
+
+
+def test_a_silent_worker_moves_after_the_timeout_and_a_beating_one_never(cluster):
+    state, elector, clock, scheduler, add_supervisor, add_topology, beat = cluster
+    add_supervisor("s1", [6700, 6701])
+    add_supervisor("s2", [6700])
+    add_topology("a-1-1", workers=2)
+    sched = scheduler()
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s2", 6700)}
+    beat("a-1-1", "s1", 6700)
+    beat("a-1-1", "s2", 6700)
+    sched.schedule(elector.fence())
+    for _ in range(3):  # worker-0 keeps beating, worker-1 has stopped
+        clock.now += TIMEOUT_S / 2
+        beat("a-1-1", "s1", 6700)
+        sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s1", 6701)}
+
+
+def test_a_new_leader_measures_heartbeats_afresh(cluster):
+    """After a failover nothing moves that the new leader has not itself seen go silent:
+    heartbeat data and start times written long ago mean nothing to it."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, beat = cluster
+    add_supervisor("s1", [6700])
+    add_supervisor("s2", [6700])
+    add_topology("a-1-1", workers=1)
+    scheduler().schedule(elector.fence())
+    beat("a-1-1", "s1", 6700)
+    clock.now += 10 * TIMEOUT_S  # the old leader is gone; time passes
+    new_leader = scheduler()
+    assert new_leader.schedule(elector.fence()) == {}
+    clock.now += TIMEOUT_S - 1
+    beat("a-1-1", "s1", 6700)
+    assert new_leader.schedule(elector.fence()) == {}
+    clock.now += TIMEOUT_S - 1
+    assert new_leader.schedule(elector.fence()) == {}, "still within the timeout"
+    clock.now += 2
+    assert set(new_leader.schedule(elector.fence())) == {"a-1-1"}
+    assert slots(state, "a-1-1") == {"worker-0": ("s2", 6700)}
+
+
+def test_a_worker_gets_the_launch_time_for_its_first_heartbeat(cluster):
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_supervisor("s2", [6700])
+    add_topology("a-1-1", workers=1)
+    sched = scheduler()
+    sched.schedule(elector.fence())
+    clock.now += LAUNCH_S
+    assert sched.schedule(elector.fence()) == {}, "never beat yet, but within the launch time"
+    clock.now += 1
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s2", 6700)}
+
+
+def test_killed_topology_loses_its_workers_and_rebalance_resizes(cluster):
+    state, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700, 6701, 6702])
+    add_topology("a-1-1", workers=3)
+    add_topology("b-2-2", workers=1, launched=2)
+    sched = scheduler()
+    sched.schedule(elector.fence())
+    assert len(slots(state, "a-1-1")) == 3 and slots(state, "b-2-2") == {}, \
+        "slots ran out: the oldest topology keeps its workers"
+    base, version = state.storm_base_versioned("a-1-1")
+    state.update_storm(elector.fence(), "a-1-1",
+                       StormBase(**{**base.__dict__, "num_workers": 1}), version)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)}
+    assert slots(state, "b-2-2") == {"worker-0": ("s1", 6701)}
+    base, version = state.storm_base_versioned("b-2-2")
+    state.update_storm(elector.fence(), "b-2-2",
+                       StormBase(**{**base.__dict__, "status": KILLED}), version)
+    sched.schedule(elector.fence())
+    assert slots(state, "b-2-2") == {}
+
+
+def test_a_deposed_leader_assigns_nothing(cluster, zk_server):
+    state, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    fence = elector.fence()
+    expire_session(state.zk, zk_server.hosts)
+    wait_for(lambda: state.zk.connected, 15, "reconnection with a new session")
+    with pytest.raises(NotLeaderError):
+        scheduler().schedule(fence)
+    assert slots(state, "a-1-1") == {}
