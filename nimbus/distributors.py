@@ -182,16 +182,28 @@ class CodeDistributor:
             raise DistributorError(
                 f"code distributor {self.name!r} cannot start: {exc}") from exc
 
+    def _call(self, what: str, hook: Any, **kwargs: Any) -> Any:
+        """Call ``hook``; a plugin's stray exception becomes a DistributorError naming the
+        distributor, the operation and the topology (its own errors pass unchanged)."""
+        try:
+            return hook(**kwargs)
+        except DistributorError:
+            raise
+        except Exception as exc:
+            raise DistributorError(f"{self.name}: {what} of {kwargs['topology_id']} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+
     def upload(self, dir_path: Path, topology_id: str) -> Path:
-        metafile = self._pm.hook.upload(dir_path=Path(dir_path), topology_id=topology_id)
+        metafile = self._call("upload", self._pm.hook.upload,
+                              dir_path=Path(dir_path), topology_id=topology_id)
         if metafile is None or not Path(metafile).is_file():
             raise DistributorError(f"{self.name}: upload of {topology_id} returned no metafile")
         return Path(metafile)
 
     def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
-        files = self._pm.hook.download(
-            dest_dir=Path(dest_dir), topology_id=topology_id, metafile=Path(metafile)
-        )
+        files = self._call("download", self._pm.hook.download,
+                           dest_dir=Path(dest_dir), topology_id=topology_id,
+                           metafile=Path(metafile))
         return [Path(f) for f in files or []]
 
     def get_replication_count(self, topology_id: str) -> int:

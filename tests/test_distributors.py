@@ -170,3 +170,41 @@ def test_prepare_failure_names_the_plugin_even_for_a_distributor_error():
     assert str(err.value) == ("code distributor 'failing' cannot start: "
                               "set some.setting to the bucket")
     assert isinstance(err.value.__cause__, StoreRefused)
+
+
+def test_a_plugins_stray_exception_becomes_a_distributor_error(tmp_path):
+    class Sloppy:
+        name = "sloppy"
+
+        @hookimpl
+        def prepare(self, conf, context):
+            pass
+
+        @hookimpl
+        def upload(self, dir_path, topology_id):
+            raise KeyError("bucket")
+
+        @hookimpl
+        def download(self, dest_dir, topology_id, metafile):
+            raise OSError("disk on fire")
+
+        @hookimpl
+        def get_replication_count(self, topology_id):
+            return 0
+
+        @hookimpl
+        def cleanup(self, topology_id):
+            pass
+
+        @hookimpl
+        def close(self, conf):
+            pass
+
+    from nimbus.distributors import CodeDistributor
+
+    distributor = CodeDistributor(Sloppy)
+    with pytest.raises(DistributorError, match=r"sloppy: upload of t-1-1 failed: KeyError"):
+        distributor.upload(tmp_path, "t-1-1")
+    with pytest.raises(DistributorError,
+                       match=r"sloppy: download of t-1-1 failed: OSError: disk on fire"):
+        distributor.download(tmp_path / "x", "t-1-1", tmp_path / "m")
