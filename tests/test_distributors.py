@@ -173,7 +173,9 @@ def test_prepare_failure_names_the_plugin_even_for_a_distributor_error():
 
 
 def test_a_plugins_stray_exception_becomes_a_distributor_error(tmp_path):
-    class Sloppy:
+    class Sloppy(Incomplete):
+        """Complete, but its upload and download fail with a library's own errors."""
+
         name = "sloppy"
 
         @hookimpl
@@ -199,8 +201,6 @@ def test_a_plugins_stray_exception_becomes_a_distributor_error(tmp_path):
         @hookimpl
         def close(self, conf):
             pass
-
-    from nimbus.distributors import CodeDistributor
 
     distributor = CodeDistributor(Sloppy)
     with pytest.raises(DistributorError, match=r"sloppy: upload of t-1-1 failed: KeyError"):
