@@ -48,6 +48,32 @@ class Incomplete:
         return dir_path
 
 
+class Complete(Incomplete):
+    """Every hook, doing nothing; tests override the one they are about."""
+
+    name = "complete"
+
+    @hookimpl
+    def prepare(self, conf, context):
+        pass
+
+    @hookimpl
+    def download(self, dest_dir, topology_id, metafile):
+        return []
+
+    @hookimpl
+    def get_replication_count(self, topology_id):
+        return 0
+
+    @hookimpl
+    def cleanup(self, topology_id):
+        pass
+
+    @hookimpl
+    def close(self, conf):
+        pass
+
+
 def test_plugin_missing_hooks_is_refused():
     with pytest.raises(DistributorError, match="does not implement hooks: prepare, download"):
         CodeDistributor(Incomplete)
@@ -141,28 +167,12 @@ def test_prepare_failure_names_the_plugin_even_for_a_distributor_error():
     class StoreRefused(DistributorError):
         pass
 
-    class FailsToStart(Incomplete):
+    class FailsToStart(Complete):
         name = "failing"
 
         @hookimpl
         def prepare(self, conf, context):
             raise StoreRefused("set some.setting to the bucket")
-
-        @hookimpl
-        def download(self, dest_dir, topology_id, metafile):
-            return []
-
-        @hookimpl
-        def get_replication_count(self, topology_id):
-            return 0
-
-        @hookimpl
-        def cleanup(self, topology_id):
-            pass
-
-        @hookimpl
-        def close(self, conf):
-            pass
 
     distributor = CodeDistributor(FailsToStart)
     with pytest.raises(DistributorError) as err:
@@ -173,14 +183,10 @@ def test_prepare_failure_names_the_plugin_even_for_a_distributor_error():
 
 
 def test_a_plugins_stray_exception_becomes_a_distributor_error(tmp_path):
-    class Sloppy(Incomplete):
-        """Complete, but its upload and download fail with a library's own errors."""
+    class Sloppy(Complete):
+        """Its upload and download fail with a library's own errors."""
 
         name = "sloppy"
-
-        @hookimpl
-        def prepare(self, conf, context):
-            pass
 
         @hookimpl
         def upload(self, dir_path, topology_id):
@@ -189,18 +195,6 @@ def test_a_plugins_stray_exception_becomes_a_distributor_error(tmp_path):
         @hookimpl
         def download(self, dest_dir, topology_id, metafile):
             raise OSError("disk on fire")
-
-        @hookimpl
-        def get_replication_count(self, topology_id):
-            return 0
-
-        @hookimpl
-        def cleanup(self, topology_id):
-            pass
-
-        @hookimpl
-        def close(self, conf):
-            pass
 
     distributor = CodeDistributor(Sloppy)
     with pytest.raises(DistributorError, match=r"sloppy: upload of t-1-1 failed: KeyError"):
