@@ -63,7 +63,9 @@ def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
     leader.wipe()
 
     new_leader = cluster.wait_for_leader(exclude=leader.address, timeout_s=60)
-    claims = leadership_claims(new_leader.log_text()[marks[new_leader.address]:])
+    # The elector logs its claim just after it starts leading: wait for the line.
+    claims = wait_for(lambda: leadership_claims(
+        new_leader.log_text()[marks[new_leader.address]:]), 10, "the new leader's claim")
     assert claims == [(4, 4, live)], "the new leader held every live topology's code"
     print(f"[{backend_name}] new leader: "
           f"{'the nimbus that lost its code' if new_leader is lacking else 'the holder'}")
@@ -234,11 +236,12 @@ def test_head_of_queue_without_any_source_of_its_code_never_leads(make_cluster, 
     state.zk.stop()
     assert leadership_claims(follower.log_text()[mark:]) == []
     # The old leader returns with its disk intact: its copy is the source again.
+    restart_mark = len(leader.log_text())
     leader.start()
     new_leader = cluster.wait_for_leader(timeout_s=60)
-    claims = leadership_claims(new_leader.log_text()[
-        mark if new_leader is follower else 0:])
-    assert claims[-1] == (1, 1, {topology_id})
+    claims = wait_for(lambda: leadership_claims(new_leader.log_text()[
+        mark if new_leader is follower else restart_mark:]), 10, "the new leader's claim")
+    assert claims == [(1, 1, {topology_id})]
     wait_for(lambda: stormdist(follower.local_dir) == {topology_id}, 60,
              "the follower to fetch the code from the returned nimbus")
     assert statuses(client) == {"only-copy": (topology_id, "ACTIVE")}

@@ -159,13 +159,15 @@ class LeaderElector:
         """
         with self._leader_lock:
             was = self._leader_node is not None
-            self._leader_node = head
-            if was == (head is not None):
-                return
-            if head:
+            if head and not was:
+                # Logged before it takes effect, so whoever sees this nimbus lead can
+                # already read what it held when it took over.
                 log.info("%s gained leadership as %s; code held: %s",
                          self._address, head, code or "(not reported)")
-            else:
+            self._leader_node = head  # losing takes effect first, then is logged
+            if was == (head is not None):
+                return
+            if not head:
                 log.info("%s lost leadership", self._address)
             try:
                 self._on_change(head is not None)
