@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from nimbus.cluster_state import StormClusterState
-from nimbus.devcluster import LocalCluster
+from nimbus.devcluster import LocalCluster, wait_for
 
 
 def observer(cluster: LocalCluster) -> StormClusterState:
@@ -46,3 +47,18 @@ def leadership_claims(log_text: str) -> list[tuple[int, int, set[str]]]:
     """
     return [(int(held), int(live), set(filter(None, ids.split(","))))
             for held, live, ids in CLAIM.findall(log_text)]
+
+
+def wipe(zk: KazooClient, path: str, timeout_s: float = 30) -> None:
+    """Delete `path` and everything under it while live nimbuses may still be adding
+    ephemeral children (their registration, election and lock nodes): a single recursive
+    delete can meet a child created after it listed the parent, so it is repeated."""
+    def gone() -> bool:
+        try:
+            zk.delete(path, recursive=True)
+        except NotEmptyError:
+            return False
+        except NoNodeError:
+            pass
+        return zk.exists(path) is None
+    wait_for(gone, timeout_s, f"{path} to be deleted")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from helpers import observer, stormdist
+from helpers import observer, stormdist, wipe
 
 from nimbus.devcluster import wait_for
 
@@ -40,7 +40,7 @@ def test_deleted_storms_directory_removes_nothing(make_cluster, bundle, backend)
     objects = store_objects(backend_conf) if backend_name == "s3" else []
     state = observer(cluster)
     marks = [len(n.log_text()) for n in cluster.nimbuses]
-    state.zk.delete("/storm/storms", recursive=True)
+    wipe(state.zk, "/storm/storms")
     # The deletion fires the code sync's watch at once on both nimbuses.
     for nimbus, mark in zip(cluster.nimbuses, marks, strict=True):
         wait_for(lambda n=nimbus, m=mark: REFUSAL in n.log_text()[m:], 30,
@@ -86,8 +86,8 @@ def test_running_nimbus_keeps_its_code_when_zookeeper_is_set_up_anew(make_cluste
     old_id = state.zk.get("/storm")[0].decode()
     restarted, running = cluster.nimbuses
     mark = len(running.log_text())
-    state.zk.delete("/storm", recursive=True)
     restarted.terminate()
+    wipe(state.zk, "/storm")
     restarted.start()
     wait_for(lambda: state.zk.exists("/storm/storms") is not None and
              state.zk.get("/storm")[0], 30, "the restarted nimbus to set up a new layout")
