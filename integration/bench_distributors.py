@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from nimbus.state.zkserver import ZooKeeperServer
 from nimbus.testing.hosts import SimulatedHosts
-from nimbus.zkserver import ZooKeeperServer
 
 TOPOLOGY = "bench-1-1"
 

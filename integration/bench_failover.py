@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from nimbus.archive import pack_directory
-from nimbus.client import connect
 from nimbus.devcluster import LocalCluster, NimbusProcess, sample_topology, wait_for
+from nimbus.distribution.archive import pack_directory
+from nimbus.thrift.client import connect
 
 
 def reports_itself_leader(nimbus: NimbusProcess) -> bool:
@@ -52,7 +52,7 @@ def failover_once(cluster: LocalCluster, how: str) -> float:
 def _queue(cluster: LocalCluster):
     from kazoo.client import KazooClient
 
-    from nimbus.cluster_state import StormClusterState
+    from nimbus.state.cluster_state import StormClusterState
 
     zk = KazooClient(hosts=cluster.zk.hosts)
     zk.start(timeout=10)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nimbus.archive import pack_directory
 from nimbus.devcluster import LocalCluster, sample_topology
+from nimbus.distribution.archive import pack_directory
 from nimbus.testing.plugins import require_plugin
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
-from nimbus.cluster_state import StormClusterState
 from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.state.cluster_state import StormClusterState
 
 
 def observer(cluster: LocalCluster) -> StormClusterState:

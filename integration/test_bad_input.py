@@ -10,8 +10,8 @@ import zipfile
 import pytest
 from helpers import observer, run_cli, stormdist
 
-from nimbus.client import connect
 from nimbus.thrift import storm
+from nimbus.thrift.client import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

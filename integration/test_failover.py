@@ -9,9 +9,9 @@ import pytest
 from helpers import leadership_claims, observer, stormdist
 from thriftpy2.thrift import TApplicationException
 
-from nimbus.archive import pack_directory
-from nimbus.client import connect
 from nimbus.devcluster import sample_topology, wait_for
+from nimbus.distribution.archive import pack_directory
+from nimbus.thrift.client import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -125,7 +125,7 @@ def test_follower_refuses_leader_calls_and_names_the_leader(make_cluster, bundle
         assert len(info.nimbuses) == 2
         assert f"{raw.getLeader().host}:{raw.getLeader().port}" == leader.address
     # The project's client, seeded with the follower only, ends up on the leader.
-    from nimbus.client import NimbusClient
+    from nimbus.thrift.client import NimbusClient
 
     conf = cluster.client_conf(**{"nimbus.seeds": [follower.address]})
     NimbusClient(conf).submit("via-follower", bundle, {})

@@ -41,8 +41,8 @@ def _fail_cleanly(func: Any) -> Any:
 
     from thriftpy2.thrift import TApplicationException, TException
 
-    from nimbus.client import NimbusUnavailableError
-    from nimbus.distributors import DistributorError
+    from nimbus.distribution.distributors import DistributorError
+    from nimbus.thrift.client import NimbusUnavailableError
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -77,7 +77,7 @@ def main(log_level: str) -> None:
 @_fail_cleanly
 def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Run one nimbus in the foreground (SIGTERM or Ctrl-C to stop)."""
-    from nimbus.daemon import NimbusDaemon
+    from nimbus.master.daemon import NimbusDaemon
 
     conf = _conf(config_path, overrides)
     daemon = NimbusDaemon(conf)
@@ -92,7 +92,7 @@ def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
 def _bundle(path: Path) -> Iterator[tuple[Path, int]]:
     """(archive file, its size) to upload for PATH; a directory is packed into a
     temporary .tgz (under $TMPDIR, deleted afterwards) so no bundle is held in memory."""
-    from nimbus.archive import BundleError, check_bundle, pack_directory_file
+    from nimbus.distribution.archive import BundleError, check_bundle, pack_directory_file
 
     if path.is_dir():
         with tempfile.TemporaryDirectory(prefix="nimbus-ha-submit-") as tmp:
@@ -127,8 +127,8 @@ def submit(name: str, path: Path, inactive: bool, config_path: str | None,
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
-    from nimbus.client import NimbusClient
-    from nimbus.lifecycle import check_topology_name
+    from nimbus.master.lifecycle import check_topology_name
+    from nimbus.thrift.client import NimbusClient
 
     check_topology_name(name)
     conf = _conf(config_path, overrides)
@@ -153,7 +153,7 @@ def _simple(action: str):  # type: ignore[no-untyped-def]
     @set_option
     @_fail_cleanly
     def command(name: str, config_path: str | None, overrides: tuple[str, ...]) -> None:
-        from nimbus.client import NimbusClient
+        from nimbus.thrift.client import NimbusClient
 
         getattr(NimbusClient(_conf(config_path, overrides)), action)(name)
         click.echo(f"{action}d {name}" if action.endswith("e") else f"{action}ed {name}")
@@ -177,7 +177,7 @@ main.command("deactivate")(_simple("deactivate"))
 def kill(name: str, wait_secs: int | None, config_path: str | None,
          overrides: tuple[str, ...]) -> None:
     """Kill topology NAME."""
-    from nimbus.client import NimbusClient
+    from nimbus.thrift.client import NimbusClient
 
     NimbusClient(_conf(config_path, overrides)).kill(name, wait_secs)
     click.echo(f"killed {name}")
@@ -189,7 +189,7 @@ def kill(name: str, wait_secs: int | None, config_path: str | None,
 @_fail_cleanly
 def leader(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Print host:port of the current leader."""
-    from nimbus.client import NimbusClient
+    from nimbus.thrift.client import NimbusClient
 
     click.echo(str(NimbusClient(_conf(config_path, overrides)).leader()))
 
@@ -214,7 +214,7 @@ def summary_to_json(info: Any) -> dict[str, Any]:
 @_fail_cleanly
 def list_(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """List topologies: name, status, replication count, id."""
-    from nimbus.client import NimbusClient
+    from nimbus.thrift.client import NimbusClient
 
     info = NimbusClient(_conf(config_path, overrides)).cluster_info()
     if not info.topologies:
@@ -232,7 +232,7 @@ def list_(config_path: str | None, overrides: tuple[str, ...]) -> None:
 @_fail_cleanly
 def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Print the ClusterSummary (nimbuses, topologies, supervisors)."""
-    from nimbus.client import NimbusClient
+    from nimbus.thrift.client import NimbusClient
 
     data = summary_to_json(NimbusClient(_conf(config_path, overrides)).cluster_info())
     if as_json:
@@ -256,7 +256,7 @@ def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, .
 @_fail_cleanly
 def zookeeper(port: int, data_dir: Path) -> None:
     """Run a real ZooKeeper server on 127.0.0.1 for development (foreground)."""
-    from nimbus.zkserver import ZooKeeperServer, ZooKeeperUnavailableError
+    from nimbus.state.zkserver import ZooKeeperServer, ZooKeeperUnavailableError
 
     server = ZooKeeperServer(data_dir, port=port)
     try:

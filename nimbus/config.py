@@ -166,7 +166,7 @@ def load_config(
     """
     defaults = builtin_defaults()
     if extra_defaults is None:
-        from nimbus.distributors import plugin_config_defaults
+        from nimbus.distribution.distributors import plugin_config_defaults
 
         extra_defaults = plugin_config_defaults()
     defaults.update(extra_defaults)

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from nimbus.client import NimbusClient
 from nimbus.config import Config, load_config
-from nimbus.zkserver import ZooKeeperServer, free_port, port_open
+from nimbus.state.zkserver import ZooKeeperServer, free_port, port_open
+from nimbus.thrift.client import NimbusClient
 
 T = TypeVar("T")
 
@@ -247,7 +247,7 @@ def _demo(cluster: LocalCluster, work_dir: Path) -> None:
 
 
 def _pack(directory: Path) -> bytes:
-    from nimbus.archive import pack_directory
+    from nimbus.distribution.archive import pack_directory
 
     return pack_directory(directory)
 

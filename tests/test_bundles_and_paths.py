@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from nimbus.archive import BundleError, check_bundle, pack_directory
-from nimbus.local_code import LocalCodeStore, UnsafePathError, atomic_dir, safe_join
+from nimbus.distribution.archive import BundleError, check_bundle, pack_directory
+from nimbus.distribution.local_code import LocalCodeStore, UnsafePathError, atomic_dir, safe_join
 
 
 def tar_with(tmp_path, member: tarfile.TarInfo, data: bytes = b"x"):

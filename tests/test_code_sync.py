@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from nimbus.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.code_sync import CodeSync
-from nimbus.distributors import CodeDistributor
-from nimbus.hookspecs import hookimpl
-from nimbus.local_code import LocalCodeStore
-from nimbus.records import ACTIVE, StormBase
+from nimbus.distribution.distributors import CodeDistributor
+from nimbus.distribution.hookspecs import hookimpl
+from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.master.code_sync import CodeSync
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.records import ACTIVE, StormBase
 
 pytestmark = pytest.mark.integration
 TOPOLOGY = "fresh-1-1"
@@ -135,7 +135,7 @@ def test_replica_change_during_a_failing_download_retries_at_once(setup, monkeyp
     state, store, distributor = setup
     state.zk.create(state.storm_path("wanted-3-3"),
                     StormBase(storm_name="wanted", launch_time_secs=1, status=ACTIVE).encode())
-    from nimbus.records import CodeMeta
+    from nimbus.state.records import CodeMeta
 
     state.zk.create(state.code_path("wanted-3-3"), CodeMeta(
         distributor="recording", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
@@ -166,7 +166,7 @@ class NotLeading:
         return False
 
     def fence(self):
-        from nimbus.elector import NoLeaderError
+        from nimbus.master.elector import NoLeaderError
 
         raise NoLeaderError("this nimbus is not the leader")
 
@@ -175,7 +175,7 @@ def test_abandoned_submission_of_a_deposed_leader_keeps_shared_code(setup):
     """Deleting shared code is a leader action: a submission abandoned after the lock was
     lost drops only this host's copy; the next leader's duties remove the rest, fenced."""
     from nimbus.config import load_config
-    from nimbus.lifecycle import TopologyLifecycle
+    from nimbus.master.lifecycle import TopologyLifecycle
 
     state, store, distributor = setup
     state.zk.create(state.code_path(TOPOLOGY), b"")

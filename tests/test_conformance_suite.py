@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from nimbus.distributors import (
+from nimbus.distribution.distributors import (
     CodeDistributor,
     CodeVerificationError,
     DistributorError,
     MetafileError,
 )
-from nimbus.hookspecs import DistributorContext, hookimpl
-from nimbus.local_code import atomic_dir, list_files
+from nimbus.distribution.hookspecs import DistributorContext, hookimpl
+from nimbus.distribution.local_code import atomic_dir, list_files
 from nimbus.testing.conformance import PER_HOST, ConformanceHost, DistributorConformance
 
 

@@ -34,7 +34,7 @@ def conf_for(zk_server, zk_root, tmp_path, port, **extra):
 @pytest.mark.parametrize("distributor", ["localfs", "torrent"])
 def test_taken_thrift_port_releases_zookeeper_and_distributor(zk_server, zk_root, tmp_path,
                                                               taken_port, distributor):
-    from nimbus.daemon import NimbusDaemon
+    from nimbus.master.daemon import NimbusDaemon
 
     conf = conf_for(zk_server, zk_root, tmp_path, taken_port,
                     **{"storm.codedistributor.class": distributor})
@@ -62,8 +62,8 @@ def test_cli_exits_non_zero_with_the_reason(zk_server, zk_root, tmp_path, taken_
 
 
 def test_unreachable_zookeeper_is_a_clear_error():
-    from nimbus.daemon import make_zk_client
     from nimbus.devcluster import free_port
+    from nimbus.master.daemon import make_zk_client
 
     closed_port = free_port()  # nothing listens there: connections are refused
 

@@ -2,13 +2,13 @@
 
 import pytest
 
-from nimbus.distributors import (
+from nimbus.distribution.distributors import (
     CodeDistributor,
     DistributorError,
     installed_distributors,
     resolve_distributor_class,
 )
-from nimbus.hookspecs import hookimpl
+from nimbus.distribution.hookspecs import hookimpl
 
 
 def test_localfs_is_installed_under_its_entry_point():
@@ -33,7 +33,7 @@ def test_unknown_name_lists_installed():
 
 
 def test_known_backend_not_installed_names_the_distribution(monkeypatch):
-    import nimbus.distributors as d
+    import nimbus.distribution.distributors as d
 
     monkeypatch.setattr(d, "_load_entry_points", lambda: ({}, {}))
     with pytest.raises(DistributorError, match="pip install nimbus-ha-hdfs"):
@@ -80,7 +80,7 @@ def test_plugin_missing_hooks_is_refused():
 
 
 def test_broken_plugin_is_skipped_not_fatal(monkeypatch, caplog):
-    import nimbus.distributors as d
+    import nimbus.distribution.distributors as d
 
     class EP:
         name, value = "broken", "broken_pkg:Thing"
@@ -145,7 +145,7 @@ def test_dotted_path_of_a_missing_module_is_unknown(plugin_dir):
 
 
 def test_selecting_an_entry_point_that_fails_to_import_shows_why(monkeypatch):
-    import nimbus.distributors as d
+    import nimbus.distribution.distributors as d
 
     class EP:
         name, value = "broken", "broken_pkg:Thing"
@@ -162,7 +162,7 @@ def test_selecting_an_entry_point_that_fails_to_import_shows_why(monkeypatch):
 
 def test_prepare_failure_names_the_plugin_even_for_a_distributor_error():
     """A plugin's own DistributorError (e.g. a store's) still says which plugin failed."""
-    from nimbus.hookspecs import DistributorContext
+    from nimbus.distribution.hookspecs import DistributorContext
 
     class StoreRefused(DistributorError):
         pass

@@ -2,10 +2,10 @@
 
 import pytest
 
-from nimbus.cluster_state import NotLeaderError, StormClusterState
 from nimbus.devcluster import wait_for
-from nimbus.elector import LeaderElector, NoLeaderError
-from nimbus.records import ACTIVE, KILLED, Assignment, StormBase
+from nimbus.master.elector import LeaderElector, NoLeaderError
+from nimbus.state.cluster_state import NotLeaderError, StormClusterState
+from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase
 from nimbus.testing.faults import expire_session
 
 pytestmark = pytest.mark.integration
@@ -114,7 +114,7 @@ def test_activate_storm_is_atomic(make_zk, zk_root, electors):
     wait_for(a.is_leader, 10, "a to lead")
     fence = a.fence()
     state.zk.create(f"{zk_root}/workerbeats/t-2-2")  # a leftover blocks one of the creates
-    from nimbus.cluster_state import ConcurrentChangeError
+    from nimbus.state.cluster_state import ConcurrentChangeError
 
     with pytest.raises(ConcurrentChangeError):
         state.activate_storm(fence, "t-2-2", base(), Assignment(master_code_dir="/x"))
@@ -123,7 +123,7 @@ def test_activate_storm_is_atomic(make_zk, zk_root, electors):
 
 
 def test_errors_keep_the_ten_newest(make_zk, zk_root):
-    from nimbus.records import ErrorInfo
+    from nimbus.state.records import ErrorInfo
 
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
@@ -185,7 +185,7 @@ def test_leadership_is_logged_with_the_code_held(make_zk, zk_root, electors, cap
     _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
                            code_report=lambda: "held 2 of 2 live topologies [a-1-1,b-2-2]")
     electors.append(a)
-    with caplog.at_level(logging.INFO, logger="nimbus.elector"):
+    with caplog.at_level(logging.INFO, logger="nimbus.master.elector"):
         a.add_to_leader_lock_queue()
         wait_for(a.is_leader, 10, "a to lead")
     gained = [r.getMessage() for r in caplog.records if "gained leadership" in r.getMessage()]

@@ -43,7 +43,7 @@ def test_redact_replaces_secrets_at_any_depth():
 
 
 def test_get_nimbus_conf_redacts_the_s3_secret():
-    from nimbus.thrift_handler import NimbusHandler
+    from nimbus.thrift.handler import NimbusHandler
 
     conf = load_config(overrides={"nimbus.codedistributor.s3.secret.key": SECRET})
     handler = NimbusHandler.__new__(NimbusHandler)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from nimbus.cluster_state import NotLeaderError, StormClusterState
 from nimbus.config import load_config
 from nimbus.devcluster import wait_for
-from nimbus.elector import LeaderElector
-from nimbus.records import ACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
-from nimbus.scheduler import Scheduler
+from nimbus.master.elector import LeaderElector
+from nimbus.master.scheduler import Scheduler
+from nimbus.state.cluster_state import NotLeaderError, StormClusterState
+from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
 from nimbus.testing.faults import expire_session
 
 pytestmark = pytest.mark.integration

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from nimbus import file_transfer
-from nimbus.archive import (
+from nimbus.config import load_config
+from nimbus.distribution import file_transfer
+from nimbus.distribution.archive import (
     PACK_BLOCK,
     check_bundle,
     pack_directory,
     pack_directory_file,
     pack_directory_to,
 )
-from nimbus.client import CHUNK_BYTES, NimbusClient, connect
-from nimbus.config import load_config
-from nimbus.file_transfer import FileTransfers, TransferError
-from nimbus.local_code import LocalCodeStore, UnsafePathError
-from nimbus.thrift_server import ThriftServer
+from nimbus.distribution.file_transfer import FileTransfers, TransferError
+from nimbus.distribution.local_code import LocalCodeStore, UnsafePathError
+from nimbus.thrift.client import CHUNK_BYTES, NimbusClient, connect
+from nimbus.thrift.server import ThriftServer
 
 WAIT_S = 10.0
 

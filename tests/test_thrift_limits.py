@@ -13,11 +13,11 @@ import time
 import pytest
 from thriftpy2.thrift import TMessageType
 
-from nimbus.client import CHUNK_BYTES, connect
-from nimbus.cluster_state import StormClusterState
 from nimbus.config import load_config
-from nimbus.daemon import NimbusDaemon
 from nimbus.devcluster import wait_for
+from nimbus.master.daemon import NimbusDaemon
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.zkserver import free_port
 from nimbus.testing.raw_thrift import (
     DROP_TIMEOUT_S,
     assert_dropped,
@@ -28,8 +28,8 @@ from nimbus.testing.raw_thrift import (
     send_then_end,
 )
 from nimbus.thrift import storm
-from nimbus.thrift_server import ThriftServer
-from nimbus.zkserver import free_port
+from nimbus.thrift.client import CHUNK_BYTES, connect
+from nimbus.thrift.server import ThriftServer
 
 MAX_FRAME = 600 * 1024
 
@@ -260,7 +260,7 @@ def test_limits_must_be_positive():
 
 
 def test_loopback_bind_with_a_remote_advertised_host_warns(caplog):
-    caplog.set_level(logging.WARNING, logger="nimbus.thrift_server")
+    caplog.set_level(logging.WARNING, logger="nimbus.thrift.server")
     for advertised in ("localhost", "127.0.0.1"):
         ThriftServer(Handler(), "127.0.0.1", 0, advertised_host=advertised).stop()
     assert caplog.records == []

@@ -23,9 +23,9 @@ Usage (in a plugin's ``tests/test_conformance.py``)::
             # that test.
             ...
 
-Every hook is exercised through ``nimbus.distributors.CodeDistributor`` (so through
+Every hook is exercised through ``nimbus.distribution.distributors.CodeDistributor`` (so through
 pluggy), exactly as the nimbus calls it. Counts are checked exactly, and every failure
-must be a ``nimbus.distributors.DistributorError`` of the documented kind
+must be a ``nimbus.distribution.distributors.DistributorError`` of the documented kind
 (``MetafileError``, ``CodeVerificationError``) whose message names the topology (and,
 for a refused copy, the file); see docs/hooks.md.
 """
@@ -41,13 +41,13 @@ from pathlib import Path
 
 import pytest
 
-from nimbus.distributors import (
+from nimbus.distribution.distributors import (
     CodeDistributor,
     CodeVerificationError,
     DistributorError,
     MetafileError,
 )
-from nimbus.hookspecs import DISTRIBUTOR_HOOKS
+from nimbus.distribution.hookspecs import DISTRIBUTOR_HOOKS
 
 #: Replication models (``DistributorConformance.replication_model``).
 PER_HOST = "per-host"

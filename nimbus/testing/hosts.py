@@ -12,14 +12,14 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from nimbus.client import fetch_file
-from nimbus.cluster_state import StormClusterState
-from nimbus.distributors import CodeDistributor, resolve_distributor_class
-from nimbus.file_transfer import FileTransfers
-from nimbus.hookspecs import DistributorContext
-from nimbus.local_code import LocalCodeStore
+from nimbus.distribution.distributors import CodeDistributor, resolve_distributor_class
+from nimbus.distribution.file_transfer import FileTransfers
+from nimbus.distribution.hookspecs import DistributorContext
+from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.state.cluster_state import StormClusterState
 from nimbus.testing.conformance import ConformanceHost
-from nimbus.thrift_server import ThriftServer
+from nimbus.thrift.client import fetch_file
+from nimbus.thrift.server import ThriftServer
 
 
 class FileServer:

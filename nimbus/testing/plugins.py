@@ -15,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from nimbus.distributors import KNOWN_DISTRIBUTIONS, installed_distributors
+from nimbus.distribution.distributors import KNOWN_DISTRIBUTIONS, installed_distributors
 
 ALLOW_MISSING_ENV = "NIMBUS_HA_ALLOW_MISSING_PLUGINS"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from nimbus.zkserver import ZooKeeperServer
+from nimbus.state.zkserver import ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

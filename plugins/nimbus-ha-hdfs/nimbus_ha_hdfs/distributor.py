@@ -13,8 +13,8 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-from nimbus.hookspecs import hookimpl
-from nimbus.manifest_store import ManifestStoreDistributor, StoreCodeError
+from nimbus.distribution.hookspecs import hookimpl
+from nimbus.distribution.manifest_store import ManifestStoreDistributor, StoreCodeError
 
 PREFIX = "nimbus.codedistributor.hdfs."
 

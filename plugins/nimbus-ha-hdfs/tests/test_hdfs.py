@@ -14,7 +14,7 @@ import uuid
 import pytest
 from nimbus_ha_hdfs.distributor import PREFIX, HDFSCodeDistributor
 
-from nimbus.distributors import DistributorError, resolve_distributor_class
+from nimbus.distribution.distributors import DistributorError, resolve_distributor_class
 from nimbus.testing.conformance import (
     STORE,
     ConformanceHost,

@@ -6,7 +6,7 @@
   ``beginFileDownload``, verifies size and sha256, and only then moves the copy into place
   and registers this host. A corrupt or partial copy is discarded and the next peer tried.
 * ``get_replication_count`` counts the registrations.
-* Registrations are ephemeral; ``nimbus.replicas.ReplicaRegistry`` re-creates them after a
+* Registrations are ephemeral; ``nimbus.master.replicas.ReplicaRegistry`` re-creates them after a
   session expiry. At start-up, copies left on disk by an earlier run are verified against
   their metafile and registered again; a copy that fails verification is deleted so that
   the code sync fetches a good one.
@@ -21,9 +21,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from nimbus.distributors import CodeVerificationError, DistributorError, MetafileError
-from nimbus.hookspecs import DistributorContext, hookimpl
-from nimbus.local_code import (
+from nimbus.distribution.distributors import CodeVerificationError, DistributorError, MetafileError
+from nimbus.distribution.hookspecs import DistributorContext, hookimpl
+from nimbus.distribution.local_code import (
     atomic_dir,
     check_relative_path,
     discard_copy,
@@ -31,14 +31,14 @@ from nimbus.local_code import (
     list_files,
     safe_join,
 )
-from nimbus.replicas import ReplicaRegistry
-from nimbus.transfer_meter import TransferMeter
+from nimbus.distribution.transfer_meter import TransferMeter
+from nimbus.master.replicas import ReplicaRegistry
 
 log = logging.getLogger(__name__)
 
 METAFILE_FORMAT = 1
 
-# Errors are nimbus.distributors': MetafileError for a metafile that is not localfs's for
+# Errors are from nimbus.distribution.distributors: MetafileError for a metafile not localfs's for
 # the topology, CodeVerificationError (also raised per file, and re-exported from here)
 # when every replica served a copy that fails its size or sha256, and DistributorError
 # when no replica could deliver one for any other reason.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nimbus.cluster_state import StormClusterState
-from nimbus.distributors import resolve_distributor_class
+from nimbus.distribution.distributors import resolve_distributor_class
+from nimbus.state.cluster_state import StormClusterState
 from nimbus.testing.conformance import (
     PER_HOST,
     ConformanceHost,

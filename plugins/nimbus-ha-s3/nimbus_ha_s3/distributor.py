@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nimbus.hookspecs import hookimpl
-from nimbus.manifest_store import ManifestStoreDistributor, StoreCodeError
+from nimbus.distribution.hookspecs import hookimpl
+from nimbus.distribution.manifest_store import ManifestStoreDistributor, StoreCodeError
 
 PREFIX = "nimbus.codedistributor.s3."
 S3CodeError = StoreCodeError

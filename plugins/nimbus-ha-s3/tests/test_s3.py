@@ -10,15 +10,19 @@ import pytest
 from nimbus_ha_s3.distributor import PREFIX, S3CodeDistributor, S3CodeError
 from nimbus_ha_s3.seaweed import SeaweedS3Server
 
-from nimbus.distributors import CodeDistributor, DistributorError, resolve_distributor_class
-from nimbus.hookspecs import DistributorContext
+from nimbus.distribution.distributors import (
+    CodeDistributor,
+    DistributorError,
+    resolve_distributor_class,
+)
+from nimbus.distribution.hookspecs import DistributorContext
+from nimbus.state.zkserver import free_port
 from nimbus.testing.conformance import (
     STORE,
     ConformanceHost,
     DistributorConformance,
     _write_code,
 )
-from nimbus.zkserver import free_port
 
 BUCKET = "topologies"
 
@@ -132,7 +136,7 @@ def test_tampered_manifest_is_refused(s3, tmp_path):
 
 def test_download_cut_off_half_way_leaves_nothing(tmp_path, monkeypatch):
     """Stop the store in the middle of a download: an error, and no partial copy."""
-    import nimbus.manifest_store as store_module
+    import nimbus.distribution.manifest_store as store_module
 
     server = SeaweedS3Server(tmp_path / "seaweed").start()
     try:

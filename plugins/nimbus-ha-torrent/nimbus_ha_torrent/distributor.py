@@ -12,7 +12,7 @@
 * ``get_replication_count`` counts hosts that completed (the registrations).
 * A copy is seeded (and registered) only after libtorrent's full hash check passes, at
   upload, after a download and for copies found on disk at start-up.
-* Errors are ``nimbus.distributors.DistributorError``: ``TorrentMetafileError`` (a
+* Errors are ``nimbus.distribution.distributors.DistributorError``: ``TorrentMetafileError`` (a
   ``MetafileError``) for a metafile that is not a .torrent of the topology,
   ``TorrentVerificationError`` (a ``CodeVerificationError``) when the download stalled
   on pieces that fail their hash, ``TorrentCodeError`` for any other stall or failure.
@@ -29,9 +29,9 @@ from typing import Any
 
 import libtorrent as lt
 
-from nimbus.distributors import CodeVerificationError, DistributorError, MetafileError
-from nimbus.hookspecs import DistributorContext, hookimpl
-from nimbus.local_code import (
+from nimbus.distribution.distributors import CodeVerificationError, DistributorError, MetafileError
+from nimbus.distribution.hookspecs import DistributorContext, hookimpl
+from nimbus.distribution.local_code import (
     atomic_dir,
     check_relative_path,
     check_topology_id,
@@ -39,8 +39,8 @@ from nimbus.local_code import (
     leftover_copies,
     list_files,
 )
-from nimbus.replicas import ReplicaRegistry
-from nimbus.transfer_meter import TransferMeter
+from nimbus.distribution.transfer_meter import TransferMeter
+from nimbus.master.replicas import ReplicaRegistry
 from nimbus_ha_torrent.swarm import Swarm
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import libtorrent as lt
 import pytest
 from nimbus_ha_torrent.distributor import PREFIX, TorrentCodeDistributor, TorrentCodeError
 
-from nimbus.distributors import CodeVerificationError, resolve_distributor_class
+from nimbus.distribution.distributors import CodeVerificationError, resolve_distributor_class
 from nimbus.testing.conformance import (
     PER_HOST,
     ConformanceHost,

@@ -20,22 +20,22 @@ from kazoo.exceptions import KazooException
 from kazoo.retry import KazooRetry
 
 from nimbus import __version__
-from nimbus.client import fetch_file
-from nimbus.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
-from nimbus.code_sync import CodeSync
 from nimbus.config import Config
-from nimbus.distributors import CodeDistributor
-from nimbus.elector import LeaderElector, NoLeaderError
-from nimbus.file_transfer import FileTransfers
-from nimbus.hookspecs import DistributorContext
-from nimbus.lifecycle import TopologyLifecycle
-from nimbus.local_code import LocalCodeStore
-from nimbus.records import NimbusInfo
-from nimbus.scheduler import Scheduler
-from nimbus.session_renewal import SessionRenewal
-from nimbus.summary_cache import ClusterSummaryCache
-from nimbus.thrift_handler import NimbusHandler
-from nimbus.thrift_server import ThriftServer
+from nimbus.distribution.distributors import CodeDistributor
+from nimbus.distribution.file_transfer import FileTransfers
+from nimbus.distribution.hookspecs import DistributorContext
+from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.master.code_sync import CodeSync
+from nimbus.master.elector import LeaderElector, NoLeaderError
+from nimbus.master.lifecycle import TopologyLifecycle
+from nimbus.master.scheduler import Scheduler
+from nimbus.master.summary_cache import ClusterSummaryCache
+from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
+from nimbus.state.records import NimbusInfo
+from nimbus.state.session_renewal import SessionRenewal
+from nimbus.thrift.client import fetch_file
+from nimbus.thrift.handler import NimbusHandler
+from nimbus.thrift.server import ThriftServer
 
 log = logging.getLogger(__name__)
 

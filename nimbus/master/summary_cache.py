@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 
 from kazoo.exceptions import KazooException
 
-from nimbus.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.distributors import CodeDistributor
-from nimbus.records import NimbusInfo, StormBase, SupervisorInfo
+from nimbus.distribution.distributors import CodeDistributor
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.records import NimbusInfo, StormBase, SupervisorInfo
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from kazoo.exceptions import KazooException
 
-from nimbus.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.distributors import CodeDistributor
-from nimbus.local_code import LocalCodeStore
+from nimbus.distribution.distributors import CodeDistributor
+from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
-from nimbus.lifecycle import SUBMISSION_TOKEN_KEY
+from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
 CHUNK_BYTES = UPLOAD_CHUNK_BYTES

@@ -31,7 +31,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from nimbus.cluster_state import Fence, LayoutMissingError, StormClusterState
+from nimbus.state.cluster_state import Fence, LayoutMissingError, StormClusterState
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from nimbus.local_code import LocalCodeStore
+from nimbus.distribution.local_code import LocalCodeStore
 
 DOWNLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 IDLE_EXPIRY_S = 600.0

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from nimbus.cluster_state import Fence, StormClusterState
 from nimbus.config import Config
-from nimbus.records import KILLED, Assignment, StormBase, SupervisorInfo
+from nimbus.state.cluster_state import Fence, StormClusterState
+from nimbus.state.records import KILLED, Assignment, StormBase, SupervisorInfo
 
 log = logging.getLogger(__name__)
 

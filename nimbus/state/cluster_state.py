@@ -35,7 +35,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
-from nimbus.records import (
+from nimbus.state.records import (
     Assignment,
     CodeMeta,
     ErrorInfo,

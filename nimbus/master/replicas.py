@@ -4,7 +4,7 @@ Host-based distributors (localfs, torrent) announce a complete copy with an ephe
 node ``<root>/code-distributor/<topology-id>/<nimbus host:port>`` whose data is the
 address peers fetch from. Ephemeral nodes die with the session, so a named thread
 re-creates this host's registrations after the session expires and is re-established
-(see ``nimbus.session_renewal``).
+(see ``nimbus.state.session_renewal``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import threading
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from nimbus.cluster_state import StormClusterState
-from nimbus.session_renewal import SessionRenewal
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.session_renewal import SessionRenewal
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from typing import Any
 from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
-from nimbus.archive import check_bundle
-from nimbus.cluster_state import ConcurrentChangeError, Fence, StormClusterState
 from nimbus.config import Config
-from nimbus.distributors import CodeDistributor
-from nimbus.elector import LeaderElector, NoLeaderError
-from nimbus.local_code import LocalCodeStore, atomic_dir
-from nimbus.records import ACTIVE, INACTIVE, KILLED, Assignment, CodeMeta, StormBase
+from nimbus.distribution.archive import check_bundle
+from nimbus.distribution.distributors import CodeDistributor
+from nimbus.distribution.local_code import LocalCodeStore, atomic_dir
+from nimbus.master.elector import LeaderElector, NoLeaderError
+from nimbus.state.cluster_state import ConcurrentChangeError, Fence, StormClusterState
+from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, CodeMeta, StormBase
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from nimbus.local_code import UnsafePathError
+from nimbus.distribution.local_code import UnsafePathError
 
 # The size of the writes the packer hands to its output (tarfile's stream record, 20 KiB);
 # the input files are read 16 KiB at a time.

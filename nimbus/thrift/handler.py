@@ -20,11 +20,11 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.utils import deserialize, serialize
 
 from nimbus import __version__
-from nimbus.cluster_state import ConcurrentChangeError, NotLeaderError
 from nimbus.config import Config
-from nimbus.elector import LeaderElector, NoLeaderError
-from nimbus.file_transfer import FileTransfers, TransferError
-from nimbus.lifecycle import (
+from nimbus.distribution.file_transfer import FileTransfers, TransferError
+from nimbus.distribution.local_code import LocalCodeStore, UnsafePathError
+from nimbus.master.elector import LeaderElector, NoLeaderError
+from nimbus.master.lifecycle import (
     CONF_FILE,
     TOPOLOGY_FILE,
     InvalidTopologyError,
@@ -32,10 +32,10 @@ from nimbus.lifecycle import (
     TopologyLifecycle,
     TopologyNotFoundError,
 )
-from nimbus.local_code import LocalCodeStore, UnsafePathError
-from nimbus.records import ACTIVE, INACTIVE
+from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.redaction import redact
-from nimbus.summary_cache import ClusterSummaryCache
+from nimbus.state.cluster_state import ConcurrentChangeError, NotLeaderError
+from nimbus.state.records import ACTIVE, INACTIVE
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,221 @@
+"""Finding and loading code distributors by name, and calling them through the hooks.
+
+``storm.codedistributor.class`` may be an entry-point name (``localfs``), a dotted path
+(``package.module:Class`` or ``package.module.Class``) or Storm's Java class name. An
+unknown name fails with an error that lists the installed distributors; a known backend
+that is not installed names the distribution to ``pip install``. A plugin that fails to
+import is reported and skipped, never fatal to the others; selecting it (by entry-point
+name or dotted path) fails with its import error, and a dotted path whose module lacks
+the attribute names both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+import pluggy
+
+from nimbus.distribution import hookspecs
+
+log = logging.getLogger(__name__)
+
+# Storm's Java class names, so that an existing storm.yaml keeps working.
+STORM_CLASS_ALIASES = {
+    "org.apache.storm.codedistributor.LocalFileSystemCodeDistributor": "localfs",
+    "backtype.storm.codedistributor.LocalFileSystemCodeDistributor": "localfs",
+    "org.apache.storm.hdfs.ha.codedistributor.HDFSCodeDistributor": "hdfs",
+}
+
+# The distributions that provide the backends this project knows of.
+KNOWN_DISTRIBUTIONS = {
+    "localfs": "nimbus-ha-localfs",
+    "hdfs": "nimbus-ha-hdfs",
+    "s3": "nimbus-ha-s3",
+    "torrent": "nimbus-ha-torrent",
+}
+
+
+class DistributorError(RuntimeError):
+    """A code distributor cannot be found, loaded or has failed an operation.
+
+    Every hook failure that a user or the environment can cause (a bad metafile, tampered
+    or corrupt data, an unreachable store or peer) is this or one of its subclasses, with
+    a message that names the topology and the cause; see docs/hooks.md.
+    """
+
+
+class MetafileError(DistributorError):
+    """A metafile is not one this distributor wrote for that topology (empty, truncated,
+    garbage, or written for another topology or store)."""
+
+
+class CodeVerificationError(DistributorError):
+    """Fetched code does not match its metafile (size or hash): a tampered or corrupt
+    copy, refused. The message names the topology and the file (or piece) that failed."""
+
+
+def installed_distributors() -> dict[str, type]:
+    """Entry-point name -> plugin class of every distributor that imports cleanly."""
+    return _load_entry_points()[0]
+
+
+def _load_entry_points() -> tuple[dict[str, type], dict[str, Exception]]:
+    """(name -> class of each plugin that imports, name -> error of each that does not)."""
+    found: dict[str, type] = {}
+    broken: dict[str, Exception] = {}
+    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+        try:
+            found[ep.name] = ep.load()
+        except Exception as exc:  # a broken plugin must not take the nimbus down
+            log.warning("code distributor %r (%s) failed to load and is skipped: %s",
+                        ep.name, ep.value, exc)
+            broken[ep.name] = exc
+    return found, broken
+
+
+def resolve_distributor_class(name: str) -> type:
+    """Return the plugin class for ``name`` (entry point, dotted path or Storm class)."""
+    name = name.strip()
+    alias = STORM_CLASS_ALIASES.get(name, name)
+    installed, failed = _load_entry_points()
+    if alias in installed:
+        return installed[alias]
+    if alias in failed:
+        broken = failed[alias]
+        raise DistributorError(
+            f"code distributor {name!r} is installed but cannot be imported: "
+            f"{type(broken).__name__}: {broken}") from broken
+    if alias in KNOWN_DISTRIBUTIONS:
+        raise DistributorError(
+            f"code distributor {name!r} is not installed: pip install {KNOWN_DISTRIBUTIONS[alias]}"
+            f" (installed: {', '.join(sorted(installed)) or 'none'})"
+        )
+    if "." in alias or ":" in alias:
+        found = _import_dotted(name, alias)
+        if found is not None:
+            return found
+    raise DistributorError(
+        f"unknown code distributor {name!r} in storm.codedistributor.class; installed: "
+        f"{', '.join(sorted(installed)) or 'none'} (or give a dotted path 'module:Class')"
+    )
+
+
+def _import_dotted(name: str, path: str) -> type | None:
+    """The object at ``module:attr`` or ``module.attr``; None if no such module exists.
+
+    A module that exists but fails to import (a missing dependency, an error in its
+    code) and a module without the attribute are errors that say so, never "unknown".
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, SyntaxError, anything the module raised
+        # The dotted path itself names no module (or no package above it): unknown name.
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            return None
+        raise DistributorError(
+            f"code distributor {name!r}: importing module {module_name!r} failed: "
+            f"{type(exc).__name__}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise DistributorError(
+            f"code distributor {name!r}: module {module_name!r} has no attribute {attr!r}"
+        ) from None
+
+
+def plugin_config_defaults() -> dict[str, Any]:
+    """Configuration keys declared by every installed distributor plugin."""
+    merged: dict[str, Any] = {}
+    for name, cls in installed_distributors().items():
+        try:
+            distributor = CodeDistributor(cls)
+            merged.update(distributor.config_defaults())
+        except Exception as exc:
+            log.warning("code distributor %r could not report its settings: %s", name, exc)
+    return merged
+
+
+class CodeDistributor:
+    """One selected distributor, registered alone in its own plugin manager.
+
+    Every call goes through ``pm.hook``; this class adds only error wrapping, so the
+    elector, the sync thread and the leader never touch the plugin object directly.
+    """
+
+    def __init__(self, plugin_class: type):
+        self.name = getattr(plugin_class, "name", plugin_class.__name__)
+        self._pm = pluggy.PluginManager(hookspecs.PROJECT)
+        self._pm.add_hookspecs(hookspecs)
+        self._pm.register(plugin_class(), name=self.name)
+        missing = [h for h in hookspecs.DISTRIBUTOR_HOOKS
+                   if not getattr(self._pm.hook, h).get_hookimpls()]
+        if missing:
+            raise DistributorError(
+                f"code distributor {self.name!r} does not implement hooks: {', '.join(missing)}"
+            )
+
+    @classmethod
+    def from_conf(cls, conf: Any) -> CodeDistributor:
+        return cls(resolve_distributor_class(conf["storm.codedistributor.class"]))
+
+    def config_defaults(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for part in self._pm.hook.config_defaults():
+            merged.update(part or {})
+        return merged
+
+    def prepare(self, conf: Any, context: hookspecs.DistributorContext) -> None:
+        """Start the distributor; any failure becomes a DistributorError naming it."""
+        try:
+            self._pm.hook.prepare(conf=dict(conf), context=context)
+        except Exception as exc:  # DistributorErrors too: the message must name the plugin
+            raise DistributorError(
+                f"code distributor {self.name!r} cannot start: {exc}") from exc
+
+    def _call(self, what: str, hook: Any, **kwargs: Any) -> Any:
+        """Call ``hook``; a plugin's stray exception becomes a DistributorError naming the
+        distributor, the operation and the topology (its own errors pass unchanged)."""
+        try:
+            return hook(**kwargs)
+        except DistributorError:
+            raise
+        except Exception as exc:
+            raise DistributorError(f"{self.name}: {what} of {kwargs['topology_id']} failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+
+    def upload(self, dir_path: Path, topology_id: str) -> Path:
+        metafile = self._call("upload", self._pm.hook.upload,
+                              dir_path=Path(dir_path), topology_id=topology_id)
+        if metafile is None or not Path(metafile).is_file():
+            raise DistributorError(f"{self.name}: upload of {topology_id} returned no metafile")
+        return Path(metafile)
+
+    def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
+        files = self._call("download", self._pm.hook.download,
+                           dest_dir=Path(dest_dir), topology_id=topology_id,
+                           metafile=Path(metafile))
+        return [Path(f) for f in files or []]
+
+    def get_replication_count(self, topology_id: str) -> int:
+        return int(self._pm.hook.get_replication_count(topology_id=topology_id) or 0)
+
+    def cleanup(self, topology_id: str) -> None:
+        """Drop this host's copy and registrations (every nimbus)."""
+        self._pm.hook.cleanup(topology_id=topology_id)
+
+    def delete_shared(self, topology_id: str) -> None:
+        """Delete shared storage of a removed topology (leader, after a fenced removal)."""
+        self._pm.hook.delete_shared(topology_id=topology_id)
+
+    def close(self, conf: Any) -> None:
+        self._pm.hook.close(conf=dict(conf))

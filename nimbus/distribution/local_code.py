@@ -1,0 +1,170 @@
+"""This host's copy of topology code: ``<storm.local.dir>/nimbus/stormdist/<topology-id>``.
+
+A topology's directory exists only when its code is complete: every writer builds the
+code in a temporary sibling and renames it into place (:func:`atomic_dir`), so a crash
+never leaves a half-written copy that the nimbus would mistake for a complete one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
+TEMP_PREFIX = ".incoming-"
+CLUSTER_ID_FILE = "cluster-id"
+
+
+class UnsafePathError(ValueError):
+    """A name or path would escape the directory it belongs to."""
+
+
+def check_topology_id(topology_id: str) -> str:
+    """Return ``topology_id`` if it is a well-formed id (``name-counter-time``)."""
+    if not TOPOLOGY_ID_RE.match(topology_id or "") or ".." in topology_id:
+        raise UnsafePathError(f"not a valid topology id: {topology_id!r}")
+    return topology_id
+
+
+def check_relative_path(relative: str) -> tuple[str, ...]:
+    """The parts of a relative path; refuses empty, absolute and ``..`` paths."""
+    if not relative or relative.startswith(("/", "\\")) or os.path.isabs(relative):
+        raise UnsafePathError(f"absolute or empty path not allowed: {relative!r}")
+    parts = Path(relative).parts
+    if any(p in ("..", "") for p in parts):
+        raise UnsafePathError(f"path leaves its directory: {relative!r}")
+    return parts
+
+
+def safe_join(base: Path, relative: str) -> Path:
+    """``base / relative``, refusing absolute paths, ``..`` and symlinked components."""
+    parts = check_relative_path(relative)
+    base = base.resolve()
+    target = base.joinpath(*parts)
+    probe = base
+    for part in parts:
+        probe = probe / part
+        if probe.is_symlink():
+            raise UnsafePathError(f"path goes through a symlink: {relative!r}")
+    if not str(target.resolve()).startswith(str(base) + os.sep):
+        raise UnsafePathError(f"path leaves its directory: {relative!r}")
+    return target
+
+
+@contextlib.contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Yield a temporary directory that becomes ``dest`` only if the block succeeds.
+
+    On an exception the temporary directory is removed and ``dest`` is left untouched.
+    Code distributors use this in ``download`` so that ``dest`` is complete or absent.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX + dest.name + "-", dir=dest.parent))
+    try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def leftover_copies(meta_dir: Path, suffix: str,
+                    code_dir: Path) -> Iterator[tuple[str, Path, Path]]:
+    """(topology id, metafile, code directory) of each copy an earlier run left on disk.
+
+    Distributors re-verify these at start-up. A metafile whose code is gone is deleted.
+    """
+    for metafile in sorted(Path(meta_dir).glob(f"*{suffix}")):
+        topology_id = metafile.name[: -len(suffix)]
+        code = Path(code_dir) / topology_id
+        if code.is_dir():
+            yield topology_id, metafile, code
+        else:
+            metafile.unlink(missing_ok=True)
+
+
+def discard_copy(metafile: Path, code: Path) -> None:
+    """Delete a copy that failed verification, so that the code sync fetches a good one."""
+    shutil.rmtree(code, ignore_errors=True)
+    metafile.unlink(missing_ok=True)
+
+
+def list_files(root: Path) -> list[Path]:
+    """Regular files under ``root`` (relative paths, sorted); symlinks are refused."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise UnsafePathError(f"symlink in topology code: {path.relative_to(root)}")
+        if path.is_file():
+            out.append(path.relative_to(root))
+    return out
+
+
+class LocalCodeStore:
+    """The directory of complete topology copies on this host."""
+
+    def __init__(self, local_dir: Path):
+        self.root = Path(local_dir) / "nimbus" / "stormdist"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._sweep_temporaries()
+
+    def _sweep_temporaries(self) -> None:
+        # Leftovers of a crash during a download or a submit are never complete copies.
+        for path in self.root.glob(TEMP_PREFIX + "*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+    def path(self, topology_id: str) -> Path:
+        return self.root / check_topology_id(topology_id)
+
+    def claim(self, cluster_id: str) -> str | None:
+        """Mark this store as holding code of ``cluster_id``.
+
+        Returns None when the store is this cluster's (or empty, or unmarked, as stores
+        made by earlier releases are), and otherwise the id of the cluster whose code it
+        holds: that code must not be mistaken for code of removed topologies.
+        """
+        marker = self.root.parent / CLUSTER_ID_FILE
+        try:
+            previous = marker.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            previous = ""
+        if previous and previous != cluster_id and self.topologies():
+            return previous
+        marker.write_text(cluster_id + "\n", encoding="utf-8")
+        return None
+
+    def has(self, topology_id: str) -> bool:
+        return self.path(topology_id).is_dir()
+
+    def topologies(self) -> set[str]:
+        if not self.root.is_dir():
+            return set()
+        return {p.name for p in self.root.iterdir()
+                if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
+
+    def remove(self, topology_id: str) -> None:
+        shutil.rmtree(self.path(topology_id), ignore_errors=True)
+
+    def resolve_served_file(self, requested: str) -> Path:
+        """Map a file a peer asks for (``<id>/<file>`` or an absolute path) to a file here."""
+        requested = str(requested)
+        if os.path.isabs(requested):
+            # An assignment's master_code_dir names the leader's own path; every nimbus
+            # serves the same <id>/<file> from its own store, wherever that lives.
+            marker = f"{os.sep}nimbus{os.sep}stormdist{os.sep}"
+            if marker not in requested:
+                raise UnsafePathError(f"{requested!r} is not topology code held by this nimbus")
+            requested = requested.rsplit(marker, 1)[1]
+        target = safe_join(self.root, requested)
+        check_topology_id(Path(requested).parts[0])
+        if not target.is_file():
+            raise FileNotFoundError(f"no such file: {requested}")
+        return target

@@ -1,0 +1,1 @@
+"""The nimbus daemon: election, topology lifecycle, code sync and the leader's scheduler."""
