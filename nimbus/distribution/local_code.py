@@ -8,6 +8,7 @@ never leaves a half-written copy that the nimbus would mistake for a complete on
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -18,6 +19,15 @@ from pathlib import Path
 TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
 TEMP_PREFIX = ".incoming-"
 CLUSTER_ID_FILE = "cluster-id"
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB blocks (hashlib releases the GIL on them)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 class UnsafePathError(ValueError):

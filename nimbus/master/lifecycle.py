@@ -26,7 +26,7 @@ from kazoo.protocol.states import KazooState
 from nimbus.config import Config
 from nimbus.distribution.archive import check_bundle
 from nimbus.distribution.distributors import CodeDistributor
-from nimbus.distribution.local_code import LocalCodeStore, atomic_dir
+from nimbus.distribution.local_code import LocalCodeStore, atomic_dir, sha256_file
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import ConcurrentChangeError, Fence, StormClusterState
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, CodeMeta, StormBase
@@ -139,9 +139,12 @@ class TopologyLifecycle:
             base = StormBase(storm_name=name, launch_time_secs=now, status=initial_status,
                              num_workers=num_workers, owner=str(topo_conf.get(
                                  "topology.submitter.user", "")), submission_token=token)
+            code_dir = self.store.path(topology_id)
             self.state.activate_storm(
                 fence, topology_id, base,
-                Assignment(master_code_dir=str(self.store.path(topology_id).resolve())))
+                Assignment(master_code_dir=str(code_dir.resolve()),
+                           code_sha256={f: sha256_file(code_dir / f)
+                                        for f in (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)}))
             log.info("submitted %s as %s (%d replicas)", name, topology_id, replicas)
             return topology_id
         except BaseException:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 from nimbus.config import Config
 from nimbus.state.cluster_state import Fence, StormClusterState
-from nimbus.state.records import KILLED, Assignment, StormBase, SupervisorInfo
+from nimbus.state.records import ACTIVE, Assignment, StormBase, SupervisorInfo
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,8 @@ class Scheduler:
             old = current[topology_id]
             if old is None:
                 continue  # being created or removed; the next pass sees it settled
-            wanted = 0 if base.status == KILLED else max(0, base.num_workers)
+            # Only active topologies run: deactivate frees the slots, checkpoints stay.
+            wanted = max(0, base.num_workers) if base.status == ACTIVE else 0
             before = dict(kept[topology_id])
             workers = self._resize(topology_id, kept[topology_id], wanted, free, used)
             placed = [s for e, s in workers.items() if before.get(e) != s]

@@ -65,6 +65,8 @@ class Assignment(Record):
     node_host: dict[str, str] = field(default_factory=dict)
     executor_node_port: dict[str, list[Any]] = field(default_factory=dict)
     executor_start_time_secs: dict[str, int] = field(default_factory=dict)
+    # file name -> sha256 of the topology's code, so a supervisor can verify what it fetches
+    code_sha256: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,6 +81,24 @@ class SupervisorInfo(Record):
     scheduler_meta: dict[str, Any] = field(default_factory=dict)
     uptime_secs: int = 0
     version: str = ""
+
+
+@dataclass
+class WorkerBeat(Record):
+    """/workerbeats/<id>/<supervisor-id>-<port>: a worker's heartbeat, written by its
+    supervisor. The scheduler reads only the node's version; these fields are for people
+    (``topology-info``, the UI)."""
+
+    time_secs: int
+    topology_id: str
+    supervisor_id: str
+    host: str
+    port: int
+    uptime_secs: int = 0
+    restarts: int = 0
+    # component -> {"batch_id", "num_input_rows", "input_rows_per_second",
+    #               "processed_rows_per_second", "timestamp"} (from Spark's lastProgress)
+    components: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
