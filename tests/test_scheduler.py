@@ -14,7 +14,7 @@ from nimbus.devcluster import wait_for
 from nimbus.master.elector import LeaderElector
 from nimbus.master.scheduler import Scheduler
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
-from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
+from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
 from nimbus.testing.faults import expire_session
 
 pytestmark = pytest.mark.integration
@@ -187,6 +187,31 @@ def test_killed_topology_loses_its_workers_and_rebalance_resizes(cluster):
                        StormBase(**{**base.__dict__, "status": KILLED}), version)
     sched.schedule(elector.fence())
     assert slots(state, "b-2-2") == {}
+
+
+def test_deactivate_frees_the_slots_and_activate_takes_them_again(cluster):
+    """Only ACTIVE topologies run: an INACTIVE one keeps no slot (its queries stop, its
+    checkpoints stay), so another topology can use the slot meanwhile."""
+    state, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    add_topology("b-2-2", workers=1, launched=2)
+    sched = scheduler()
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)} and slots(state, "b-2-2") == {}
+
+    def set_status(topology_id: str, status: str) -> None:
+        base, version = state.storm_base_versioned(topology_id)
+        state.update_storm(elector.fence(), topology_id,
+                           StormBase(**{**base.__dict__, "status": status}), version)
+
+    set_status("a-1-1", INACTIVE)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {} and slots(state, "b-2-2") == {"worker-0": ("s1", 6700)}
+    set_status("a-1-1", ACTIVE)
+    set_status("b-2-2", INACTIVE)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)} and slots(state, "b-2-2") == {}
 
 
 def test_a_deposed_leader_assigns_nothing(cluster, zk_server):

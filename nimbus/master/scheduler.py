@@ -132,15 +132,21 @@ class Scheduler:
         free = sorted(self._all_slots(supervisors) - used - silent)
         written: dict[str, Assignment] = {}
         observed: set[tuple[str, str]] = set()
+        wanted = {t: (max(0, base.num_workers) if base.status == ACTIVE else 0)
+                  for t, base in topologies.items()}
+        before = {t: dict(workers) for t, workers in kept.items()}
+        # Every topology gives back what it no longer needs before any grows, so that a
+        # slot freed by a deactivate or a rebalance is used in the same pass.
+        # Only active topologies run: deactivate frees the slots, checkpoints stay.
+        for topology_id, workers in kept.items():
+            self._trim(workers, wanted[topology_id], free, used)
         for topology_id, base in topologies.items():
             old = current[topology_id]
             if old is None:
                 continue  # being created or removed; the next pass sees it settled
-            # Only active topologies run: deactivate frees the slots, checkpoints stay.
-            wanted = max(0, base.num_workers) if base.status == ACTIVE else 0
-            before = dict(kept[topology_id])
-            workers = self._resize(topology_id, kept[topology_id], wanted, free, used)
-            placed = [s for e, s in workers.items() if before.get(e) != s]
+            workers = self._grow(topology_id, kept[topology_id], wanted[topology_id],
+                                 free, used)
+            placed = [s for e, s in workers.items() if before[topology_id].get(e) != s]
             if placed:
                 beats = self._state.worker_beat_versions(topology_id)
                 for slot in placed:
@@ -150,7 +156,7 @@ class Scheduler:
             if new != old:
                 self._state.set_assignment(fence, topology_id, new)
                 written[topology_id] = new
-                self._log_change(topology_id, base, old, new, wanted)
+                self._log_change(topology_id, base, old, new, wanted[topology_id])
         self._observer.keep_only(observed)
         return written
 
@@ -203,15 +209,20 @@ class Scheduler:
             kept[executor] = slot
         return kept
 
-    def _resize(self, topology_id: str, workers: dict[str, Slot], wanted: int,
-                free: list[Slot], used: set[Slot]) -> dict[str, Slot]:
-        """``workers`` trimmed or grown to ``wanted`` (as far as free slots allow)."""
+    @staticmethod
+    def _trim(workers: dict[str, Slot], wanted: int, free: list[Slot],
+              used: set[Slot]) -> None:
+        """Give back the workers beyond ``wanted``: the highest indices go."""
         indices = sorted(int(e[len(WORKER_PREFIX):]) for e in workers)
-        for index in indices[wanted:]:  # rebalanced down: the highest indices go
+        for index in indices[wanted:]:
             slot = workers.pop(f"{WORKER_PREFIX}{index}")
             used.discard(slot)
             free.append(slot)
         free.sort()
+
+    def _grow(self, topology_id: str, workers: dict[str, Slot], wanted: int,
+              free: list[Slot], used: set[Slot]) -> dict[str, Slot]:
+        """``workers`` grown to ``wanted`` as far as free slots allow."""
         for index in range(wanted):
             executor = f"{WORKER_PREFIX}{index}"
             if executor in workers:
