@@ -45,6 +45,8 @@ def vm_hwm_kb(pid: int) -> int:
 def write_bundle(directory: Path, megabytes: int) -> None:
     directory.mkdir(parents=True)
     (directory / "pipeline.py").write_text("def run(spark, lines):\n    return lines\n")
+    # submit refuses a bundle with neither topology.py nor topology.yaml
+    (directory / "topology.yaml").write_text('command: ["sleep", "3600"]\n')
     left, index = megabytes, 0
     while left > 0:
         size = min(left, FILE_MB)

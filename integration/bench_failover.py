@@ -74,7 +74,10 @@ def main() -> None:
             Path(tmp), 3, conf={"storm.zookeeper.session.timeout": args.session_timeout_ms}
     ) as cluster:
         if args.topologies:
-            bundle = pack_directory(sample_topology(Path(tmp) / "topology", 32 * 1024))
+            directory = sample_topology(Path(tmp) / "topology", 32 * 1024)
+            # submit refuses a bundle with neither topology.py nor topology.yaml
+            (directory / "topology.yaml").write_text('command: ["sleep", "3600"]\n')
+            bundle = pack_directory(directory)
             client = cluster.client()
             for i in range(args.topologies):
                 client.submit(f"bench-{i}", bundle, {"topology.min.replication.count": 3})

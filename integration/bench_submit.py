@@ -28,6 +28,8 @@ def main() -> None:
         bundle = Path(tmp) / "bundle.jar"
         with zipfile.ZipFile(bundle, "w", zipfile.ZIP_STORED) as zf:
             zf.writestr("data.bin", os.urandom(args.megabytes * 1024 * 1024))
+            # submit refuses a bundle with neither topology.py nor topology.yaml
+            zf.writestr("topology.yaml", 'command: ["sleep", "3600"]\n')
         copies = []
         for i in range(args.trials):
             started = time.monotonic()

@@ -56,6 +56,10 @@ def test_cli_bad_input(cluster, tmp_path):
     good = tmp_path / "good"
     good.mkdir()
     (good / "main.py").write_text("print('hi')")
+    (good / "topology.yaml").write_text('command: ["python", "main.py"]\n')
+    no_kind = tmp_path / "plain-jar"  # what Storm's jars are: nothing a worker can run
+    no_kind.mkdir()
+    (no_kind / "main.py").write_text("print('hi')")
 
     cases = [
         (["submit", "../escape", str(good)], "invalid topology name"),
@@ -65,6 +69,8 @@ def test_cli_bad_input(cluster, tmp_path):
         (["submit", "evil", str(link_dir)], "symlink"),
         (["submit", "evil", str(not_archive)], "not a zip or tar archive"),
         (["submit", "existing", str(good)], "already alive"),
+        (["submit", "evil", str(no_kind)], "bundle has neither topology.py (a pipeline) "
+                                           "nor topology.yaml (a process topology)"),
         (["kill", "no-such-topology"], "no live topology named 'no-such-topology'"),
         (["activate", "no-such-topology"], "no live topology"),
     ]
@@ -148,6 +154,7 @@ def test_cli_commands_happy_path(cluster, tmp_path):
     src = tmp_path / "t"
     src.mkdir()
     (src / "job.py").write_text("print(1)")
+    (src / "topology.yaml").write_text('command: ["python", "job.py"]\n')
     out = run_cli("submit", "cli-topology", str(src), "--config", conf,
                   "--set", "topology.min.replication.count=2", check=True)
     topology_id = out.stdout.strip()
@@ -155,8 +162,18 @@ def test_cli_commands_happy_path(cluster, tmp_path):
     assert "cli-topology" in run_cli("list", "--config", conf, check=True).stdout
     leader = run_cli("leader", "--config", conf, check=True).stdout.strip()
     assert leader == cluster.wait_for_leader().address
+    assert run_cli("rebalance", "cli-topology", "-n", "2", "--config", conf,
+                   check=True).stdout == "rebalanced cli-topology to 2 workers\n"
     run_cli("deactivate", "cli-topology", "--config", conf, check=True)
     import json
+
+    view = json.loads(run_cli("topology-info", "cli-topology", "--json", "--config", conf,
+                              check=True).stdout)
+    # no supervisors in this cluster: nothing placed, nothing reported
+    assert (view["id"], view["status"], view["num_workers"], view["workers"],
+            view["errors"]) == (topology_id, "INACTIVE", 2, [], {})
+    assert run_cli("errors", "cli-topology", "--config", conf, check=True).stdout == (
+        "No errors reported by cli-topology.\n")
 
     info = json.loads(run_cli("cluster-info", "--json", "--config", conf, check=True).stdout)
     entry = next(t for t in info["topologies"] if t["name"] == "cli-topology")

@@ -31,7 +31,9 @@ def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
     that happened, and on every branch the rule that matters: from the new leader's own
     log, it held every live topology's code at the moment it became leader.
     """
-    bundle = pack_directory(sample_topology(tmp_path / "big", 16 * 1024 * 1024))
+    big = sample_topology(tmp_path / "big", 16 * 1024 * 1024)
+    (big / "topology.yaml").write_text('command: ["sleep", "3600"]\n')  # a runnable kind
+    bundle = pack_directory(big)
     # The periodic sync is an hour away: all replication below happens through watches.
     backend_name, backend_conf = backend
     cluster = make_cluster(3, **{"nimbus.code.sync.freq.secs": 3600, **backend_conf})

@@ -88,6 +88,29 @@ def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
     daemon.run_forever()
 
 
+@main.command()
+@config_option
+@set_option
+@_fail_cleanly
+def supervisor(config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Run one supervisor in the foreground: it runs the workers the leader assigns to
+    this host's slots (supervisor.slots.ports). SIGTERM or Ctrl-C stops it and them."""
+    from nimbus.supervisor.daemon import Supervisor
+
+    conf = _conf(config_path, overrides)
+    daemon = Supervisor(conf)  # exits 1 here if a slot port is taken
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: daemon.request_stop())
+    try:
+        daemon.start()
+    except BaseException:
+        daemon.stop()
+        raise
+    click.echo(f"supervisor {daemon.id} running on {daemon.host} with slots "
+               + ",".join(map(str, daemon.ports)), err=True)
+    daemon.run_forever()
+
+
 @contextlib.contextmanager
 def _bundle(path: Path) -> Iterator[tuple[Path, int]]:
     """(archive file, its size) to upload for PATH; a directory is packed into a
@@ -184,6 +207,25 @@ def kill(name: str, wait_secs: int | None, config_path: str | None,
 
 
 @main.command()
+@click.argument("name")
+@click.option("--workers", "-n", "num_workers", type=int, required=True,
+              help="The number of workers the topology gets (>= 1).")
+@click.option("--wait", "-w", "wait_secs", type=int, default=None,
+              help="Accepted for Storm's rebalance; workers change at the next "
+                   "scheduling pass anyway.")
+@config_option
+@set_option
+@_fail_cleanly
+def rebalance(name: str, num_workers: int, wait_secs: int | None, config_path: str | None,
+              overrides: tuple[str, ...]) -> None:
+    """Give topology NAME a new number of workers (Storm's `storm rebalance -n`)."""
+    from nimbus.thrift.client import NimbusClient
+
+    NimbusClient(_conf(config_path, overrides)).rebalance(name, num_workers, wait_secs)
+    click.echo(f"rebalanced {name} to {num_workers} worker{'s' if num_workers != 1 else ''}")
+
+
+@main.command()
 @config_option
 @set_option
 @_fail_cleanly
@@ -247,6 +289,135 @@ def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, .
         click.echo(f"  {t['name']:<24} {t['status']:<9} replicas={t['replication_count']}"
                    f"  {t['id']}")
     click.echo(f"Supervisors: {len(data['supervisors'])}")
+    for s in data["supervisors"]:
+        click.echo(f"  {s['supervisor_id']:<24} {s['host']:<20} slots {s['num_used_workers']}"
+                   f"/{s['num_workers']} used  up {s['uptime_secs']}s")
+
+
+@contextlib.contextmanager
+def _cluster_state(conf: Config) -> Iterator[Any]:
+    """A StormClusterState on a ZooKeeper client of its own, for reads only; closed on
+    exit. Nothing is created: a missing layout is reported, not set up."""
+    from nimbus.master.daemon import make_zk_client
+    from nimbus.state.cluster_state import StormClusterState
+
+    zk = make_zk_client(conf)
+    try:
+        yield StormClusterState(zk, conf.zk_root)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _read_view(conf: Config, name: str, read: Any) -> Any:
+    """``read(state, topology_id)`` for topology NAME; "no topology named NAME" if none."""
+    from nimbus.state.cluster_state import LayoutMissingError
+
+    with _cluster_state(conf) as state:
+        try:
+            found = state.find_storm_by_name(name)
+            result = read(state, found[0]) if found is not None else None
+        except LayoutMissingError as exc:
+            raise click.ClickException(str(exc)) from None
+    if result is None:
+        raise click.ClickException(f"no topology named {name}")
+    return result
+
+
+def _when(time_secs: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(time_secs, datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%SZ")
+
+
+def _where(error: dict[str, Any]) -> str:
+    """host:port of an error's worker, or "-" when the reporter gave none."""
+    return f"{error['host']}:{error['port']}" if error["host"] else "-"
+
+
+def _first_line(text: str, width: int = 100) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
+@main.command("topology-info")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the view as JSON (see nimbus/master/runtime_view.py).")
+@config_option
+@set_option
+@_fail_cleanly
+def topology_info(name: str, as_json: bool, config_path: str | None,
+                  overrides: tuple[str, ...]) -> None:
+    """Show topology NAME's workers, components and newest errors (read from ZooKeeper)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from nimbus.master import runtime_view
+
+    info = _read_view(_conf(config_path, overrides), name, runtime_view.topology_info)
+    if as_json:
+        click.echo(json.dumps(info, indent=2, sort_keys=True))
+        return
+    console = Console(soft_wrap=True)
+    console.print(f"[bold]{info['name']}[/bold] {info['id']}  {info['status']}  "
+                  f"up {info['uptime_secs']}s  workers {len(info['workers'])}/"
+                  f"{info['num_workers']}", highlight=False)
+    workers = Table("worker", "host:port", "supervisor", "uptime", "alive", "restarts",
+                    "components", title="Workers", title_justify="left")
+    for w in info["workers"]:
+        workers.add_row(w["worker"], f"{w['host']}:{w['port']}", w["supervisor_id"],
+                        f"{w['uptime_secs']}s", "yes" if w["alive"] else "no",
+                        str(w["restarts"]), ", ".join(w["components"]) or "-")
+    console.print(workers)
+    components = Table("component", "workers", "last batch", "input rows/s",
+                       "processed rows/s", "input rows", title="Components",
+                       title_justify="left")
+    for cname, c in info["components"].items():
+        components.add_row(cname, " ".join(c["host_ports"]),
+                           "-" if c["batch_id"] is None else str(c["batch_id"]),
+                           f"{c['input_rows_per_second']:.1f}",
+                           f"{c['processed_rows_per_second']:.1f}", str(c["num_input_rows"]))
+    console.print(components)
+    if not info["errors"]:
+        console.print("No errors reported.")
+        return
+    errors = Table("component", "time (UTC)", "host:port", "error",
+                   title="Errors (10 newest per component)", title_justify="left")
+    for cname, kept in info["errors"].items():
+        for e in kept:
+            errors.add_row(cname, _when(e["time_secs"]), _where(e), _first_line(e["error"]))
+    console.print(errors)
+
+
+@main.command("errors")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the errors as JSON.")
+@config_option
+@set_option
+@_fail_cleanly
+def errors_(name: str, as_json: bool, config_path: str | None,
+            overrides: tuple[str, ...]) -> None:
+    """Print the errors topology NAME's components reported, newest first per component."""
+    from nimbus.master import runtime_view
+
+    found = _read_view(_conf(config_path, overrides), name,
+                       lambda state, topology_id: (runtime_view.errors(state, topology_id),))
+    errors = found[0]  # wrapped: an empty dict is a valid answer, not "no topology"
+    if as_json:
+        click.echo(json.dumps(errors, indent=2, sort_keys=True))
+        return
+    if not errors:
+        click.echo(f"No errors reported by {name}.")
+        return
+    for component, kept in errors.items():
+        click.echo(f"{component}:")
+        for e in kept:
+            lines = e["error"].rstrip().splitlines() or [""]
+            click.echo(f"  {_when(e['time_secs'])}  {_where(e)}  {lines[0]}")
+            for line in lines[1:]:
+                click.echo(f"      {line}")
 
 
 @main.command()
@@ -275,17 +446,22 @@ def zookeeper(port: int, data_dir: Path) -> None:
 
 @main.command("dev-cluster")
 @click.option("--nimbuses", type=int, default=3, show_default=True)
+@click.option("--supervisors", type=int, default=0, show_default=True,
+              help="Also run this many supervisors, each with its own storm.local.dir "
+                   "and two slot ports.")
 @click.option("--base-port", type=int, default=6627, show_default=True)
 @click.option("--dir", "work_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("dev-cluster"), show_default=True)
 @click.option("--demo", is_flag=True,
               help="Submit a sample topology, kill -9 the leader and show the failover.")
 @_fail_cleanly
-def dev_cluster(nimbuses: int, base_port: int, work_dir: Path, demo: bool) -> None:
-    """ZooKeeper plus N nimbuses on loopback, for a first look (Ctrl-C stops all)."""
+def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
+                demo: bool) -> None:
+    """ZooKeeper plus N nimbuses (and supervisors) on loopback, for a first look
+    (Ctrl-C stops all)."""
     from nimbus.devcluster import run_dev_cluster
 
-    run_dev_cluster(work_dir, nimbuses, base_port, demo)
+    run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors)
 
 
 if __name__ == "__main__":  # pragma: no cover

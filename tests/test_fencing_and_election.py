@@ -127,6 +127,7 @@ def test_errors_keep_the_ten_newest(make_zk, zk_root):
 
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
+    state.zk.create(f"{zk_root}/errors/t-1-1")  # made at submit; errors go only below it
     for i in range(13):
         state.report_error("t-1-1", "bolt", ErrorInfo(error=f"e{i}", error_time_secs=i))
     assert [e.error for e in state.errors("t-1-1", "bolt")] == [f"e{i}" for i in range(3, 13)]

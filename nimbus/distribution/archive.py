@@ -2,7 +2,9 @@
 
 A bundle is a zip (a Storm jar is one) or a tar archive, possibly compressed. Nothing in
 it may leave its directory: absolute names, ``..`` components, symlinks, hard links and
-device files are refused, as is a file that is not an archive at all.
+device files are refused, as is a file that is not an archive at all. A submitted bundle
+must also hold ``topology.py`` (a pipeline) or ``topology.yaml`` (a process topology) at
+its root (docs/runtime.md); :func:`bundle_kind` checks that.
 """
 
 from __future__ import annotations
@@ -35,10 +37,25 @@ def _check_name(name: str, archive: str) -> None:
         raise BundleError(f"{archive}: entry {name!r} leaves its directory")
 
 
-def check_bundle(path: Path, max_bytes: int) -> int:
-    """Validate an archive and return its unpacked size; raises BundleError."""
+# What a worker can run (docs/runtime.md): one of these files at the bundle's root.
+PIPELINE_FILE = "topology.py"
+PROCESS_FILE = "topology.yaml"
+PIPELINE, PROCESS = "pipeline", "process"
+NO_KIND_MESSAGE = (f"bundle has neither {PIPELINE_FILE} (a pipeline) nor {PROCESS_FILE} "
+                   "(a process topology) at its root")
+
+
+def _root_file(name: str) -> str | None:
+    """The file name if archive entry ``name`` sits at the root (``./x`` counts), else None."""
+    parts = [p for p in PurePosixPath(name.replace("\\", "/")).parts if p != "."]
+    return parts[0] if len(parts) == 1 else None
+
+
+def _scan(path: Path, max_bytes: int) -> tuple[int, set[str]]:
+    """Validate an archive; return its unpacked size and the names of its root files."""
     label = Path(path).name
     total = 0
+    roots: set[str] = set()
 
     def count(size: int) -> None:
         # Checked entry by entry, so a decompression bomb is stopped early.
@@ -56,6 +73,9 @@ def check_bundle(path: Path, max_bytes: int) -> int:
                     if mode == 0o120000:
                         raise BundleError(f"{label}: entry {info.filename!r} is a symlink")
                     count(info.file_size)
+                    root = _root_file(info.filename)
+                    if root is not None and not info.is_dir():
+                        roots.add(root)
         else:
             with tarfile.open(path) as tf:
                 for member in tf:
@@ -65,11 +85,42 @@ def check_bundle(path: Path, max_bytes: int) -> int:
                     if not (member.isfile() or member.isdir()):
                         raise BundleError(f"{label}: entry {member.name!r} is not a file")
                     count(member.size)
+                    root = _root_file(member.name)
+                    if root is not None and member.isfile():
+                        roots.add(root)
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError,
             OSError) as exc:
         raise BundleError(f"{label}: not a zip or tar archive, or a damaged one ({exc})") \
             from None
-    return total
+    return total, roots
+
+
+def check_bundle(path: Path, max_bytes: int) -> int:
+    """Validate an archive and return its unpacked size; raises BundleError.
+
+    This checks safety only; :func:`bundle_kind` also checks that a worker can run it.
+    """
+    return _scan(path, max_bytes)[0]
+
+
+def bundle_kind(path: Path, max_bytes: int) -> str:
+    """Validate an archive as :func:`check_bundle` does and return what it holds:
+    ``"pipeline"`` (``topology.py`` at its root) or ``"process"`` (``topology.yaml``).
+
+    Raises BundleError for an unsafe or damaged archive, for one with neither file at its
+    root (a plain Storm jar: no worker could run it) and for one with both (which of the
+    two would run is not obvious to whoever reads the bundle).
+    """
+    _total, roots = _scan(path, max_bytes)
+    has_pipeline, has_process = PIPELINE_FILE in roots, PROCESS_FILE in roots
+    if has_pipeline and has_process:
+        raise BundleError(f"bundle has both {PIPELINE_FILE} and {PROCESS_FILE} at its root; "
+                          "keep the one that should run")
+    if has_pipeline:
+        return PIPELINE
+    if has_process:
+        return PROCESS
+    raise BundleError(NO_KIND_MESSAGE)
 
 
 def _bundle_files(src: Path) -> Iterator[tuple[Path, str]]:

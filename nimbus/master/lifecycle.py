@@ -1,4 +1,4 @@
-"""Topology lifecycle on the leader: submit, kill, activate, deactivate, and the duties.
+"""Topology lifecycle on the leader: submit, kill, (de)activate, rebalance, and the duties.
 
 Submission is atomic. The code is staged on disk and distributed first; the topology
 then comes into existence in one fenced multi-op (storms, assignments, workerbeats and
@@ -24,7 +24,7 @@ from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
 from nimbus.config import Config
-from nimbus.distribution.archive import check_bundle
+from nimbus.distribution.archive import bundle_kind
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore, atomic_dir, sha256_file
 from nimbus.master.elector import LeaderElector, NoLeaderError
@@ -112,7 +112,9 @@ class TopologyLifecycle:
         max_wait = self._topology_setting(topo_conf, "topology.max.replication.wait.time.sec")
         num_workers = self._topology_setting(topo_conf, "topology.workers")
         try:
-            check_bundle(bundle, self.conf["nimbus.max.topology.bytes"])
+            # Before anything is written: a bundle no worker can run (a plain Storm jar)
+            # must leave no code directory and no znode behind.
+            kind = bundle_kind(bundle, self.conf["nimbus.max.topology.bytes"])
         except ValueError as exc:
             raise InvalidTopologyError(str(exc)) from None
 
@@ -145,7 +147,8 @@ class TopologyLifecycle:
                 Assignment(master_code_dir=str(code_dir.resolve()),
                            code_sha256={f: sha256_file(code_dir / f)
                                         for f in (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)}))
-            log.info("submitted %s as %s (%d replicas)", name, topology_id, replicas)
+            log.info("submitted %s as %s (%s, %d replicas)", name, topology_id, kind,
+                     replicas)
             return topology_id
         except BaseException:
             self._abandon(topology_id)
@@ -315,6 +318,43 @@ class TopologyLifecycle:
             return None if base.status == INACTIVE else replace(base, status=INACTIVE)
 
         self._change(name, change)
+
+    def rebalance(self, name: str, wait_secs: int | None = None,
+                  num_workers: int | None = None,
+                  num_executors: dict[str, int] | None = None) -> None:
+        """Change a topology's number of workers (Storm's ``rebalance -n``).
+
+        Only StormBase.num_workers changes here (fenced, like the status changes); the
+        scheduler's next pass grows or shrinks the assignment to it. ``wait_secs`` is
+        accepted for Storm's RebalanceOptions but there is nothing to wait for: workers
+        are added or stopped by the scheduler at once. ``num_executors`` (per-component
+        parallelism) has no meaning for pipeline or process topologies and is refused.
+        Raises InvalidTopologyError for a bad value or a KILLED topology and
+        TopologyNotFoundError for an unknown name.
+        """
+        if num_executors:
+            raise InvalidTopologyError(
+                "rebalance: num_executors is not supported (a worker runs whole components);"
+                " change num_workers instead")
+        if wait_secs is not None and wait_secs < 0:
+            raise InvalidTopologyError(f"rebalance wait must be >= 0 seconds, not {wait_secs}")
+        if num_workers is None:
+            raise InvalidTopologyError("rebalance: give num_workers (the only option "
+                                       "nimbus-ha supports)")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) \
+                or num_workers < 1:
+            raise InvalidTopologyError(
+                f"rebalance: num_workers must be an integer >= 1, not {num_workers!r}")
+
+        def change(_topology_id: str, base: StormBase) -> StormBase | None:
+            if base.status == KILLED:
+                raise InvalidTopologyError(f"topology {name!r} is being killed")
+            if base.num_workers == num_workers:
+                return None
+            return replace(base, num_workers=num_workers)
+
+        self._change(name, change)
+        log.info("rebalanced %s to %d workers", name, num_workers)
 
     # -- duties (called periodically on the leader) ---------------------------------------
     def remove_due_kills(self) -> None:

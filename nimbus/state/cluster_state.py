@@ -40,6 +40,7 @@ from nimbus.state.records import (
     CodeMeta,
     ErrorInfo,
     NimbusInfo,
+    RecordError,
     StormBase,
     SupervisorInfo,
 )
@@ -307,24 +308,61 @@ class StormClusterState:
     def error_topologies(self) -> list[str]:
         return self._layout_children("errors")
 
-    def report_error(self, topology_id: str, component_id: str, error: ErrorInfo) -> None:
-        """Append an error for a component, keeping only the newest ten."""
-        base = self.path("errors", topology_id, component_id)
-        self.zk.retry(self.zk.ensure_path, base)
-        self.zk.create(posixpath.join(base, "e"), error.encode(), sequence=True)
+    def report_error(self, topology_id: str, component_id: str, error: ErrorInfo) -> bool:
+        """Append an error for a component, keeping only the newest ten.
+
+        Returns False, writing nothing, when ``/errors/<topology-id>`` is gone: the
+        topology was removed (its directory is made at submit and deleted at removal), and
+        a late report from one of its workers must not bring the node back, where nothing
+        would ever delete it again. Returns True once the error is stored.
+        """
+        topology_dir = self.path("errors", topology_id)
+        base = posixpath.join(topology_dir, component_id)
+        for _ in range(3):
+            try:
+                # Never makepath: only the component's node may be created, and only
+                # below a topology directory that still exists.
+                self.zk.retry(self.zk.create, base, b"")
+            except NodeExistsError:
+                pass
+            except NoNodeError:
+                return False  # the topology is gone
+            try:
+                self.zk.retry(self.zk.create, posixpath.join(base, "e"), error.encode(),
+                              sequence=True)
+                break
+            except NoNodeError:
+                # The component node went between the two creates: the topology is being
+                # removed (then the next create finds no directory) or was just cleaned.
+                continue
+        else:
+            return False
         for stale in self._children(base)[:-MAX_ERRORS_PER_COMPONENT]:
             try:
                 self.zk.delete(posixpath.join(base, stale))
             except NoNodeError:
                 pass
+        return True
+
+    def error_components(self, topology_id: str) -> list[str]:
+        """Components of a topology that reported errors (sorted; none if it is gone)."""
+        return self._children(self.path("errors", topology_id))
 
     def errors(self, topology_id: str, component_id: str) -> list[ErrorInfo]:
+        """A component's kept errors, oldest first (by ZooKeeper sequence number).
+
+        Errors are written by supervisors of any release: one this release cannot read is
+        skipped rather than hiding the others.
+        """
         base = self.path("errors", topology_id, component_id)
         out = []
         for child in self._children(base):
             got = self._get(posixpath.join(base, child))
             if got:
-                out.append(ErrorInfo.decode(got[0]))
+                try:
+                    out.append(ErrorInfo.decode(got[0]))
+                except (RecordError, TypeError):  # TypeError: a required field is missing
+                    continue
         return out
 
     # -- code distribution -------------------------------------------------------------

@@ -236,3 +236,12 @@ class NimbusClient:
 
     def deactivate(self, name: str) -> None:
         self.on_leader(lambda c: c.deactivate(name))
+
+    def rebalance(self, name: str, num_workers: int, wait_secs: int | None = None) -> None:
+        """Give topology ``name`` ``num_workers`` workers (Storm's ``rebalance -n``).
+
+        Raises InvalidTopologyException for a bad value and NotAliveException for an
+        unknown name; the leader's scheduler resizes the assignment on its next pass.
+        """
+        opts = storm.RebalanceOptions(wait_secs=wait_secs, num_workers=num_workers)
+        self.on_leader(lambda c: c.rebalance(name, opts))

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kazoo.exceptions import KazooException
+from kazoo.protocol.states import KazooState
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.utils import deserialize, serialize
@@ -23,6 +25,7 @@ from nimbus import __version__
 from nimbus.config import Config
 from nimbus.distribution.file_transfer import FileTransfers, TransferError
 from nimbus.distribution.local_code import LocalCodeStore, UnsafePathError
+from nimbus.master import runtime_view
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.master.lifecycle import (
     CONF_FILE,
@@ -34,12 +37,18 @@ from nimbus.master.lifecycle import (
 )
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.redaction import redact
-from nimbus.state.cluster_state import ConcurrentChangeError, NotLeaderError
-from nimbus.state.records import ACTIVE, INACTIVE
+from nimbus.state.cluster_state import (
+    ConcurrentChangeError,
+    LayoutMissingError,
+    NotLeaderError,
+)
+from nimbus.state.records import ACTIVE, INACTIVE, Assignment, StormBase
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
 log = logging.getLogger(__name__)
 _PROTO = TBinaryProtocolFactory()
+# Storm's per-worker system component; stands for a worker that reports no component yet.
+SYSTEM_COMPONENT = "__system"
 
 
 class NimbusHandler:
@@ -127,6 +136,15 @@ class NimbusHandler:
         self._leader_call(lambda: self.lifecycle.deactivate(name))
         self.cache.refresh_now()
 
+    def rebalance(self, name: str, options: Any) -> None:
+        """Storm's rebalance: only ``num_workers`` is honoured (see lifecycle.rebalance);
+        the leader's scheduler then grows or shrinks the assignment on its next pass."""
+        wait = options.wait_secs if options is not None else None
+        workers = options.num_workers if options is not None else None
+        executors = options.num_executors if options is not None else None
+        self._leader_call(lambda: self.lifecycle.rebalance(name, wait, workers, executors))
+        self.cache.refresh_now()
+
     # -- file transfer -----------------------------------------------------------------------
     def beginFileUpload(self) -> str:
         self._require_leader()  # the submit that follows must reach the same nimbus
@@ -176,19 +194,53 @@ class NimbusHandler:
                 isLeader=is_leader, version=info.version))
         return out
 
+    def _assignments_now(self) -> dict[str, Assignment] | None:
+        """Every topology's Assignment, read now; None while ZooKeeper is not connected.
+
+        The summary cache holds no assignments, and they change with every scheduling
+        pass; reading them costs one round trip per topology. Without a connection
+        getClusterInfo still answers from the cache alone rather than wait for one.
+        """
+        if self.lifecycle.state.zk.state != KazooState.CONNECTED:
+            return None
+        try:
+            return runtime_view.assignments(self.lifecycle.state)
+        except (KazooException, LayoutMissingError) as exc:
+            log.debug("assignments unavailable for getClusterInfo: %s", exc)
+            return None
+
     def getClusterInfo(self) -> Any:
         snap = self.cache.snapshot
         now = time.time()
-        topologies = [storm.TopologySummary(
-            id=topology_id, name=base.storm_name, num_tasks=0, num_executors=0,
-            num_workers=base.num_workers, uptime_secs=int(now - base.launch_time_secs),
-            status=base.status, owner=base.owner or None,
-            replication_count=snap.replication.get(topology_id, 0))
-            for topology_id, base in sorted(snap.storms.items())]
+        found = self._assignments_now()
+
+        def placed(topology_id: str, base: StormBase) -> int:
+            # Workers placed by the scheduler (Storm reports assigned, not requested,
+            # workers); without assignments, the requested number. Each worker is one
+            # executor (worker-<i>) of the Assignment: there are no finer tasks.
+            if found is None:
+                return base.num_workers
+            assignment = found.get(topology_id)
+            return len(assignment.executor_node_port) if assignment is not None else 0
+
+        topologies = []
+        for topology_id, base in sorted(snap.storms.items()):
+            workers = placed(topology_id, base)
+            topologies.append(storm.TopologySummary(
+                id=topology_id, name=base.storm_name, num_tasks=workers,
+                num_executors=workers, num_workers=workers,
+                uptime_secs=int(now - base.launch_time_secs), status=base.status,
+                owner=base.owner or None,
+                replication_count=snap.replication.get(topology_id, 0)))
+        used = runtime_view.used_ports_by_supervisor(found or {})
         supervisors = [storm.SupervisorSummary(
             host=info.hostname, uptime_secs=info.uptime_secs, num_workers=len(info.meta),
-            num_used_workers=len(info.used_ports), supervisor_id=sid,
-            version=info.version or None) for sid, info in sorted(snap.supervisors.items())]
+            # Used slots are the leader's assignments; the supervisor's own used_ports
+            # lags them by a heartbeat and serves only when assignments are unreadable.
+            num_used_workers=len(used.get(sid, [])) if found is not None
+            else len(info.used_ports),
+            supervisor_id=sid, version=info.version or None)
+            for sid, info in sorted(snap.supervisors.items())]
         return storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
                                     nimbuses=self._nimbus_summaries(),
                                     nimbus_uptime_secs=int(now - self.started_at))
@@ -215,13 +267,31 @@ class NimbusHandler:
         return base
 
     def getTopologyInfo(self, id: str) -> Any:  # noqa: A002
+        """One ExecutorSummary per worker and component it reports (``task_start`` =
+        ``task_end`` = worker index + 1), and each component's kept errors, newest first.
+
+        A worker whose beat names no component yet (just placed, or not started) shows
+        as Storm's ``__system`` component, so that its host and port are still listed.
+        """
         # One topology: read fresh (cheap), unlike the cached cluster-wide summary.
-        base = self.lifecycle.state.storm_base(id)
-        if base is None:
+        info = runtime_view.topology_info(self.lifecycle.state, id)
+        if info is None:
             raise storm.NotAliveException(msg=f"no live topology with id {id!r}")
+        executors = []
+        for worker in info["workers"]:
+            task = worker["index"] + 1
+            for component in sorted(worker["components"]) or [SYSTEM_COMPONENT]:
+                executors.append(storm.ExecutorSummary(
+                    executor_info=storm.ExecutorInfo(task_start=task, task_end=task),
+                    component_id=component, host=worker["host"], port=worker["port"],
+                    uptime_secs=worker["uptime_secs"]))
+        errors = {component: [storm.ErrorInfo(error=e["error"], error_time_secs=e["time_secs"],
+                                              host=e["host"] or None, port=e["port"] or None)
+                              for e in kept]
+                  for component, kept in info["errors"].items()}
         return storm.TopologyInfo(
-            id=id, name=base.storm_name, uptime_secs=int(time.time() - base.launch_time_secs),
-            executors=[], status=base.status, errors={}, owner=base.owner or None,
+            id=id, name=info["name"], uptime_secs=info["uptime_secs"], executors=executors,
+            status=info["status"], errors=errors, owner=info["owner"] or None,
             replication_count=self.lifecycle.distributor.get_replication_count(id))
 
     def _code_file(self, topology_id: str, name: str) -> bytes:

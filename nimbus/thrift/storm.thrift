@@ -249,11 +249,19 @@ struct TopologyInfo {
 }
 
 # ---------------------------------------------------------------------------
-# Options for submit / kill
+# Options for submit / kill / rebalance
 # ---------------------------------------------------------------------------
 
 struct KillOptions {
   1: optional i32 wait_secs;
+}
+
+# nimbus-ha honours num_workers only (num_executors is refused with
+# InvalidTopologyException: a worker runs whole components).
+struct RebalanceOptions {
+  1: optional i32 wait_secs;
+  2: optional i32 num_workers;
+  3: optional map<string, i32> num_executors;
 }
 
 struct Credentials {
@@ -289,6 +297,8 @@ service Nimbus {
       throws (1: NotAliveException e, 2: AuthorizationException aze);
   void deactivate(1: string name)
       throws (1: NotAliveException e, 2: AuthorizationException aze);
+  void rebalance(1: string name, 2: RebalanceOptions options)
+      throws (1: NotAliveException e, 2: InvalidTopologyException ite, 3: AuthorizationException aze);
 
   string beginFileUpload()
       throws (1: AuthorizationException aze);

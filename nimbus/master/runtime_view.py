@@ -1,0 +1,188 @@
+"""What runs where, read from ZooKeeper as plain dicts: for ``topology-info``, ``errors``,
+``cluster-info`` and the Thrift reads (getTopologyInfo, getClusterInfo's supervisors).
+
+Every function only reads, and any nimbus or the CLI (with its own read-only ZooKeeper
+client) may call it. The records are those of docs/runtime.md: supervisors'
+``SupervisorInfo``, the leader's ``Assignment``, the ``WorkerBeat`` that a supervisor
+writes for each of its workers and the components' ``ErrorInfo``. A record this release
+cannot read (``RecordError``) is skipped, or shown as a worker without a readable beat:
+one bad node must not hide the rest of the cluster.
+
+Shapes (all keys always present):
+
+``supervisors(state)``, sorted by id::
+
+    {"id": str, "host": str, "slots": int, "used_slots": int, "ports": [int],
+     "used_ports": [int], "uptime_secs": int, "version": str}
+
+``topology_info(state, topology_id)`` (None for an unknown id)::
+
+    {"id": str, "name": str, "status": str, "owner": str, "uptime_secs": int,
+     "num_workers": int,                      # wanted (StormBase), not necessarily placed
+     "workers": [{"worker": "worker-<i>", "index": int, "supervisor_id": str, "host": str,
+                  "port": int, "uptime_secs": int, "alive": bool, "restarts": int,
+                  "components": {name: COMPONENT}}],           # sorted by index
+     "components": {name: {"host_ports": ["host:port"], "batch_id": int | None,
+                           "num_input_rows": int, "input_rows_per_second": float,
+                           "processed_rows_per_second": float}},
+     "errors": ERRORS}
+
+    COMPONENT = {"batch_id": int | None, "num_input_rows": int,
+                 "input_rows_per_second": float, "processed_rows_per_second": float}
+
+``errors(state, topology_id)`` is ERRORS: ``{component: [{"error": str, "time_secs": int,
+"host": str, "port": int}]}``, each list newest first (by ZooKeeper sequence number, not
+by the reporting host's clock), at most 10.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nimbus.state.cluster_state import MAX_ERRORS_PER_COMPONENT, StormClusterState
+from nimbus.state.records import Assignment, RecordError, WorkerBeat
+
+WORKER_PREFIX = "worker-"  # the scheduler's executor keys: worker-<i>
+# What decoding a record written by another release may raise (TypeError: a required
+# field is missing).
+UNREADABLE = (RecordError, TypeError)
+
+
+def assignments(state: StormClusterState) -> dict[str, Assignment]:
+    """topology id -> Assignment of every topology that has a readable one."""
+    out = {}
+    for topology_id in state.assignments():
+        try:
+            assignment = state.assignment_info(topology_id)
+        except UNREADABLE:
+            continue
+        if assignment is not None:
+            out[topology_id] = assignment
+    return out
+
+
+def used_ports_by_supervisor(found: dict[str, Assignment]) -> dict[str, list[int]]:
+    """supervisor id -> sorted ports that assignments give workers on it.
+
+    This, not ``SupervisorInfo.used_ports``, is what counts as used: the supervisor's
+    own list lags behind the leader's decisions by up to a heartbeat.
+    """
+    used: dict[str, set[int]] = {}
+    for assignment in found.values():
+        for supervisor_id, port in assignment.executor_node_port.values():
+            used.setdefault(str(supervisor_id), set()).add(int(port))
+    return {sid: sorted(ports) for sid, ports in used.items()}
+
+
+def supervisors(state: StormClusterState) -> list[dict[str, Any]]:
+    """Every live supervisor (sorted by id) with its slots and the slots in use."""
+    used = used_ports_by_supervisor(assignments(state))
+    out = []
+    for supervisor_id in state.supervisors():
+        try:
+            info = state.supervisor_info(supervisor_id)
+        except UNREADABLE:
+            continue
+        if info is None:  # its session ended since the listing
+            continue
+        ports = used.get(supervisor_id, [])
+        out.append({"id": supervisor_id, "host": info.hostname, "slots": len(info.meta),
+                    "used_slots": len(ports), "ports": sorted(info.meta),
+                    "used_ports": ports, "uptime_secs": info.uptime_secs,
+                    "version": info.version})
+    return out
+
+
+def errors(state: StormClusterState, topology_id: str) -> dict[str, list[dict[str, Any]]]:
+    """component -> its kept errors, newest first (see the module docstring)."""
+    out = {}
+    for component in state.error_components(topology_id):
+        kept = state.errors(topology_id, component)[-MAX_ERRORS_PER_COMPONENT:]
+        if kept:
+            out[component] = [{"error": e.error, "time_secs": e.error_time_secs,
+                               "host": e.host, "port": e.port} for e in reversed(kept)]
+    return out
+
+
+def _component_stats(raw: Any) -> dict[str, Any]:
+    """A beat's component entry (Spark's lastProgress, or a process's pid) as numbers."""
+    raw = raw if isinstance(raw, dict) else {}
+    batch = raw.get("batch_id")
+    return {"batch_id": batch if isinstance(batch, int) and not isinstance(batch, bool)
+            else None,
+            "num_input_rows": _number(raw.get("num_input_rows"), int),
+            "input_rows_per_second": _number(raw.get("input_rows_per_second"), float),
+            "processed_rows_per_second": _number(raw.get("processed_rows_per_second"),
+                                                 float)}
+
+
+def _number(value: Any, kind: type) -> Any:
+    # Spark reports NaN-free numbers but a missing or null field is common (no batch yet).
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return kind(0)
+    return kind(value)
+
+
+def _worker_index(worker: str) -> int:
+    try:
+        return int(worker[len(WORKER_PREFIX):])
+    except ValueError:
+        return -1
+
+
+def topology_info(state: StormClusterState, topology_id: str,
+                  now: float | None = None) -> dict[str, Any] | None:
+    """The topology's workers, components and errors; None if no topology has that id.
+
+    ``now`` (default: this host's clock) is what uptimes are measured against.
+    """
+    base = state.storm_base(topology_id)
+    if base is None:
+        return None
+    now = time.time() if now is None else now
+    try:
+        assignment = state.assignment_info(topology_id)
+    except UNREADABLE:
+        assignment = None
+    assignment = assignment or Assignment(master_code_dir="")
+    workers = []
+    for worker, (supervisor_id, port) in sorted(
+            assignment.executor_node_port.items(), key=lambda kv: _worker_index(kv[0])):
+        supervisor_id, port = str(supervisor_id), int(port)
+        raw = state.get_worker_heartbeat(topology_id, supervisor_id, port)
+        beat = None
+        if raw is not None:
+            try:
+                beat = WorkerBeat.decode(raw)
+            except UNREADABLE:
+                pass  # present (so alive) but unreadable: no numbers to show
+        started = assignment.executor_start_time_secs.get(worker)
+        reported = beat.components if beat and isinstance(beat.components, dict) else {}
+        workers.append({
+            "worker": worker, "index": _worker_index(worker),
+            "supervisor_id": supervisor_id,
+            "host": assignment.node_host.get(supervisor_id, supervisor_id), "port": port,
+            "uptime_secs": max(0, int(now - started)) if started is not None else 0,
+            "alive": raw is not None,
+            "restarts": _number(beat.restarts, int) if beat else 0,
+            "components": {str(name): _component_stats(stats)
+                           for name, stats in sorted(reported.items())}})
+    components: dict[str, dict[str, Any]] = {}
+    for w in workers:
+        for name, stats in w["components"].items():
+            agg = components.setdefault(name, {
+                "host_ports": [], "batch_id": None, "num_input_rows": 0,
+                "input_rows_per_second": 0.0, "processed_rows_per_second": 0.0})
+            agg["host_ports"].append(f"{w['host']}:{w['port']}")
+            if stats["batch_id"] is not None:
+                agg["batch_id"] = max(stats["batch_id"], agg["batch_id"] or 0)
+            # A process topology runs its command on every worker: rates add up.
+            for key in ("num_input_rows", "input_rows_per_second",
+                        "processed_rows_per_second"):
+                agg[key] += stats[key]
+    return {"id": topology_id, "name": base.storm_name, "status": base.status,
+            "owner": base.owner, "uptime_secs": max(0, int(now - base.launch_time_secs)),
+            "num_workers": base.num_workers, "workers": workers,
+            "components": dict(sorted(components.items())),
+            "errors": errors(state, topology_id)}
