@@ -1,0 +1,232 @@
+"""Benchmark: how fast the runtime recovers a PySpark pipeline, and what it costs.
+
+    .venv/bin/python integration/bench_runtime.py [--records 100000] [--leader-kills 5]
+
+Every figure is a ratio to a baseline measured in the same run:
+
+* **cold start**: a fresh Python process runs the example pipeline's ``build()`` directly
+  with pyspark (no nimbus-ha) and commits records that were already waiting. This is the
+  least any restart of a pipeline costs.
+* **direct throughput**: the same process, fed ``--records`` records: records per second
+  from feeding to commit.
+
+Then, on a cluster of ZooKeeper, 2 nimbuses and 2 supervisors (one slot each):
+
+* throughput of the same pipeline under nimbus-ha ÷ direct throughput (target ≥ 0.95);
+* worker kill -9 → the next committed batch, ÷ cold start (target ≤ 1.2);
+* ``--leader-kills`` kill -9s of the leader nimbus while the pipeline runs: worker
+  restarts and records lost or duplicated (target 0, 0);
+* supervisor kill -9 (with its worker) → the next committed batch on the other
+  supervisor, ÷ (session timeout + cold start) (target ≤ 1.2);
+* resident memory of an idle supervisor and of a running worker (Python + its JVM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import observer  # noqa: E402
+
+from nimbus.devcluster import LocalCluster, wait_for  # noqa: E402
+from nimbus.distribution.archive import pack_directory  # noqa: E402
+from nimbus.master import runtime_view  # noqa: E402
+from nimbus.testing.pipelines import (  # noqa: E402
+    WORDCOUNT,
+    CommittedOutput,
+    RecordFeed,
+    exactly_once_report,
+    process_tree_rss_kib,
+    processes_with_arg,
+)
+
+SESSION_MS = 6000
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",
+              "spark.sql.shuffle.partitions": "2"}
+TRIGGER_SECS = 0.5
+TIMEOUT_S = 300
+
+
+def run_direct(input_dir: str, output_dir: str, checkpoint: str) -> None:
+    """Child mode: the example's build() run with plain pyspark, until killed."""
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    sys.path.insert(0, str(WORDCOUNT))
+    from pyspark.sql import SparkSession
+    from topology import build  # the example's module
+
+    builder = (SparkSession.builder.master("local[1]").appName("direct")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1"))
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    writer = build(spark, {"wordcount.input.dir": input_dir, "wordcount.output.dir": output_dir,
+                           "wordcount.trigger.secs": TRIGGER_SECS})
+    writer.option("checkpointLocation", checkpoint).start().awaitTermination()
+
+
+def timed_commit(feed: RecordFeed, output: CommittedOutput, count: int,
+                 since: float | None = None) -> float:
+    """Feed ``count`` records (in files of at most 5000) and return the seconds from
+    ``since`` (default: now) until all of them committed."""
+    start = time.monotonic() if since is None else since
+    ids: list[int] = []
+    while len(ids) < count:
+        ids += feed.feed(min(5000, count - len(ids)))
+    wait_for(lambda: output.holds(ids), TIMEOUT_S, f"{count} records to commit",
+             interval_s=0.02)
+    return time.monotonic() - start
+
+
+def measure_direct(work: Path, records: int) -> tuple[float, float]:
+    """(cold start seconds, records per second) of the pipeline without nimbus-ha."""
+    feed, output = RecordFeed(work / "direct-in"), CommittedOutput(work / "direct-out")
+    waiting = feed.feed(10)
+    started = time.monotonic()
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--direct", str(feed.input_dir), str(output.output_dir),
+         str(work / "direct-ckpt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        wait_for(lambda: output.holds(waiting), TIMEOUT_S, "the direct run's first commit",
+                 interval_s=0.02)
+        cold = time.monotonic() - started
+        rate = records / timed_commit(feed, output, records)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    return cold, rate
+
+
+class Runtime:
+    def __init__(self, cluster: LocalCluster, work: Path):
+        self.cluster = cluster
+        self.state = observer(cluster)
+        self.feed = RecordFeed(work / "in")
+        self.output = CommittedOutput(work / "out")
+        self.topology_id = cluster.client().submit("wordcount", pack_directory(WORDCOUNT), {
+            "topology.min.replication.count": 2,
+            "wordcount.input.dir": str(self.feed.input_dir),
+            "wordcount.output.dir": str(self.output.output_dir),
+            "wordcount.trigger.secs": TRIGGER_SECS})
+
+    def worker(self) -> tuple[str, int, int]:
+        """(supervisor id, port, worker pid) once exactly one worker runs."""
+        def one() -> tuple[str, int, int] | None:
+            assignment = self.state.assignment_info(self.topology_id)
+            slot = assignment and assignment.executor_node_port.get("worker-0")
+            pids = processes_with_arg(f"{self.topology_id}-")
+            if not slot or len(pids) != 1:
+                return None
+            return slot[0], int(slot[1]), pids[0]
+
+        return wait_for(one, TIMEOUT_S, "one running worker")
+
+    def supervisor(self, supervisor_id: str):
+        return next(s for s in self.cluster.supervisors if s.id == supervisor_id)
+
+    def restarts(self) -> int:
+        return runtime_view.topology_info(self.state, self.topology_id)["workers"][0]["restarts"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--leader-kills", type=int, default=5)
+    parser.add_argument("--direct", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.direct:
+        run_direct(*args.direct)
+        return
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
+        work = Path(tmp)
+        cold, direct_rate = measure_direct(work, args.records)
+        print(f"baseline: cold start {cold:.2f}s; direct throughput {direct_rate:,.0f} rec/s")
+        cluster = LocalCluster(work / "cluster", nimbuses=2, supervisors=2,
+                               slots_per_supervisor=1, conf={
+                                   "storm.zookeeper.session.timeout": SESSION_MS,
+                                   "nimbus.monitor.freq.secs": 1,
+                                   "supervisor.monitor.frequency.secs": 1,
+                                   "supervisor.heartbeat.frequency.secs": 1,
+                                   "topology.spark.master": "local[1]",
+                                   "topology.spark.conf": SPARK_CONF,
+                                   "topology.spark.checkpoint.dir": str(work / "ckpt")})
+        with cluster:
+            runtime = Runtime(cluster, work)
+            timed_commit(runtime.feed, runtime.output, 10)  # running, first batch done
+            sid, _, pid = runtime.worker()
+            idle = next(s for s in cluster.supervisors if s.id != sid)
+            idle_rss = process_tree_rss_kib(idle.process.pid) / 1024
+            worker_rss = process_tree_rss_kib(pid) / 1024
+            rate = args.records / timed_commit(runtime.feed, runtime.output, args.records)
+
+            t0 = time.monotonic()
+            os.killpg(pid, signal.SIGKILL)
+            worker_crash = timed_commit(runtime.feed, runtime.output, 1, since=t0)
+
+            sid, port, pid = runtime.worker()
+            restarts_before = runtime.restarts()
+            for _ in range(args.leader_kills):
+                leader = cluster.wait_for_leader()
+                leader.kill9()
+                cluster.wait_for_leader(exclude=leader.address)
+                timed_commit(runtime.feed, runtime.output, 100)
+                leader.start()
+            after = runtime.worker()
+            restarts = (runtime.restarts() - restarts_before) + (after != (sid, port, pid))
+
+            supervisor = runtime.supervisor(sid)
+            t0 = time.monotonic()
+            supervisor.kill9_group()
+            os.killpg(pid, signal.SIGKILL)
+            supervisor_crash = timed_commit(runtime.feed, runtime.output, 1, since=t0)
+            moved_to = runtime.worker()[0]
+            report = exactly_once_report(runtime.feed.fed, runtime.output.ids())
+            runtime.state.zk.stop()
+
+    session_s = SESSION_MS / 1000
+    figures = {
+        "cold_start_s": round(cold, 2),
+        "direct_records_per_s": round(direct_rate),
+        "nimbus_ha_records_per_s": round(rate),
+        "throughput_ratio": round(rate / direct_rate, 3),
+        "worker_crash_to_commit_s": round(worker_crash, 2),
+        "worker_crash_ratio": round(worker_crash / cold, 3),
+        "leader_kills": args.leader_kills,
+        "worker_restarts_during_leader_kills": restarts,
+        "supervisor_crash_to_commit_s": round(supervisor_crash, 2),
+        "supervisor_crash_ratio": round(supervisor_crash / (session_s + cold), 3),
+        "moved_to_other_supervisor": moved_to != sid,
+        "records_fed": len(runtime.feed.fed),
+        "records_lost": len(report["lost"]),
+        "records_duplicated": len(report["duplicated"]),
+        "idle_supervisor_rss_mb": round(idle_rss, 1),
+        "worker_rss_mb": round(worker_rss, 1),
+    }
+    print(f"throughput under nimbus-ha: {rate:,.0f} rec/s = {figures['throughput_ratio']} "
+          f"x direct (target >= 0.95)")
+    print(f"worker kill -9 -> next commit: {worker_crash:.2f}s = "
+          f"{figures['worker_crash_ratio']} x cold start (target <= 1.2)")
+    print(f"{args.leader_kills} leader kill -9s: {restarts} worker restarts (target 0)")
+    print(f"supervisor kill -9 -> next commit elsewhere: {supervisor_crash:.2f}s = "
+          f"{figures['supervisor_crash_ratio']} x (session {session_s:.0f}s + cold start) "
+          f"(target <= 1.2)")
+    print(f"records: {figures['records_fed']} fed, {figures['records_lost']} lost, "
+          f"{figures['records_duplicated']} duplicated")
+    print(f"RSS: idle supervisor {idle_rss:.1f} MB (target < 60); worker {worker_rss:.1f} MB "
+          f"(Python + Spark JVM)")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Driving a pipeline topology from outside: feed numbered records, read what committed.
+
+Used by the runtime's integration tests, its benchmark and the demo. Records are JSON
+lines ``{"id": n, "text": ...}`` written to the example word-count pipeline's input
+directory, one file per feed, each renamed into place whole (a file source must never see
+a half-written file). The output is read through the file sink's commit log only
+(``examples/wordcount/counts.py``), so a batch that a killed worker left half-written
+is never counted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+WORDCOUNT = REPO / "examples" / "wordcount"
+
+
+def load_counts() -> ModuleType:
+    """``examples/wordcount/counts.py``, imported by path (examples are not a package)."""
+    spec = importlib.util.spec_from_file_location("wordcount_counts", WORDCOUNT / "counts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class RecordFeed:
+    """Numbered records into ``input_dir``; remembers every id it fed."""
+
+    def __init__(self, input_dir: Path):
+        self.input_dir = Path(input_dir)
+        self.input_dir.mkdir(parents=True, exist_ok=True)
+        self.staging = self.input_dir.parent / (self.input_dir.name + ".staging")
+        self.staging.mkdir(parents=True, exist_ok=True)
+        self.fed: list[int] = []
+        self.files = 0
+
+    def feed(self, count: int, words: int = 3) -> list[int]:
+        """Write ``count`` new records as one file; returns their ids."""
+        start = len(self.fed)
+        ids = list(range(start, start + count))
+        lines = "".join(json.dumps({"id": i, "text": " ".join(["w"] * words)}) + "\n"
+                        for i in ids)
+        name = f"records-{self.files:06d}.json"
+        tmp = self.staging / name
+        tmp.write_text(lines, encoding="utf-8")
+        os.replace(tmp, self.input_dir / name)  # same filesystem: atomic
+        self.files += 1
+        self.fed.extend(ids)
+        return ids
+
+
+class CommittedOutput:
+    """The rows a file sink committed to ``output_dir``."""
+
+    def __init__(self, output_dir: Path):
+        self.output_dir = Path(output_dir)
+        self._counts = load_counts()
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self._counts.committed_rows(self.output_dir)
+
+    def ids(self) -> Counter:
+        """id -> how many times it was committed (exactly once means every value is 1)."""
+        return Counter(int(row["id"]) for row in self.rows())
+
+    def holds(self, ids: list[int]) -> bool:
+        committed = self.ids()
+        return all(i in committed for i in ids)
+
+
+def exactly_once_report(fed: list[int], committed: Counter) -> dict[str, list[int]]:
+    """``{"lost": [...], "duplicated": [...], "unexpected": [...]}``; all empty when every
+    fed record was committed exactly once and nothing else was."""
+    fed_set = set(fed)
+    return {"lost": sorted(fed_set - set(committed)),
+            "duplicated": sorted(i for i, n in committed.items() if n > 1),
+            "unexpected": sorted(set(committed) - fed_set)}
+
+
+def processes_with_arg(needle: str) -> list[int]:
+    """Pids of live processes whose command line contains ``needle`` (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+        if needle in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def process_tree_rss_kib(pid: int) -> int:
+    """Resident memory of ``pid`` and all its descendants, in KiB (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo.extend(children.get(current, []))
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
