@@ -1,9 +1,11 @@
-"""A cluster on loopback: one real ZooKeeper server and N nimbus processes.
+"""A cluster on loopback: one real ZooKeeper server, N nimbus and M supervisor processes.
 
 Used by ``nimbus-ha dev-cluster``, by the integration tests and by the benchmarks, so all
-three exercise the same separate processes: each nimbus is ``nimbus-ha nimbus`` in its
-own process group with its own ``storm.local.dir``, and can be killed with SIGKILL,
-stopped with SIGTERM, frozen with SIGSTOP, wiped and restarted.
+three exercise the same separate processes: each nimbus is ``nimbus-ha nimbus`` and each
+supervisor ``nimbus-ha supervisor``, in its own process group with its own
+``storm.local.dir`` (a supervisor also has its own slot ports), and can be killed with
+SIGKILL, stopped with SIGTERM, frozen with SIGSTOP, wiped and restarted. A supervisor's
+workers run in process groups of their own, so signals to a supervisor never reach them.
 """
 
 from __future__ import annotations
@@ -44,25 +46,22 @@ def wait_for(condition: Callable[[], T], timeout_s: float, what: str,
                        + (f" (last error: {last_error})" if last_error else ""))
 
 
-class NimbusProcess:
-    """One ``nimbus-ha nimbus`` subprocess."""
+class DaemonProcess:
+    """One ``nimbus-ha <daemon> --config FILE`` subprocess in its own process group."""
 
-    def __init__(self, index: int, port: int, local_dir: Path, config_file: Path, log_file: Path):
+    DAEMON = ""
+
+    def __init__(self, index: int, local_dir: Path, config_file: Path, log_file: Path):
         self.index = index
-        self.port = port
         self.local_dir = local_dir
         self.config_file = config_file
         self.log_file = log_file
         self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
     def start(self) -> None:
         log = open(self.log_file, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "nimbus.cli", "nimbus", "--config", str(self.config_file)],
+            [sys.executable, "-m", "nimbus.cli", self.DAEMON, "--config", str(self.config_file)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
@@ -94,11 +93,56 @@ class NimbusProcess:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
 
 
+class NimbusProcess(DaemonProcess):
+    """One ``nimbus-ha nimbus`` subprocess."""
+
+    DAEMON = "nimbus"
+
+    def __init__(self, index: int, port: int, local_dir: Path, config_file: Path, log_file: Path):
+        super().__init__(index, local_dir, config_file, log_file)
+        self.port = port
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+class SupervisorProcess(DaemonProcess):
+    """One ``nimbus-ha supervisor`` subprocess with its own slot ports."""
+
+    DAEMON = "supervisor"
+
+    def __init__(self, index: int, ports: list[int], local_dir: Path, config_file: Path,
+                 log_file: Path):
+        super().__init__(index, local_dir, config_file, log_file)
+        self.ports = ports
+
+    @property
+    def id(self) -> str | None:
+        """The supervisor id it persisted in its storm.local.dir (None before its start)."""
+        path = self.local_dir / "supervisor" / "id"
+        try:
+            return path.read_text(encoding="utf-8").strip() or None
+        except FileNotFoundError:
+            return None
+
+    def worker_dir(self, topology_id: str, port: int) -> Path:
+        return self.local_dir / "workers" / f"{topology_id}-{port}"
+
+    def kill9_group(self) -> None:
+        """SIGKILL the supervisor's process group (not its workers: they have their own)."""
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait(timeout=10)
+
+
 class LocalCluster:
     """ZooKeeper plus ``n`` nimbuses under ``work_dir``; use as a context manager."""
 
     def __init__(self, work_dir: Path, nimbuses: int = 3, base_port: int | None = None,
-                 conf: dict[str, Any] | None = None, zk_port: int | None = None):
+                 conf: dict[str, Any] | None = None, zk_port: int | None = None,
+                 supervisors: int = 0, slots_per_supervisor: int = 2):
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.zk = ZooKeeperServer(self.work_dir / "zookeeper", port=zk_port)
@@ -113,6 +157,11 @@ class LocalCluster:
             **(conf or {}),
         }
         self.nimbuses = [self._make_nimbus(i, port) for i, port in enumerate(ports)]
+        self.slots_per_supervisor = slots_per_supervisor
+        self.supervisors: list[SupervisorProcess] = []
+        for _ in range(supervisors):
+            self.add_supervisor()
+        self._observer: Any = None
 
     def _make_nimbus(self, index: int, port: int) -> NimbusProcess:
         local_dir = self.work_dir / f"nimbus-{index}"
@@ -127,6 +176,51 @@ class LocalCluster:
         nimbus = self._make_nimbus(len(self.nimbuses), free_port())
         self.nimbuses.append(nimbus)
         return nimbus
+
+    def add_supervisor(self, ports: list[int] | None = None) -> SupervisorProcess:
+        """Configure one more supervisor (not started) with ``ports`` as its slots, or
+        ``slots_per_supervisor`` free ones."""
+        index = len(self.supervisors)
+        ports = list(ports) if ports is not None else [
+            free_port() for _ in range(self.slots_per_supervisor)]
+        local_dir = self.work_dir / f"supervisor-{index}"
+        config_file = self.work_dir / f"supervisor-{index}.yaml"
+        config_file.write_text(yaml.safe_dump({
+            **self.conf_values, "storm.local.dir": str(local_dir),
+            "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports}))
+        supervisor = SupervisorProcess(index, ports, local_dir, config_file,
+                                       self.work_dir / f"supervisor-{index}.log")
+        self.supervisors.append(supervisor)
+        return supervisor
+
+    def registered_supervisors(self) -> set[str]:
+        """Ids of the supervisors registered in ZooKeeper now (a client of the cluster's)."""
+        from kazoo.client import KazooClient
+        from kazoo.exceptions import NoNodeError
+
+        if self._observer is None:
+            self._observer = KazooClient(hosts=self.zk.hosts)
+            self._observer.start(timeout=15)
+        root = "/" + str(self.conf_values.get("storm.zookeeper.root", "/storm")).strip("/")
+        try:
+            return set(self._observer.get_children(f"{root}/supervisors"))
+        except NoNodeError:
+            return set()
+
+    def start_supervisor(self, supervisor: SupervisorProcess, wait: bool = True,
+                         timeout_s: float = 60) -> SupervisorProcess:
+        """Start ``supervisor``; with ``wait``, until it has registered in ZooKeeper."""
+        supervisor.start()
+        if wait:
+            def registered() -> bool:
+                if not supervisor.alive():
+                    raise RuntimeError(f"supervisor {supervisor.index} exited; log:\n"
+                                       f"{supervisor.log_text()[-3000:]}")
+                return supervisor.id is not None and \
+                    supervisor.id in self.registered_supervisors()
+
+            wait_for(registered, timeout_s, f"supervisor {supervisor.index} to register")
+        return supervisor
 
     @property
     def config_file(self) -> Path:
@@ -148,6 +242,8 @@ class LocalCluster:
                 wait_for(lambda n=nimbus: port_open(n.port) or not n.alive() and _died(n),
                          60, f"nimbus {nimbus.address} to listen")
             self.wait_for_leader()
+        for supervisor in self.supervisors:
+            self.start_supervisor(supervisor, wait=wait)
         return self
 
     def leader_address(self) -> str | None:
@@ -170,6 +266,14 @@ class LocalCluster:
         return wait_for(leader, timeout_s, "a leader")
 
     def stop(self) -> None:
+        # Supervisors first: each stops its workers before its session ends.
+        for supervisor in self.supervisors:
+            supervisor.signal(signal.SIGCONT)
+            supervisor.terminate(timeout_s=30)
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.close()
+            self._observer = None
         for nimbus in self.nimbuses:
             nimbus.signal(signal.SIGCONT)
             nimbus.terminate(timeout_s=15)
@@ -197,17 +301,23 @@ def sample_topology(directory: Path, size_bytes: int = 64 * 1024) -> Path:
     return directory
 
 
-def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool) -> None:
+def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
+                    supervisors: int = 0) -> None:
     """Start a dev cluster, optionally run the failover demo, then wait for Ctrl-C."""
     import click
 
     cluster = LocalCluster(work_dir, nimbuses, base_port=base_port,
-                           conf={"topology.min.replication.count": min(2, nimbuses)})
-    click.echo(f"starting ZooKeeper and {nimbuses} nimbuses under {work_dir} ...")
+                           conf={"topology.min.replication.count": min(2, nimbuses)},
+                           supervisors=supervisors)
+    click.echo(f"starting ZooKeeper, {nimbuses} nimbuses and {supervisors} supervisors "
+               f"under {work_dir} ...")
     with cluster:
         leader = cluster.wait_for_leader()
         click.echo(f"ZooKeeper at {cluster.zk.hosts}; nimbuses: "
                    + ", ".join(n.address for n in cluster.nimbuses))
+        for supervisor in cluster.supervisors:
+            click.echo(f"supervisor {supervisor.id}: slots "
+                       + ",".join(map(str, supervisor.ports)))
         click.echo(f"leader: {leader.address}")
         click.echo(f"try: nimbus-ha cluster-info --config {cluster.config_file}")
         if demo:
@@ -215,7 +325,8 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool) -
             return
         click.echo("Ctrl-C stops the cluster")
         try:
-            while all(n.alive() for n in cluster.nimbuses if n.process):
+            while all(d.alive() for d in [*cluster.nimbuses, *cluster.supervisors]
+                      if d.process):
                 time.sleep(1)
         except KeyboardInterrupt:
             click.echo("stopping")
@@ -226,6 +337,9 @@ def _demo(cluster: LocalCluster, work_dir: Path) -> None:
 
     client = cluster.client()
     bundle = sample_topology(work_dir / "sample-topology")
+    # A process topology (docs/runtime.md): what a supervisor of the dev cluster runs.
+    (bundle / "topology.yaml").write_text(yaml.safe_dump(
+        {"command": [sys.executable, "-c", "import time; time.sleep(86400)"]}))
     topology_id = client.submit("wordcount", _pack(bundle),
                                 {"topology.min.replication.count": 2})
     click.echo(f"submitted wordcount as {topology_id}")

@@ -1,0 +1,13 @@
+"""The supervisor: the one process of a host that talks to ZooKeeper for its workers.
+
+It registers the host's slots, runs one worker per slot the leader assigned here, keeps
+each worker alive only while its own ZooKeeper session is (the lease), and reports the
+workers' heartbeats and errors. See docs/runtime.md for the contract.
+
+* :mod:`nimbus.supervisor.policy`: the pure decisions (desired slots, restart backoff,
+  slot port checks), unit-tested without processes or ZooKeeper;
+* :mod:`nimbus.supervisor.code_cache`: this host's verified copies of topology code;
+* :mod:`nimbus.supervisor.worker_handle`: one worker process and its two pipes;
+* :mod:`nimbus.supervisor.lease`: the thread that renews leases after a ZooKeeper round trip;
+* :mod:`nimbus.supervisor.daemon`: the wiring and the reconcile loop.
+"""

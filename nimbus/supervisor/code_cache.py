@@ -1,0 +1,146 @@
+"""This host's verified copies of topology code: ``<storm.local.dir>/supervisor/stormdist``.
+
+A topology's directory holds Storm's three files, fetched from a nimbus that holds a copy
+and each checked against the sha256 the leader wrote into the Assignment, and
+``resources/``: the bundle (``stormjar.jar``) unpacked, the root a worker runs. The
+directory is built in a temporary sibling and renamed into place (:func:`atomic_dir`),
+so it exists only when complete and verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tarfile
+import zipfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from nimbus.distribution.archive import BundleError, check_bundle
+from nimbus.distribution.local_code import TEMP_PREFIX, atomic_dir, check_topology_id
+
+log = logging.getLogger(__name__)
+
+BUNDLE_FILE = "stormjar.jar"   # the names the leader stores (nimbus.master.lifecycle)
+CONF_FILE = "stormconf.json"
+TOPOLOGY_FILE = "stormcode.ser"
+CODE_FILES = (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)
+RESOURCES_DIR = "resources"
+
+# fetch(peer "host:port", remote path "<topology-id>/<file>", destination) -> sha256
+Fetch = Callable[[str, str, Path], str]
+
+
+class CodeUnavailableError(RuntimeError):
+    """No peer delivered a topology's code that matches its Assignment."""
+
+
+class CodeVerificationError(CodeUnavailableError):
+    """Fetched code does not match the Assignment's sha256, or its bundle is unsafe."""
+
+
+def _default_fetch(peer: str, remote_path: str, dest: Path) -> str:
+    from nimbus.thrift.client import fetch_file
+
+    return fetch_file(peer, remote_path, dest)
+
+
+class CodeCache:
+    """Complete, verified topology code on this host; see the module docstring."""
+
+    def __init__(self, root: Path, max_bundle_bytes: int, fetch: Fetch = _default_fetch):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._max_bytes = max_bundle_bytes
+        self._fetch = fetch
+        # A crash during an install leaves only a temporary directory, never a copy.
+        for leftover in self.root.glob(TEMP_PREFIX + "*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def path(self, topology_id: str) -> Path:
+        return self.root / check_topology_id(topology_id)
+
+    def resources(self, topology_id: str) -> Path:
+        """The unpacked bundle: where ``topology.py`` or ``topology.yaml`` is."""
+        return self.path(topology_id) / RESOURCES_DIR
+
+    def has(self, topology_id: str) -> bool:
+        return self.path(topology_id).is_dir()
+
+    def topologies(self) -> set[str]:
+        return {p.name for p in self.root.iterdir()
+                if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
+
+    def ensure(self, topology_id: str, code_sha256: dict[str, str],
+               peers: Iterable[str]) -> Path:
+        """The topology's directory, fetched and verified first if it is not here yet.
+
+        ``peers`` are nimbus addresses to try in order. Raises CodeUnavailableError when
+        none delivers every file with the expected sha256 (each file is tried on every
+        peer, so one corrupt copy does not block the others), and CodeVerificationError
+        when the files match but the bundle holds an unsafe entry.
+        """
+        dest = self.path(topology_id)
+        if dest.is_dir():
+            return dest
+        missing = [f for f in CODE_FILES if not code_sha256.get(f)]
+        if missing:
+            raise CodeVerificationError(
+                f"{topology_id}: the assignment names no sha256 for {', '.join(missing)}; "
+                "refusing to run unverified code")
+        peers = list(dict.fromkeys(peers))
+        if not peers:
+            raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
+        with atomic_dir(dest) as staging:
+            for name in CODE_FILES:
+                self._fetch_one(topology_id, name, code_sha256[name], peers, staging / name)
+            self._unpack(topology_id, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
+        log.info("fetched and verified the code of %s", topology_id)
+        return dest
+
+    def _fetch_one(self, topology_id: str, name: str, expected: str, peers: list[str],
+                   dest: Path) -> None:
+        problems = []
+        for peer in peers:
+            try:
+                got = self._fetch(peer, f"{topology_id}/{name}", dest)
+            except Exception as exc:  # a peer down or without the file: try the next
+                problems.append(f"{peer}: {exc or type(exc).__name__}")
+                continue
+            if got == expected:
+                return
+            problems.append(f"{peer}: sha256 {got[:12]}... is not the assigned "
+                            f"{expected[:12]}...")
+            log.warning("%s/%s from %s does not match its assignment's sha256", topology_id,
+                        name, peer)
+        dest.unlink(missing_ok=True)
+        error = CodeVerificationError if problems and all(
+            "sha256" in p for p in problems) else CodeUnavailableError
+        raise error(f"{topology_id}/{name}: no verified copy ({'; '.join(problems)})")
+
+    def _unpack(self, topology_id: str, bundle: Path, dest: Path) -> None:
+        try:
+            check_bundle(bundle, self._max_bytes)  # refuses links, "..", absolute names
+        except BundleError as exc:
+            raise CodeVerificationError(f"{topology_id}: unsafe bundle: {exc}") from None
+        dest.mkdir()
+        if zipfile.is_zipfile(bundle):
+            with zipfile.ZipFile(bundle) as zf:
+                zf.extractall(dest)
+        else:
+            with tarfile.open(bundle) as tf:
+                # check_bundle has refused everything but files and directories; the
+                # "data" filter (where Python has it) refuses them a second time.
+                if hasattr(tarfile, "data_filter"):
+                    tf.extractall(dest, filter="data")
+                else:  # pragma: no cover - Python without PEP 706
+                    tf.extractall(dest)
+
+    def remove_except(self, keep: set[str]) -> list[str]:
+        """Delete the code of every topology not in ``keep``; returns the ids removed."""
+        removed = []
+        for topology_id in sorted(self.topologies() - keep):
+            shutil.rmtree(self.root / topology_id, ignore_errors=True)
+            removed.append(topology_id)
+            log.info("removed the code of %s: no longer assigned here", topology_id)
+        return removed

@@ -1,0 +1,587 @@
+"""One supervisor process: registration, the reconcile loop, leases, orderly shutdown.
+
+Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.stop`):
+
+* ``supervisor-monitor``: the reconcile loop. Woken by ZooKeeper watches on the
+  assignments, by connection changes and by worker exits, and at least every
+  ``supervisor.monitor.frequency.secs`` as a safety net. One pass reaps exited workers,
+  (re)registers after a new session, reads every assignment, stops the workers whose slot
+  is no longer theirs, kills silent ones, and starts the missing ones (fetching code).
+* ``supervisor-lease``: :class:`nimbus.supervisor.lease.LeaseKeeper`.
+* ``supervisor-heartbeat``: rewrites ``/supervisors/<id>`` every
+  ``supervisor.heartbeat.frequency.secs``.
+* ``worker-status-<topology>:<port>``: one per worker, reading its status pipe; beats go
+  to ``/workerbeats``, errors to ``/errors``.
+
+Connection loss (kazoo SUSPENDED or LOST) kills every worker at once, on kazoo's event
+thread (signals only, nothing blocks there): that is not a crash, so no restart is
+counted and no backoff applies. Nothing starts until the connection is back; after a new
+session the supervisor registers again and re-reads the assignments first, so work the
+leader moved meanwhile is never started here.
+
+Slot ports are checked at start (bound and released at once) and not held afterwards:
+the workers, or their commands, may bind them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.protocol.states import KazooState
+
+import nimbus
+from nimbus import __version__
+from nimbus.config import Config, ConfigError
+from nimbus.master.daemon import make_zk_client
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.records import Assignment, ErrorInfo, SupervisorInfo, WorkerBeat
+from nimbus.supervisor.code_cache import CONF_FILE, CodeCache, CodeUnavailableError
+from nimbus.supervisor.lease import LeaseKeeper, session_id
+from nimbus.supervisor.policy import (
+    DesiredWorker,
+    RestartBackoff,
+    check_ports_free,
+    desired_workers,
+)
+from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
+from nimbus.worker.spec import SPEC_FILE, WorkerSpec
+
+log = logging.getLogger(__name__)
+
+ID_FILE = "id"
+LOCK_FILE = "supervisor.lock"
+# A topology whose code could not be fetched is tried again after this long.
+CODE_RETRY_S = 5.0
+
+
+class SupervisorDirInUseError(OSError):
+    """Another supervisor runs with the same ``storm.local.dir``."""
+
+
+@dataclass
+class _SlotRecord:
+    """What outlives one worker process on a slot: its restarts and their backoff."""
+
+    restarts: int = 0
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    not_before: float = 0.0       # time.monotonic() of the earliest next start
+
+
+def check_supervisor_conf(conf: Config) -> None:
+    """Raise ConfigError for supervisor keys the loop cannot work with."""
+    for key in ("supervisor.heartbeat.frequency.secs", "supervisor.worker.timeout.secs",
+                "supervisor.worker.start.timeout.secs", "supervisor.monitor.frequency.secs"):
+        if conf[key] <= 0:
+            raise ConfigError(f"key {key!r} must be positive, got {conf[key]}")
+    if conf["supervisor.worker.shutdown.sleep.secs"] < 0:
+        raise ConfigError("key 'supervisor.worker.shutdown.sleep.secs' must be >= 0")
+    ports = conf["supervisor.slots.ports"]
+    if not ports or not all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
+                            for p in ports):
+        raise ConfigError(f"key 'supervisor.slots.ports' must list ports (1-65535), got {ports}")
+
+
+def load_supervisor_id(path: Path) -> str:
+    """The id kept in ``path``, or a new uuid written there (so a restart keeps it)."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+        if text:
+            return text
+    except FileNotFoundError:
+        pass
+    made = str(uuid.uuid4())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(made + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return made
+
+
+def advertised_host(conf: Config) -> str:
+    """``storm.local.hostname``, or the machine's own name when that is empty (Storm's rule)."""
+    return conf["storm.local.hostname"] or socket.gethostname()
+
+
+def _check_hosts(host: str) -> list[str]:
+    """Where slot ports are checked: loopback, and the advertised host if it is an
+    IPv4 address of this machine."""
+    hosts = ["127.0.0.1"]
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return hosts
+    if host not in hosts and not host.startswith("0."):
+        hosts.append(host)
+    return hosts
+
+
+class Supervisor:
+    """A running supervisor; :meth:`start`, then :meth:`stop` (or :meth:`run_forever`).
+
+    ``worker_command`` is the argv that runs one worker (the worker directory is appended);
+    tests may point it at a stand-in that follows the same protocol.
+    """
+
+    def __init__(self, conf: Config, worker_command: tuple[str, ...] = WORKER_COMMAND):
+        check_supervisor_conf(conf)
+        self.conf = conf
+        self.ports = sorted({int(p) for p in conf["supervisor.slots.ports"]})
+        self.host = advertised_host(conf)
+        # Checked before anything is taken, so a failure leaves nothing to release.
+        check_ports_free(self.ports, _check_hosts(self.host))
+        self.local_dir = conf.local_dir
+        self.supervisor_dir = self.local_dir / "supervisor"
+        self.supervisor_dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = self._lock_dir()
+        self.id = load_supervisor_id(self.supervisor_dir / ID_FILE)
+        self.workers_dir = self.local_dir / "workers"
+        self.code = CodeCache(self.supervisor_dir / "stormdist",
+                              conf["nimbus.max.topology.bytes"])
+        self._worker_command = tuple(worker_command)
+        self._grace_s = float(conf["supervisor.worker.shutdown.sleep.secs"])
+        self._timeout_s = float(conf["supervisor.worker.timeout.secs"])
+        self._start_timeout_s = float(conf["supervisor.worker.start.timeout.secs"])
+        self._monitor_s = float(conf["supervisor.monitor.frequency.secs"])
+        self._heartbeat_s = float(conf["supervisor.heartbeat.frequency.secs"])
+        self.started_at = time.time()
+
+        self._lock = threading.Lock()           # guards _workers; never held while blocking
+        self._workers: dict[int, WorkerHandle] = {}
+        self._slots: dict[tuple[str, int], _SlotRecord] = {}   # monitor thread only
+        self._registered_session: int | None = None
+        self._connected = threading.Event()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._stopping_lock = threading.Lock()
+
+        try:
+            self.zk = make_zk_client(conf)
+        except BaseException:
+            self._dir_lock.close()
+            raise
+        self.state = StormClusterState(self.zk, conf.zk_root)
+        self.node_path = self.state.path("supervisors", self.id)
+        if self.zk.connected:
+            self._connected.set()
+        self._watcher = self._on_watch   # one object, so kazoo keeps one watch per node
+        self._lease = LeaseKeeper(self.zk, lambda: self.node_path, conf.session_timeout_s,
+                                  self._running_handles, may_renew=self._connected.is_set)
+        self._monitor = threading.Thread(target=self._monitor_loop, name="supervisor-monitor",
+                                         daemon=True)
+        self._heartbeat = threading.Thread(target=self._heartbeat_loop,
+                                           name="supervisor-heartbeat", daemon=True)
+
+    def _lock_dir(self) -> Any:
+        handle = open(self.supervisor_dir / LOCK_FILE, "a")  # held until stop()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise SupervisorDirInUseError(
+                f"another supervisor runs with storm.local.dir {self.local_dir}") from None
+        return handle
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Register, then start the threads; raises if ZooKeeper refuses the registration."""
+        self.zk.add_listener(self._on_connection_state)
+        session = session_id(self.zk)
+        if session is not None:
+            self._register(session)
+        self._lease.start()
+        self._heartbeat.start()
+        self._monitor.start()
+        log.info("supervisor %s started on %s with slots %s", self.id, self.host,
+                 ",".join(map(str, self.ports)))
+
+    def stop(self) -> None:
+        """Stop every worker gracefully (their leases still renewed meanwhile), then the
+        threads, then the ZooKeeper session (which removes this supervisor's node)."""
+        with self._stopping_lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        self._stop.set()
+        self._wake.set()
+        if self._monitor.is_alive():
+            self._monitor.join(timeout=60)
+        with self._lock:
+            handles = list(self._workers.values())
+            self._workers.clear()
+        if handles:
+            log.info("stopping %d workers", len(handles))
+            stop_all(handles, self._grace_s)
+        self._lease.stop()
+        if self._heartbeat.is_alive():
+            self._heartbeat.join(timeout=10)
+        self.zk.remove_listener(self._on_connection_state)
+        self.zk.stop()
+        self.zk.close()
+        self._dir_lock.close()
+        log.info("supervisor %s stopped", self.id)
+
+    def run_forever(self) -> None:
+        while not self._stop.wait(1.0):
+            pass
+
+    def request_stop(self) -> None:
+        """Signal-safe: the shutdown runs on a thread of its own."""
+        threading.Thread(target=self.stop, name="supervisor-shutdown", daemon=False).start()
+
+    # -- ZooKeeper events (kazoo's event thread: signal, never block) -----------------------
+    def _on_connection_state(self, state: str) -> None:
+        if state in (KazooState.SUSPENDED, KazooState.LOST):
+            self._connected.clear()
+            killed = self._kill_all("lost")
+            log.warning("lost ZooKeeper connection (%s): killed %d workers", state, killed)
+        elif state == KazooState.CONNECTED:
+            self._connected.set()
+            log.info("ZooKeeper connection back (session %s)", _hex(session_id(self.zk)))
+        self._wake.set()
+
+    def _on_watch(self, _event: Any) -> None:
+        self._wake.set()
+
+    def _kill_all(self, reason: str) -> int:
+        with self._lock:
+            handles = [h for h in self._workers.values() if not h.ended_by]
+        running = 0
+        for handle in handles:
+            running += handle.exit_code() is None   # one may have died of its lease already
+            handle.kill(reason)
+        return running
+
+    def _running_handles(self) -> list[WorkerHandle]:
+        with self._lock:
+            return list(self._workers.values())
+
+    # -- registration ---------------------------------------------------------------------
+    def _info(self) -> SupervisorInfo:
+        with self._lock:
+            used = sorted(self._workers)
+        return SupervisorInfo(time_secs=int(time.time()), hostname=self.host,
+                              assignment_id=self.id, used_ports=used, meta=list(self.ports),
+                              uptime_secs=int(time.time() - self.started_at),
+                              version=__version__)
+
+    def _register(self, session: int) -> None:
+        """Create this session's ephemeral ``/supervisors/<id>``; a node left by an earlier
+        session (this supervisor restarted before it expired) is replaced, since it would
+        vanish when that session ends."""
+        data = self._info().encode()
+        try:
+            self.zk.retry(self.zk.create, self.node_path, data, ephemeral=True)
+        except NodeExistsError:
+            stat = self.zk.retry(self.zk.exists, self.node_path)
+            if stat is not None and stat.ephemeralOwner == session:
+                self.zk.retry(self.zk.set, self.node_path, data)
+            else:
+                with contextlib.suppress(NoNodeError):
+                    self.zk.retry(self.zk.delete, self.node_path)
+                self.zk.retry(self.zk.create, self.node_path, data, ephemeral=True)
+        self._registered_session = session
+        log.info("registered supervisor %s (session %s)", self.id, _hex(session))
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self._heartbeat_s):
+            session = session_id(self.zk)
+            if session is None or session != self._registered_session:
+                continue  # the monitor registers a new session first
+            try:
+                self.zk.set(self.node_path, self._info().encode())
+            except NoNodeError:
+                self._registered_session = None
+                self._wake.set()
+            except KazooException as exc:
+                log.debug("supervisor heartbeat failed: %s", exc)
+
+    # -- the reconcile loop ---------------------------------------------------------------
+    def _monitor_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile()
+            except LayoutMissingError as exc:
+                log.error("nothing started or stopped: %s", exc)
+            except KazooException as exc:
+                log.warning("reconcile failed, retrying: %s", exc)
+            except Exception:
+                log.exception("reconcile failed")
+            self._wake.wait(self._next_wait())
+            self._wake.clear()
+
+    def _next_wait(self) -> float:
+        now = time.monotonic()
+        pending = [r.not_before - now for r in self._slots.values() if r.not_before > now]
+        return max(0.05, min([self._monitor_s, *pending]))
+
+    def reconcile(self) -> None:
+        """One pass; see the module docstring. Runs on the monitor thread."""
+        self._reap()
+        if self._stop.is_set() or not self._connected.is_set():
+            return
+        session = session_id(self.zk)
+        if session is None:
+            return
+        if self._registered_session != session:
+            self._register(session)   # a new session: registered before anything starts
+        assignments = self._read_assignments()
+        desired = desired_workers(assignments, self.id, self.ports)
+        num_workers = self._num_workers({w.topology_id for w in desired.values()})
+        self._stop_unwanted(desired, num_workers)
+        self._kill_silent()
+        for _port, want in sorted(desired.items()):
+            if self._stop.is_set() or not self._may_start(session):
+                return
+            self._ensure_running(want, assignments[want.topology_id],
+                                 num_workers.get(want.topology_id, 1), session)
+        self._clean_up(desired)
+
+    def _read_assignments(self) -> dict[str, Assignment]:
+        out = {}
+        for topology_id in self.state.assignments(watch=self._watcher):
+            assignment = self.state.assignment_info(topology_id, watch=self._watcher)
+            if assignment is not None:
+                out[topology_id] = assignment
+        return out
+
+    def _num_workers(self, topology_ids: set[str]) -> dict[str, int]:
+        out = {}
+        for topology_id in topology_ids:
+            base = self.state.storm_base(topology_id)
+            out[topology_id] = max(1, base.num_workers) if base is not None else 1
+        return out
+
+    def _may_start(self, session: int) -> bool:
+        return self._connected.is_set() and session_id(self.zk) == session
+
+    def _reap(self) -> None:
+        """Release every worker that has exited; schedule restarts of crashed ones."""
+        with self._lock:
+            exited = {p: h for p, h in self._workers.items() if h.exit_code() is not None}
+            for port in exited:
+                del self._workers[port]
+        now = time.monotonic()
+        for handle in exited.values():
+            code = handle.exit_code()
+            handle.release()
+            if not handle.ended_by and code == -signal.SIGKILL and \
+                    handle.lease_deadline is not None and now >= handle.lease_deadline:
+                # It killed its own group because no renewal came (this process was
+                # frozen, or cut off): the lease rule at work, not a crash.
+                handle.ended_by = "lease"
+                log.warning("worker %s killed itself: its lease ran out", handle.name)
+            if handle.ended_by in ("lost", "stop", "lease"):
+                continue  # the supervisor or its lease ended it: not a crash
+            record = self._slots.setdefault((handle.topology_id, handle.port), _SlotRecord())
+            record.restarts += 1
+            delay = record.backoff.delay_after_exit(now - handle.started_at)
+            record.not_before = now + delay
+            if handle.ended_by != "timeout" and handle.errors_reported == 0:
+                self._report(handle, handle_executor(handle),
+                             f"worker exited with code {code}")
+            log.warning("worker %s exited with code %s; restart in %.0fs", handle.name, code,
+                        delay)
+
+    def _stop_unwanted(self, desired: dict[int, DesiredWorker],
+                       num_workers: dict[str, int]) -> None:
+        doomed = []
+        with self._lock:
+            for port, handle in list(self._workers.items()):
+                want = desired.get(port)
+                if want is None or want.topology_id != handle.topology_id:
+                    why = "no longer assigned here"
+                elif (want.worker_index != handle.worker_index
+                      or num_workers.get(want.topology_id) != handle.num_workers):
+                    why = "its place in the topology changed"
+                else:
+                    continue
+                doomed.append(self._workers.pop(port))
+                log.info("stopping worker %s: %s", handle.name, why)
+        if doomed:
+            stop_all(doomed, self._grace_s)
+        for handle in doomed:
+            want = desired.get(handle.port)
+            if want is None or want.topology_id != handle.topology_id:
+                self._slots.pop((handle.topology_id, handle.port), None)
+
+    def _kill_silent(self) -> None:
+        now = time.monotonic()
+        for handle in self._running_handles():
+            if handle.ended_by:
+                continue
+            if handle.last_status_at is None:
+                quiet, limit, key = (now - handle.started_at, self._start_timeout_s,
+                                     "supervisor.worker.start.timeout.secs")
+            else:
+                quiet, limit, key = (now - handle.last_status_at, self._timeout_s,
+                                     "supervisor.worker.timeout.secs")
+            if quiet > limit:
+                message = f"worker sent no status for {quiet:.0f}s ({key} {limit:.0f}); killed"
+                log.warning("worker %s: %s", handle.name, message)
+                handle.kill("timeout")
+                self._report(handle, handle_executor(handle), message)
+
+    def _ensure_running(self, want: DesiredWorker, assignment: Assignment, num_workers: int,
+                        session: int) -> None:
+        with self._lock:
+            if want.port in self._workers:
+                return
+        record = self._slots.setdefault((want.topology_id, want.port), _SlotRecord())
+        if record.not_before > time.monotonic():
+            return
+        try:
+            code_dir = self.code.ensure(want.topology_id, assignment.code_sha256,
+                                        self._peers(want.topology_id))
+        except CodeUnavailableError as exc:
+            log.warning("cannot start worker %s:%d yet: %s", want.topology_id, want.port, exc)
+            record.not_before = time.monotonic() + CODE_RETRY_S
+            return
+        conf = self.worker_conf(code_dir)
+        worker_dir = self.workers_dir / f"{want.topology_id}-{want.port}"
+        handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,
+                              record.restarts, self._on_status, self._on_closed,
+                              command=self._worker_command)
+        handle.worker_index = want.worker_index
+        handle.num_workers = num_workers
+
+        def write_spec(lease_fd: int, status_fd: int) -> None:
+            write_worker_spec(worker_dir / SPEC_FILE, {
+                "topology_id": want.topology_id, "port": want.port,
+                "supervisor_id": self.id, "host": self.host,
+                "code_dir": str(self.code.resources(want.topology_id)), "conf": conf,
+                "restarts": record.restarts, "worker_index": want.worker_index,
+                "num_workers": num_workers, "lease_fd": lease_fd, "status_fd": status_fd})
+
+        if not self._may_start(session):
+            return
+        log.info("starting worker %s:%d (restart %d)", want.topology_id, want.port,
+                 record.restarts)
+        handle.start(write_spec, env=_worker_env())
+        with self._lock:
+            self._workers[want.port] = handle
+        # Its first lease at once if this session has earned one: it starts nothing before.
+        deadline = self._lease.current(session)
+        if deadline is not None:
+            handle.renew(deadline)
+        if not self._connected.is_set():
+            handle.kill("lost")  # the connection went while it was being started
+
+    def worker_conf(self, code_dir: Path) -> dict[str, Any]:
+        """A worker's configuration: this supervisor's, with ``storm.local.dir`` made
+        absolute (the worker runs in its own directory), then the topology's own
+        ``topology.*`` keys from its ``stormconf.json``."""
+        conf = self.conf.as_dict()
+        conf["storm.local.dir"] = str(self.local_dir)
+        try:
+            topology_conf = json.loads((code_dir / CONF_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            log.warning("%s: unreadable, the topology's own keys are ignored: %s",
+                        code_dir / CONF_FILE, exc)
+            return conf
+        if isinstance(topology_conf, dict):
+            conf.update({k: v for k, v in topology_conf.items()
+                         if isinstance(k, str) and k.startswith("topology.")})
+        return conf
+
+    def _peers(self, topology_id: str) -> list[str]:
+        """Nimbuses to fetch code from: those registered as holding a replica first, then
+        every other live one (each serves ``<id>/<file>`` from its own copy)."""
+        live = [f"{n.host}:{n.port}" for n in self.state.nimbuses()]
+        replicas = [h for h in self.state.replica_hosts(topology_id) if h in live]
+        return replicas + [n for n in live if n not in replicas]
+
+    def _clean_up(self, desired: dict[int, DesiredWorker]) -> None:
+        keep = {w.topology_id for w in desired.values()}
+        keep |= {h.topology_id for h in self._running_handles()}
+        self.code.remove_except(keep)
+        for topology_id in list(self._slots):
+            if topology_id[0] not in keep:
+                del self._slots[topology_id]
+        if self.workers_dir.is_dir():
+            for worker_dir in self.workers_dir.iterdir():
+                if worker_dir.name.rsplit("-", 1)[0] not in keep:
+                    shutil.rmtree(worker_dir, ignore_errors=True)
+
+    # -- worker status (reader threads) ----------------------------------------------------
+    def _on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:
+        beat = status.get("beat")
+        if isinstance(beat, dict):
+            self._write_beat(handle, beat)
+        error = status.get("error")
+        if isinstance(error, dict):
+            handle.errors_reported += 1
+            component = str(error.get("component") or handle_executor(handle))
+            text = str(error.get("error") or "unknown error")
+            log.warning("worker %s: %s: %s", handle.name, component, text.splitlines()[0]
+                        if text else text)
+            self._report(handle, component, text)
+
+    def _on_closed(self, _handle: WorkerHandle) -> None:
+        self._wake.set()   # the worker has exited: reap it now
+
+    def _write_beat(self, handle: WorkerHandle, beat: dict[str, Any]) -> None:
+        # A worker of an earlier session, or one being killed, speaks for nobody.
+        if handle.ended_by or session_id(self.zk) != handle.session_id \
+                or not self._connected.is_set():
+            return
+        components = beat.get("components")
+        record = WorkerBeat(
+            time_secs=int(time.time()), topology_id=handle.topology_id, supervisor_id=self.id,
+            host=self.host, port=handle.port,
+            uptime_secs=int(time.monotonic() - handle.started_at), restarts=handle.restarts,
+            components=components if isinstance(components, dict) else {})
+        try:
+            self.state.worker_heartbeat(handle.topology_id, self.id, handle.port,
+                                        record.encode())
+        except NoNodeError:
+            pass  # the topology was removed: its beats directory is gone for good
+        except KazooException as exc:
+            log.debug("beat of %s not written: %s", handle.name, exc)
+
+    def _report(self, handle: WorkerHandle, component: str, text: str) -> None:
+        try:
+            self.state.report_error(handle.topology_id, component, ErrorInfo(
+                error=text, error_time_secs=int(time.time()), host=self.host,
+                port=handle.port))
+        except KazooException as exc:
+            log.warning("error of %s not recorded in ZooKeeper: %s", handle.name, exc)
+
+
+def handle_executor(handle: WorkerHandle) -> str:
+    """The executor key (``worker-<i>``) of a worker: the component its own errors use."""
+    return f"worker-{handle.worker_index}"
+
+
+def write_worker_spec(path: Path, fields: dict[str, Any]) -> None:
+    """Write ``worker.json`` (mode 0600: the configuration may hold secrets)."""
+    WorkerSpec(**fields).dump(path)
+
+
+def _worker_env() -> dict[str, str]:
+    """The supervisor's environment, with this nimbus package importable by the worker
+    (which runs in its own directory) even when it is not installed."""
+    env = dict(os.environ)
+    source_root = str(Path(nimbus.__file__).resolve().parent.parent)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if source_root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([source_root, *paths])
+    return env
+
+
+def _hex(session: int | None) -> str:
+    return f"0x{session:x}" if session is not None else "(none)"

@@ -1,0 +1,225 @@
+"""One worker process, its lease pipe and its status pipe (docs/runtime.md).
+
+The worker runs ``python -m nimbus.worker <worker-dir>`` in a process group of its own,
+with its output appended to ``<worker-dir>/worker.log``. Two pipes connect it to the
+supervisor, passed as inherited descriptors whose numbers ``worker.json`` names:
+
+* lease (supervisor -> worker): ``lease <monotonic deadline>`` lines, see
+  :mod:`nimbus.supervisor.lease`;
+* status (worker -> supervisor): JSON lines, ``{"beat": {...}}`` or ``{"error": {...}}``,
+  read by a named thread that hands each to a callback.
+
+Stopping means SIGTERM to the group, then SIGKILL after a grace period; killing means
+SIGKILL to the group at once. Both reach the worker's children (its command, its JVM),
+and so does the clean-up after a worker exited on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+WORKER_COMMAND = (sys.executable, "-m", "nimbus.worker")
+LOG_FILE = "worker.log"
+MAX_STATUS_LINE = 1 << 20   # a longer line is cut off and dropped: it is no status
+
+# (handle, decoded status object) -> None; called on the handle's reader thread.
+StatusCallback = Callable[["WorkerHandle", dict[str, Any]], None]
+# (lease fd, status fd) -> None: writes worker.json naming the worker's descriptors.
+SpecWriter = Callable[[int, int], None]
+# (handle) -> None; called on the reader thread when the status pipe reaches EOF.
+ClosedCallback = Callable[["WorkerHandle"], None]
+
+
+class WorkerHandle:
+    """A started worker; see the module docstring. Not thread-safe except where noted."""
+
+    def __init__(self, topology_id: str, port: int, worker_dir: Path, session_id: int,
+                 restarts: int, on_status: StatusCallback,
+                 on_closed: ClosedCallback | None = None,
+                 command: Sequence[str] = WORKER_COMMAND):
+        self.topology_id = topology_id
+        self.port = port
+        self.worker_dir = Path(worker_dir)
+        # The ZooKeeper session this worker was started under: only its round trips
+        # renew this worker's lease (never those of a later session).
+        self.session_id = session_id
+        self.restarts = restarts
+        self.worker_index = 0    # its executor worker-<i>, and the topology's worker count:
+        self.num_workers = 1     # a change of either means it must be restarted
+        self._on_status = on_status
+        self._on_closed = on_closed
+        self._command = list(command)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0            # time.monotonic()
+        self.last_status_at: float | None = None
+        self.errors_reported = 0
+        self.lease_deadline: float | None = None   # the newest deadline sent
+        # Why the supervisor ended it ("" while it runs or when it exited by itself):
+        # "lost" (connection), "timeout", "stop".
+        self.ended_by = ""
+        self._lease_w = -1
+        self._status_r = -1
+        self._reader: threading.Thread | None = None
+        self._reader_stop = threading.Event()
+        self._lease_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return f"{self.topology_id}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self, write_spec: SpecWriter, env: dict[str, str] | None = None) -> None:
+        """Make the pipes, have ``write_spec`` write worker.json, spawn the worker."""
+        self.worker_dir.mkdir(parents=True, exist_ok=True)
+        lease_r, lease_w = os.pipe()       # non-inheritable (PEP 446): no other worker
+        status_r, status_w = os.pipe()     # gets a copy, so EOF means this one is gone
+        try:
+            write_spec(lease_r, status_w)
+            with open(self.worker_dir / LOG_FILE, "ab") as out:
+                self.process = subprocess.Popen(
+                    [*self._command, str(self.worker_dir)], stdin=subprocess.DEVNULL,
+                    stdout=out, stderr=subprocess.STDOUT, pass_fds=(lease_r, status_w),
+                    start_new_session=True, env=env, cwd=self.worker_dir)
+        except BaseException:
+            for fd in (lease_r, lease_w, status_r, status_w):
+                os.close(fd)
+            raise
+        os.close(lease_r)
+        os.close(status_w)
+        # A worker that stops reading must never block the lease thread.
+        flags = fcntl.fcntl(lease_w, fcntl.F_GETFL)
+        fcntl.fcntl(lease_w, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        self._lease_w, self._status_r = lease_w, status_r
+        self.started_at = time.monotonic()
+        self._reader = threading.Thread(target=self._read_status, daemon=True,
+                                        name=f"worker-status-{self.name}")
+        self._reader.start()
+
+    # -- lease ----------------------------------------------------------------------------
+    def renew(self, deadline: float) -> bool:
+        """Send ``lease <deadline>``; False if the worker is gone or not reading.
+
+        Safe from any thread.
+        """
+        with self._lease_lock:
+            if self._lease_w < 0:
+                return False
+            try:
+                os.write(self._lease_w, f"lease {deadline:.3f}\n".encode())
+                self.lease_deadline = deadline
+                return True
+            except (BlockingIOError, BrokenPipeError, OSError):
+                return False
+
+    # -- status ---------------------------------------------------------------------------
+    def _read_status(self) -> None:
+        buffered = b""
+        while not self._reader_stop.is_set():
+            try:
+                ready, _, _ = select.select([self._status_r], [], [], 0.5)
+                if not ready:
+                    continue
+                chunk = os.read(self._status_r, 65536)
+            except (OSError, ValueError):
+                return
+            if not chunk:
+                # EOF: every holder of the write end has exited.
+                if self._on_closed is not None:
+                    self._on_closed(self)
+                return
+            buffered += chunk
+            *lines, buffered = buffered.split(b"\n")
+            if len(buffered) > MAX_STATUS_LINE:
+                buffered = b""
+            for line in lines:
+                self._handle_line(line)
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            status = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            log.debug("worker %s: not a status line: %r", self.name, line[:200])
+            return
+        if not isinstance(status, dict):
+            return
+        self.last_status_at = time.monotonic()
+        try:
+            self._on_status(self, status)
+        except Exception:
+            log.exception("worker %s: handling its status failed", self.name)
+
+    # -- ending ---------------------------------------------------------------------------
+    def exit_code(self) -> int | None:
+        """The worker's exit status once it has exited (negative: killed by a signal)."""
+        return self.process.poll() if self.process else None
+
+    def _signal_group(self, sig: int) -> None:
+        if self.process is None:
+            return
+        # The group id is the worker's pid (start_new_session); it outlives the worker
+        # while any child of it lives, so this also reaches orphaned children.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL the worker's group now, without waiting; safe from any thread."""
+        if not self.ended_by:
+            self.ended_by = reason
+        self._signal_group(signal.SIGKILL)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``, wait, and release the pipes."""
+        stop_all([self], grace_s)
+
+    def release(self) -> None:
+        """After the worker exited: kill what is left of its group, reap it, close the
+        pipes and join the reader thread."""
+        self._signal_group(signal.SIGKILL)
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+        self._reader_stop.set()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        with self._lease_lock:
+            for fd in (self._lease_w, self._status_r):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self._lease_w = self._status_r = -1
+
+
+def stop_all(handles: Sequence[WorkerHandle], grace_s: float) -> None:
+    """Stop several workers together: SIGTERM to every group, SIGKILL to the groups of
+    those still running after ``grace_s``, then release them all."""
+    for handle in handles:
+        if not handle.ended_by:
+            handle.ended_by = "stop"
+        handle._signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for handle in handles:
+        if handle.process is None:
+            continue
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            handle.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for handle in handles:
+        handle.release()  # SIGKILLs whatever of the group is left

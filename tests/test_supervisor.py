@@ -1,0 +1,474 @@
+"""The supervisor's parts: restart backoff, desired slots, code verification, slot ports,
+worker handles and leases; and one reconcile loop against a real ZooKeeper with a
+stand-in worker (a tiny script that follows docs/runtime.md's pipe protocol)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import socket
+import sys
+import tarfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from nimbus.config import ConfigError, load_config
+from nimbus.devcluster import wait_for
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, WorkerBeat
+from nimbus.supervisor.code_cache import (
+    CODE_FILES,
+    CodeCache,
+    CodeUnavailableError,
+    CodeVerificationError,
+)
+from nimbus.supervisor.daemon import Supervisor, check_supervisor_conf, load_supervisor_id
+from nimbus.supervisor.lease import LeaseKeeper
+from nimbus.supervisor.policy import (
+    DesiredWorker,
+    RestartBackoff,
+    SlotPortInUseError,
+    check_ports_free,
+    desired_workers,
+    worker_index,
+)
+from nimbus.supervisor.worker_handle import WorkerHandle
+
+TOPOLOGY = "demo-1-1700000000"
+
+# A stand-in worker: reads worker.json, beats on the status pipe while its lease is valid,
+# kills its group when the lease runs out (or its pipe closes). It starts a child
+# (`sleep`) in its group, so tests can see that group kills reach children. Behaviour
+# knobs come from the topology conf: topology.stub.exit_after (seconds, then exit 3 with
+# an error line) and topology.stub.silent (never beat).
+STUB_WORKER = textwrap.dedent('''
+    import json, os, select, signal, subprocess, sys, threading, time
+    spec = json.load(open(os.path.join(sys.argv[1], "worker.json")))
+    conf = spec["conf"]
+    status = os.fdopen(spec["status_fd"], "w", buffering=1)
+    child = subprocess.Popen(["sleep", "600"])
+    with open(os.path.join(sys.argv[1], "child.pid"), "w") as f:
+        f.write(str(child.pid))
+    deadline = [None]
+    def die(reason):
+        print("lease lost:", reason, flush=True)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    def leases():
+        buf = b""
+        while True:
+            data = os.read(spec["lease_fd"], 4096)
+            if not data:
+                die("eof")
+            buf += data
+            *lines, buf = buf.split(b"\\n")
+            for line in lines:
+                deadline[0] = float(line.split()[1])
+    threading.Thread(target=leases, daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: (child.kill(), sys.exit(0)))
+    started = time.monotonic()
+    while True:
+        now = time.monotonic()
+        if deadline[0] is not None and now > deadline[0]:
+            die("expired")
+        if deadline[0] is None and now - started > 10:
+            sys.exit(5)
+        exit_after = conf.get("topology.stub.exit_after")
+        if exit_after is not None and deadline[0] is not None and now - started > exit_after:
+            status.write(json.dumps({"error": {"component": "main", "error": "boom"}}) + "\\n")
+            sys.exit(3)
+        if deadline[0] is not None and not conf.get("topology.stub.silent"):
+            status.write(json.dumps({"beat": {"components": {"main": {"pid": os.getpid()}}}})
+                         + "\\n")
+        time.sleep(0.2)
+''')
+
+
+@pytest.fixture
+def stub_worker(tmp_path: Path) -> tuple[str, ...]:
+    script = tmp_path / "stub_worker.py"
+    script.write_text(STUB_WORKER)
+    return (sys.executable, str(script))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of this test process still answers kill(0): look at its state.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+# -- policy ----------------------------------------------------------------------------------
+def test_backoff_doubles_to_sixty_and_resets_after_five_minutes():
+    backoff = RestartBackoff()
+    assert [backoff.delay_after_exit(1.0) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert backoff.delay_after_exit(299.0) == 60
+    assert backoff.delay_after_exit(300.0) == 1   # it ran five minutes: start afresh
+    assert backoff.delay_after_exit(0.5) == 2
+
+
+def test_desired_workers_are_this_supervisors_slots_only():
+    assignments = {
+        "b-2-2": Assignment(master_code_dir="", executor_node_port={
+            "worker-0": ["me", 6701], "worker-1": ["other", 6700], "worker-2": ["me", 6799]}),
+        "a-1-1": Assignment(master_code_dir="", executor_node_port={
+            "worker-1": ["me", 6700], "bogus": ["me", 6702], "worker-3": ["me"]}),
+        # Two topologies naming one slot (a leader never writes that): the first id wins.
+        "c-3-3": Assignment(master_code_dir="", executor_node_port={"worker-0": ["me", 6700]}),
+    }
+    assert desired_workers(assignments, "me", [6700, 6701, 6702]) == {
+        6700: DesiredWorker("a-1-1", 6700, "worker-1", 1),
+        6701: DesiredWorker("b-2-2", 6701, "worker-0", 0),
+    }
+    assert desired_workers(assignments, "nobody", [6700]) == {}
+
+
+def test_worker_index_parses_only_worker_keys():
+    assert worker_index("worker-12") == 12
+    for bad in ("worker-", "worker-x", "executor-1", "worker--1"):
+        with pytest.raises(ValueError):
+            worker_index(bad)
+
+
+def test_taken_slot_port_is_refused_with_the_key_named():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SlotPortInUseError) as info:
+            check_ports_free([port])
+        assert str(info.value) == f"supervisor slot port {port} is in use (supervisor.slots.ports)"
+    check_ports_free([port])   # released: free again
+
+
+def test_supervisor_conf_is_checked():
+    check_supervisor_conf(load_config(overrides={}))
+    for key, value in [("supervisor.monitor.frequency.secs", 0),
+                       ("supervisor.slots.ports", []),
+                       ("supervisor.slots.ports", [70000])]:
+        with pytest.raises(ConfigError, match=key):
+            check_supervisor_conf(load_config(overrides={key: value}))
+
+
+def test_supervisor_id_is_kept(tmp_path: Path):
+    made = load_supervisor_id(tmp_path / "supervisor" / "id")
+    assert load_supervisor_id(tmp_path / "supervisor" / "id") == made
+    assert len(made) == 36
+
+
+# -- code cache ------------------------------------------------------------------------------
+def _tar(entries: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _code(bundle: bytes) -> dict[str, bytes]:
+    return {"stormjar.jar": bundle, "stormconf.json": b'{"topology.workers": 1}',
+            "stormcode.ser": b""}
+
+
+def _sha(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+class FakePeers:
+    """fetch(peer, "<id>/<file>", dest) serving per-peer file contents."""
+
+    def __init__(self, served: dict[str, dict[str, bytes]]):
+        self.served = served
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, peer: str, remote: str, dest: Path) -> str:
+        self.calls.append((peer, remote))
+        if peer not in self.served:
+            raise ConnectionRefusedError("connection refused")
+        data = self.served[peer][remote.split("/", 1)[1]]
+        dest.write_bytes(data)
+        return hashlib.sha256(data).hexdigest()
+
+
+def test_code_cache_fetches_verifies_and_unpacks(tmp_path: Path):
+    files = _code(_tar({"topology.yaml": b"command: [true]\n", "lib/x.py": b"x = 1\n"}))
+    fetch = FakePeers({"n2:6627": files})
+    cache = CodeCache(tmp_path / "stormdist", 1 << 20, fetch)
+    path = cache.ensure(TOPOLOGY, _sha(files), ["n1:6627", "n2:6627"])
+    assert sorted(p.name for p in path.iterdir()) == sorted([*CODE_FILES, "resources"])
+    assert (cache.resources(TOPOLOGY) / "lib" / "x.py").read_bytes() == b"x = 1\n"
+    calls = len(fetch.calls)
+    assert cache.ensure(TOPOLOGY, _sha(files), ["n2:6627"]) == path   # already here
+    assert len(fetch.calls) == calls
+    assert cache.remove_except(set()) == [TOPOLOGY]
+    assert not path.exists()
+
+
+def test_code_cache_refuses_a_bad_sha256_and_tries_the_next_peer(tmp_path: Path):
+    good = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    tampered = {**good, "stormjar.jar": _tar({"topology.yaml": b"command: [evil]\n"})}
+    cache = CodeCache(tmp_path / "stormdist", 1 << 20, FakePeers({"bad:1": tampered}))
+    with pytest.raises(CodeVerificationError, match="stormjar.jar: no verified copy"):
+        cache.ensure(TOPOLOGY, _sha(good), ["bad:1"])
+    assert not cache.has(TOPOLOGY)
+    assert list((tmp_path / "stormdist").iterdir()) == []   # no temporary left behind
+    cache = CodeCache(tmp_path / "stormdist", 1 << 20,
+                      FakePeers({"bad:1": tampered, "good:2": good}))
+    cache.ensure(TOPOLOGY, _sha(good), ["bad:1", "good:2"])
+    assert (cache.resources(TOPOLOGY) / "topology.yaml").read_bytes() == b"command: [true]\n"
+
+
+def test_code_cache_refuses_an_unsafe_archive_member(tmp_path: Path):
+    # The sha256 matches (the leader stored exactly this), but the entry leaves its dir.
+    files = _code(_tar({"topology.yaml": b"command: [true]\n", "../escape.txt": b"x"}))
+    cache = CodeCache(tmp_path / "stormdist", 1 << 20, FakePeers({"n:1": files}))
+    with pytest.raises(CodeVerificationError, match="unsafe bundle.*leaves its directory"):
+        cache.ensure(TOPOLOGY, _sha(files), ["n:1"])
+    assert not cache.has(TOPOLOGY)
+    assert not (tmp_path / "stormdist" / "escape.txt").exists()
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_code_cache_refuses_unverifiable_or_unreachable_code(tmp_path: Path):
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    cache = CodeCache(tmp_path / "stormdist", 1 << 20, FakePeers({"n:1": files}))
+    with pytest.raises(CodeVerificationError, match="no sha256 for stormcode.ser"):
+        cache.ensure(TOPOLOGY, {k: v for k, v in _sha(files).items() if k != "stormcode.ser"},
+                     ["n:1"])
+    with pytest.raises(CodeUnavailableError, match="connection refused"):
+        cache.ensure(TOPOLOGY, _sha(files), ["down:1"])
+    with pytest.raises(CodeUnavailableError, match="no nimbus holds its code"):
+        cache.ensure(TOPOLOGY, _sha(files), [])
+
+
+# -- worker handle and lease ------------------------------------------------------------------
+def _spec_writer(worker_dir: Path, conf: dict | None = None):
+    def write(lease_fd: int, status_fd: int) -> None:
+        (worker_dir / "worker.json").write_text(json.dumps({
+            "lease_fd": lease_fd, "status_fd": status_fd, "conf": conf or {}}))
+    return write
+
+
+def test_worker_handle_beats_while_leased_and_dies_when_the_lease_runs_out(
+        tmp_path: Path, stub_worker):
+    beats: list[dict] = []
+    closed = threading.Event()
+    handle = WorkerHandle(TOPOLOGY, 6700, tmp_path / "w", session_id=7, restarts=0,
+                          on_status=lambda h, s: beats.append(s),
+                          on_closed=lambda h: closed.set(), command=stub_worker)
+    handle.start(_spec_writer(tmp_path / "w"))
+    try:
+        assert handle.renew(time.monotonic() + 1.5)
+        wait_for(lambda: len(beats) >= 2, 10, "beats")
+        assert beats[0] == {"beat": {"components": {"main": {"pid": handle.pid}}}}
+        child = int(wait_for(lambda: (tmp_path / "w" / "child.pid").read_text(), 5, "child"))
+        # No renewal: the worker kills its own group (the child with it) at the deadline.
+        wait_for(lambda: handle.exit_code() is not None, 10, "the worker to die")
+        assert handle.exit_code() == -signal.SIGKILL
+        wait_for(closed.is_set, 5, "the status pipe to close")
+        wait_for(lambda: not _alive(child), 5, "the child to die")
+        assert "lease lost: expired" in (tmp_path / "w" / "worker.log").read_text()
+    finally:
+        handle.release()
+
+
+def test_worker_handle_stop_and_kill_reach_the_whole_group(tmp_path: Path, stub_worker):
+    handles = []
+    for name in ("a", "b"):
+        h = WorkerHandle(TOPOLOGY, 6700, tmp_path / name, 1, 0, lambda h, s: None,
+                         command=stub_worker)
+        h.start(_spec_writer(tmp_path / name))
+        h.renew(time.monotonic() + 60)
+        handles.append(h)
+    a, b = handles
+    children = [int(wait_for(lambda d=d: (tmp_path / d / "child.pid").read_text(), 5, "child"))
+                for d in ("a", "b")]
+    a.stop(grace_s=3)
+    assert a.exit_code() == 0 and a.ended_by == "stop"   # SIGTERM was enough
+    started = time.monotonic()
+    b.kill("lost")
+    wait_for(lambda: b.exit_code() is not None, 5, "kill")
+    assert time.monotonic() - started < 2 and b.exit_code() == -signal.SIGKILL
+    b.release()
+    assert b.ended_by == "lost"
+    wait_for(lambda: not any(_alive(c) for c in children), 5, "children to die")
+    assert not a.renew(time.monotonic() + 10)   # released: nothing to write to
+
+
+class FakeZk:
+    """Just enough of KazooClient for LeaseKeeper."""
+
+    def __init__(self, session: int, owner: int | None):
+        self.client_id = (session, b"pw")
+        self.owner = owner
+
+    def exists_async(self, path: str):
+        stat = None if self.owner is None else SimpleNamespace(ephemeralOwner=self.owner)
+        return SimpleNamespace(get=lambda timeout=None: stat)
+
+
+class FakeWorker:
+    def __init__(self, session_id: int):
+        self.session_id = session_id
+        self.ended_by = ""
+        self.leases: list[float] = []
+
+    def renew(self, deadline: float) -> bool:
+        self.leases.append(deadline)
+        return True
+
+
+def test_lease_is_renewed_only_after_a_round_trip_of_the_workers_own_session():
+    mine, older = FakeWorker(5), FakeWorker(4)
+    keeper = LeaseKeeper(FakeZk(5, owner=5), lambda: "/s/me", 6.0, lambda: [mine, older])
+    before = time.monotonic()
+    deadline = keeper.renew_once()
+    assert deadline is not None and before + 3.0 <= deadline <= time.monotonic() + 3.0
+    assert mine.leases == [deadline] and older.leases == []
+    assert keeper.current(5) == deadline and keeper.current(4) is None
+    # The node belongs to another session (left by a restart): proves nothing.
+    assert LeaseKeeper(FakeZk(5, owner=4), lambda: "/s/me", 6.0, lambda: [mine]) \
+        .renew_once() is None
+    # No node (session expired, not yet registered again), or disconnected: nothing.
+    assert LeaseKeeper(FakeZk(5, owner=None), lambda: "/s/me", 6.0, lambda: [mine]) \
+        .renew_once() is None
+    assert LeaseKeeper(FakeZk(5, owner=5), lambda: "/s/me", 6.0, lambda: [mine],
+                       may_renew=lambda: False).renew_once() is None
+    assert mine.leases == [deadline]
+
+
+# -- the daemon against a real ZooKeeper --------------------------------------------------------
+@pytest.fixture
+def cluster_state(make_zk, zk_root):
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    return state
+
+
+def _submit_directly(state: StormClusterState, files: dict[str, bytes], slots: dict) -> None:
+    """What a leader would write: the topology's nodes and an assignment."""
+    zk = state.zk
+    zk.create(state.storm_path(TOPOLOGY), StormBase("demo", 1, ACTIVE, 1).encode())
+    zk.create(state.path("assignments", TOPOLOGY), Assignment(
+        master_code_dir="/x", executor_node_port=slots, code_sha256=_sha(files)).encode())
+    zk.create(state.path("workerbeats", TOPOLOGY), b"")
+    zk.create(state.path("errors", TOPOLOGY), b"")
+
+
+def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port) -> Supervisor:
+    conf = load_config(overrides={
+        "storm.zookeeper.port": zk_server.port, "storm.zookeeper.root": zk_root,
+        "storm.zookeeper.session.timeout": 4000, "storm.local.dir": str(tmp_path / "local"),
+        "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": [port],
+        "supervisor.monitor.frequency.secs": 1, "supervisor.heartbeat.frequency.secs": 1,
+        "supervisor.worker.start.timeout.secs": 5, "supervisor.worker.timeout.secs": 3,
+        "supervisor.worker.shutdown.sleep.secs": 1})
+    sup = Supervisor(conf, worker_command=stub_worker)
+    sup.code = CodeCache(sup.code.root, 1 << 20, FakePeers({"nimbus:6627": files}))
+    sup._peers = lambda topology_id: ["nimbus:6627"]  # no nimbus in these tests
+    return sup
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _beat(state: StormClusterState, sup: Supervisor, port: int) -> WorkerBeat | None:
+    data = state.get_worker_heartbeat(TOPOLOGY, sup.id, port)
+    return WorkerBeat.decode(data) if data else None
+
+
+def test_supervisor_runs_its_slot_restarts_a_crash_and_stops_when_unassigned(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    # The topology conf makes the stand-in fail after 1.5 s of running, with an error line.
+    files["stormconf.json"] = b'{"topology.stub.exit_after": 1.5, "nimbus.host": "x"}'
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        assert cluster_state.supervisor_info(sup.id).meta == [port]
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        beat = wait_for(lambda: _beat(cluster_state, sup, port), 15, "a first beat")
+        assert (beat.topology_id, beat.supervisor_id, beat.host, beat.port, beat.restarts) == \
+            (TOPOLOGY, sup.id, "127.0.0.1", port, 0)
+        spec = json.loads((sup.workers_dir / f"{TOPOLOGY}-{port}" / "worker.json").read_text())
+        assert spec["conf"]["topology.stub.exit_after"] == 1.5
+        assert spec["conf"]["nimbus.host"] == "127.0.0.1"   # only topology.* keys merge
+        assert spec["code_dir"] == str(sup.code.resources(TOPOLOGY))
+        assert (spec["worker_index"], spec["num_workers"], spec["restarts"]) == (0, 1, 0)
+        # It fails: its error is recorded, and it is restarted (after 1 s) and counted.
+        wait_for(lambda: (b := _beat(cluster_state, sup, port)) and b.restarts == 1, 15,
+                 "a restarted worker's beat")
+        errors = cluster_state.errors(TOPOLOGY, "main")
+        assert errors[0] == ErrorInfo("boom", errors[0].error_time_secs, "127.0.0.1", port)
+        # Unassigned: the worker is stopped and the code removed.
+        cluster_state.zk.set(cluster_state.path("assignments", TOPOLOGY), Assignment(
+            master_code_dir="/x", code_sha256=_sha(files)).encode())
+        wait_for(lambda: not sup._running_handles() and not sup.code.has(TOPOLOGY), 10,
+                 "the worker to stop and its code to go")
+    finally:
+        sup.stop()
+    assert cluster_state.supervisor_info(sup.id) is None   # its session ended with it
+    assert [t.name for t in threading.enumerate() if t.name.startswith(
+        ("supervisor-", "worker-status-"))] == []
+
+
+def test_supervisor_kills_a_silent_worker_and_its_workers_on_connection_loss(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    files["stormconf.json"] = b'{"topology.stub.silent": true}'
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        first = wait_for(lambda: sup._running_handles(), 10, "a worker")[0]
+        # Silent: killed after supervisor.worker.start.timeout.secs, restarted, counted.
+        wait_for(lambda: (h := sup._running_handles()) and h[0] is not first, 15,
+                 "a replacement worker")
+        assert first.ended_by == "timeout" and first.exit_code() == -signal.SIGKILL
+        assert sup._slots[(TOPOLOGY, port)].restarts == 1
+        assert "sent no status" in cluster_state.errors(TOPOLOGY, "worker-0")[0].error
+        # SUSPENDED: every worker is killed at once, not counted as a crash.
+        second = sup._running_handles()[0]
+        from kazoo.protocol.states import KazooState
+        sup._on_connection_state(KazooState.SUSPENDED)
+        wait_for(lambda: second.exit_code() is not None, 3, "the kill")
+        assert second.ended_by == "lost"
+        sup._on_connection_state(KazooState.CONNECTED)
+        third = wait_for(lambda: (h := sup._running_handles()) and h[0] is not second
+                         and h[0], 10, "a restart on reconnection")
+        assert third.restarts == 1 and sup._slots[(TOPOLOGY, port)].restarts == 1
+    finally:
+        sup.stop()
+
+
+def test_supervisor_exits_when_a_slot_port_is_taken(tmp_path, zk_server, zk_root):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        conf = load_config(overrides={
+            "storm.zookeeper.port": zk_server.port, "storm.zookeeper.root": zk_root,
+            "storm.local.dir": str(tmp_path / "local"), "supervisor.slots.ports": [port]})
+        with pytest.raises(SlotPortInUseError):
+            Supervisor(conf)
+    assert not (tmp_path / "local" / "supervisor").exists()   # took nothing
