@@ -131,22 +131,44 @@ def _bundle(path: Path) -> Iterator[tuple[Path, int]]:
     yield path, path.stat().st_size
 
 
+def _topology_pairs(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``--conf KEY=VALUE`` options as a dict; values are YAML (``2`` is a number, ``[a]`` a
+    list), and text that is not YAML stays text."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise click.ClickException(f"--conf expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError:
+            out[key.strip()] = text
+    return out
+
+
 @main.command()
 @click.argument("name")
 @click.argument("path", type=click.Path(exists=False, path_type=Path))
 @click.option("--inactive", is_flag=True, help="Submit without activating.")
+@click.option("--conf", "topology_conf", multiple=True, metavar="KEY=VALUE",
+              help="A key of the topology's own configuration, any name (value read as "
+                   "YAML), like Storm's `storm jar -c`; reaches the pipeline's build(). "
+                   "Repeatable.")
 @config_option
 @set_option
 @_fail_cleanly
-def submit(name: str, path: Path, inactive: bool, config_path: str | None,
-           overrides: tuple[str, ...]) -> None:
+def submit(name: str, path: Path, inactive: bool, topology_conf: tuple[str, ...],
+           config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Submit topology NAME from PATH (a directory or an archive); prints its id.
 
     A directory is packed into a temporary .tgz under $TMPDIR first; the archive is
     streamed to the leader in chunks, so a bundle of any size needs little memory.
 
     --set keys starting with "topology." are sent as the topology's configuration
-    (e.g. --set topology.min.replication.count=2).
+    (e.g. --set topology.min.replication.count=2), and so is every --conf KEY=VALUE, whatever
+    its name (e.g. --conf wordcount.input.dir=/data/in).
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
@@ -156,6 +178,7 @@ def submit(name: str, path: Path, inactive: bool, config_path: str | None,
     check_topology_name(name)
     conf = _conf(config_path, overrides)
     topo_conf = {k: v for k, v in conf.items() if k.startswith("topology.")}
+    topo_conf.update(_topology_pairs(topology_conf))
     client = NimbusClient(conf)
     with _bundle(path) as (bundle, size), Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(),

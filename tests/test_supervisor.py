@@ -400,7 +400,8 @@ def test_supervisor_runs_its_slot_restarts_a_crash_and_stops_when_unassigned(
     port = _free_port()
     files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
     # The topology conf makes the stand-in fail after 1.5 s of running, with an error line.
-    files["stormconf.json"] = b'{"topology.stub.exit_after": 1.5, "nimbus.host": "x"}'
+    files["stormconf.json"] = (b'{"topology.stub.exit_after": 1.5, "pipeline.input": "in", '
+                               b'"storm.local.dir": "elsewhere"}')
     sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
     sup.start()
     try:
@@ -411,7 +412,9 @@ def test_supervisor_runs_its_slot_restarts_a_crash_and_stops_when_unassigned(
             (TOPOLOGY, sup.id, "127.0.0.1", port, 0)
         spec = json.loads((sup.workers_dir / f"{TOPOLOGY}-{port}" / "worker.json").read_text())
         assert spec["conf"]["topology.stub.exit_after"] == 1.5
-        assert spec["conf"]["nimbus.host"] == "127.0.0.1"   # only topology.* keys merge
+        # Every topology key reaches the worker; storm.local.dir stays the supervisor's.
+        assert spec["conf"]["pipeline.input"] == "in"
+        assert spec["conf"]["storm.local.dir"] == str(sup.local_dir)
         assert spec["code_dir"] == str(sup.code.resources(TOPOLOGY))
         assert (spec["worker_index"], spec["num_workers"], spec["restarts"]) == (0, 1, 0)
         # It fails: its error is recorded, and it is restarted (after 1 s) and counted.

@@ -482,20 +482,21 @@ class Supervisor:
             handle.kill("lost")  # the connection went while it was being started
 
     def worker_conf(self, code_dir: Path) -> dict[str, Any]:
-        """A worker's configuration: this supervisor's, with ``storm.local.dir`` made
-        absolute (the worker runs in its own directory), then the topology's own
-        ``topology.*`` keys from its ``stormconf.json``."""
+        """A worker's configuration: this supervisor's, then every key of the topology's
+        ``stormconf.json`` (Storm merges a topology's configuration over the cluster's
+        the same way; a pipeline's own keys, such as its input directory, reach its
+        ``build(spark, conf)`` like this). ``storm.local.dir`` stays this supervisor's,
+        made absolute, since the worker runs in its own directory."""
         conf = self.conf.as_dict()
-        conf["storm.local.dir"] = str(self.local_dir)
         try:
             topology_conf = json.loads((code_dir / CONF_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             log.warning("%s: unreadable, the topology's own keys are ignored: %s",
                         code_dir / CONF_FILE, exc)
-            return conf
+            topology_conf = {}
         if isinstance(topology_conf, dict):
-            conf.update({k: v for k, v in topology_conf.items()
-                         if isinstance(k, str) and k.startswith("topology.")})
+            conf.update({k: v for k, v in topology_conf.items() if isinstance(k, str)})
+        conf["storm.local.dir"] = str(self.local_dir)
         return conf
 
     def _peers(self, topology_id: str) -> list[str]:

@@ -1,0 +1,170 @@
+"""The lease (supervisor -> worker): the worker may run only while its lease is valid.
+
+The supervisor writes ``lease <deadline>\\n`` lines to the inherited ``lease_fd``; the
+deadline is a ``time.monotonic()`` value (same host, same clock). When the newest
+deadline has passed, or the pipe reaches EOF (the supervisor is gone), the worker kills
+its whole process group with SIGKILL at once: its Spark JVM and any child command die
+with it, so no batch or command outlives the supervisor's ZooKeeper session (see
+docs/runtime.md for why the deadline makes that safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+# How often the reader looks at its stop event while no lease line arrives.
+_POLL_SECS = 0.5
+
+
+def kill_process_group(reason: str) -> None:
+    """Log ``reason`` and SIGKILL this process's group (this process included); no return.
+
+    The worker is the leader of its group (the supervisor starts it with
+    ``start_new_session``; ``ensure_group_leader`` makes sure), so the group is exactly
+    the worker and everything it started.
+    """
+    log.critical("lease lost (%s): killing process group %d", reason, os.getpgrp())
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # nothing may stop the kill
+            pass
+    try:
+        sys.stderr.flush()
+    finally:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # not reached; belt and braces
+
+
+def ensure_group_leader() -> None:
+    """Make this process the leader of its own process group if it is not already.
+
+    Killing "our group" must never reach the supervisor: when the worker was started
+    without ``start_new_session`` it would share the supervisor's group.
+    """
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)
+        log.warning("not started as a process-group leader; made a group of its own")
+
+
+class Lease:
+    """Reads lease lines from ``fd`` and enforces the newest deadline.
+
+    Two daemon threads, ``lease-reader`` and ``lease-watchdog``, run from :meth:`start`
+    until :meth:`stop`. ``on_expiry(reason)`` is called once when the lease runs out or
+    the pipe closes; the default kills the process group and does not return.
+    """
+
+    def __init__(self, fd: int,
+                 on_expiry: Callable[[str], None] = kill_process_group) -> None:
+        self._fd = fd
+        self._on_expiry = on_expiry
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._expired = False
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._read_loop, name="lease-reader", daemon=True),
+            threading.Thread(target=self._watch_loop, name="lease-watchdog", daemon=True),
+        ]
+
+    def start(self) -> Lease:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop enforcing the lease and join both threads (at the end of a clean exit)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=2 * _POLL_SECS + 1)
+
+    @property
+    def deadline(self) -> float | None:
+        """The newest deadline received (a ``time.monotonic()`` value), None before any."""
+        with self._cond:
+            return self._deadline
+
+    def wait_first(self, timeout: float, stop: threading.Event) -> bool:
+        """Wait up to ``timeout`` seconds for the first lease; False on timeout or ``stop``."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while self._deadline is None:
+                remaining = end - time.monotonic()
+                if remaining <= 0 or stop.is_set():
+                    return False
+                # Short waits so that a stop request (SIGTERM) is seen promptly.
+                self._cond.wait(min(remaining, 0.2))
+            return True
+
+    def _expire(self, reason: str) -> None:
+        with self._cond:
+            if self._expired or self._stop.is_set():
+                return
+            self._expired = True
+        self._on_expiry(reason)
+        self._stop.set()
+
+    def _read_loop(self) -> None:
+        buffer = b""
+        while not self._stop.is_set():
+            try:
+                ready, _, _ = select.select([self._fd], [], [], _POLL_SECS)
+                if not ready:
+                    continue
+                chunk = os.read(self._fd, 4096)
+            except OSError as exc:
+                self._expire(f"lease pipe unreadable: {exc}")
+                return
+            if not chunk:
+                self._expire("lease pipe closed: the supervisor is gone")
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                self._accept(line)
+
+    def _accept(self, line: bytes) -> None:
+        word, _, value = line.decode("utf-8", "replace").strip().partition(" ")
+        try:
+            if word != "lease":
+                raise ValueError
+            deadline = float(value)
+        except ValueError:
+            # Ignored rather than fatal: without a valid renewal the lease runs out anyway.
+            log.warning("ignoring malformed lease line %r", line[:100])
+            return
+        with self._cond:
+            first = self._deadline is None
+            self._deadline = deadline  # the newest line wins, as the supervisor decides
+            self._cond.notify_all()
+        if first:
+            log.info("first lease received: %.1f s left", deadline - time.monotonic())
+
+    def _watch_loop(self) -> None:
+        with self._cond:
+            while not self._stop.is_set():
+                if self._deadline is None:
+                    self._cond.wait(_POLL_SECS)
+                    continue
+                remaining = self._deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                # Woken early by a renewal (notify); the cap only bounds a lost wake-up.
+                self._cond.wait(min(remaining, 1.0))
+            else:
+                return
+            late = time.monotonic() - self._deadline
+        self._expire(f"lease deadline passed {late:.3f} s ago")

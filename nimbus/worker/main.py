@@ -1,0 +1,125 @@
+"""``python -m nimbus.worker <worker-dir>``: one worker process (see docs/runtime.md).
+
+Order of events: read ``worker.json``; start the lease threads; wait for the first lease
+(nothing of the topology runs before it); run the pipeline or process topology, beating
+on the status pipe, until SIGTERM (exit 0) or a failure (exit 2 or 3). Whenever the lease
+runs out, the lease thread kills the whole process group instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from nimbus.redaction import install_log_redaction
+from nimbus.worker.exits import (
+    EXIT_INVALID_TOPOLOGY,
+    EXIT_OK,
+    EXIT_STARTUP,
+    worker_component,
+)
+from nimbus.worker.lease import Lease, ensure_group_leader
+from nimbus.worker.spec import SpecError, WorkerSpec
+from nimbus.worker.status import StatusWriter
+
+log = logging.getLogger("nimbus.worker")
+
+# Longest wait for the first lease when the configuration does not say
+# (supervisor.worker.start.timeout.secs: the supervisor gives up on a silent worker then).
+FIRST_LEASE_WAIT_SECS = 60.0
+
+
+def first_lease_wait(spec: WorkerSpec) -> float:
+    """How long to wait for the first lease: ``supervisor.worker.start.timeout.secs`` if
+    the configuration has it (a worker silent that long is killed anyway), else 60 s."""
+    value = spec.conf.get("supervisor.worker.start.timeout.secs")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return FIRST_LEASE_WAIT_SECS
+
+
+def configure_logging() -> None:
+    """Timestamped lines on stderr, which the supervisor sends to ``worker.log``."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s")
+    # py4j logs every gateway connection at INFO.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def _install_stop_handlers(stop: threading.Event) -> None:
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        if not stop.is_set():
+            log.info("%s received: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
+
+
+def run(spec: WorkerSpec, stop: threading.Event) -> int:
+    """Run the worker described by ``spec`` until stopped or failed; returns the exit code."""
+    status = StatusWriter(spec.status_fd, topology_id=spec.topology_id,
+                          supervisor_id=spec.supervisor_id, host=spec.host, port=spec.port,
+                          restarts=spec.restarts)
+    whole = worker_component(spec.worker_index)  # errors about the worker as a whole
+    lease = Lease(spec.lease_fd).start()
+    try:
+        wait = first_lease_wait(spec)
+        log.info("waiting up to %.0f s for the first lease", wait)
+        if not lease.wait_first(wait, stop):
+            if stop.is_set():
+                return EXIT_OK
+            status.error(whole, f"no lease received within {wait:g} s; not starting")
+            return EXIT_STARTUP
+        code_dir = Path(spec.code_dir)
+        has_py = (code_dir / "topology.py").is_file()
+        has_yaml = (code_dir / "topology.yaml").is_file()
+        if has_py == has_yaml:
+            which = "both" if has_py else "neither"
+            status.error(whole, f"bundle {code_dir} holds {which} of topology.py and "
+                                "topology.yaml; it needs exactly one")
+            return EXIT_INVALID_TOPOLOGY
+        if has_yaml:
+            from nimbus.worker.process import run_process
+
+            return run_process(spec, status, stop)
+        # Imported only here: a process topology never loads pyspark.
+        from nimbus.worker.pipeline import run_pipeline
+
+        return run_pipeline(spec, status, stop)
+    finally:
+        lease.stop()
+        status.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nimbus.worker",
+                                     description="Run one nimbus-ha worker (started by a "
+                                                 "supervisor; see docs/runtime.md).")
+    parser.add_argument("worker_dir", type=Path, help="directory holding worker.json")
+    args = parser.parse_args(argv)
+    configure_logging()
+    # Before anything else: the lease kill must hit this process's own group only.
+    ensure_group_leader()
+    try:
+        spec = WorkerSpec.load(args.worker_dir)
+        spec.heartbeat_secs  # noqa: B018 - validated now rather than mid-run
+    except SpecError as exc:
+        log.error("%s", exc)
+        return EXIT_STARTUP
+    install_log_redaction(spec.conf)
+    stop = threading.Event()
+    _install_stop_handlers(stop)
+    log.info("worker pid %d (group %d): topology %s port %d, worker %d of %d, restarts %d",
+             os.getpid(), os.getpgrp(), spec.topology_id, spec.port, spec.worker_index,
+             spec.num_workers, spec.restarts)
+    code = run(spec, stop)
+    log.info("worker exits with code %d", code)
+    return code

@@ -1,0 +1,252 @@
+"""Pipeline topologies: ``topology.py`` whose ``build(spark, conf)`` returns stream writers.
+
+``build`` returns one unstarted ``DataStreamWriter`` (component ``main``) or a dict
+``{component: DataStreamWriter}``. The worker starts the components assigned to it with
+``checkpointLocation`` = ``<checkpoint root>/<topology-id>/<component>`` and ``queryName``
+= ``<topology-id>.<component>``, beats their progress, and exits when one fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nimbus.worker.exits import (
+    EXIT_FAILED,
+    EXIT_INVALID_TOPOLOGY,
+    EXIT_OK,
+    InvalidTopology,
+    worker_component,
+)
+from nimbus.worker.spec import WorkerSpec
+from nimbus.worker.status import StatusWriter, format_error
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+log = logging.getLogger(__name__)
+
+TOPOLOGY_PY = "topology.py"
+MAIN = "main"
+# Component names end up in paths and query names.
+_COMPONENT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+Build = Callable[["SparkSession", dict[str, Any]], Any]
+
+
+def load_build(code_dir: Path) -> Build:
+    """Import ``<code_dir>/topology.py`` (with ``code_dir`` on ``sys.path``) and return
+    its ``build``; raises InvalidTopology with the reason."""
+    path = code_dir / TOPOLOGY_PY
+    if str(code_dir) not in sys.path:
+        sys.path.insert(0, str(code_dir))
+    spec = importlib.util.spec_from_file_location("topology", path)
+    if spec is None or spec.loader is None:
+        raise InvalidTopology(f"{TOPOLOGY_PY}: cannot be imported from {code_dir}")
+    module = importlib.util.module_from_spec(spec)
+    # Registered under its name so that pickled references (UDFs) resolve to it.
+    sys.modules["topology"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise InvalidTopology(f"importing {TOPOLOGY_PY} failed: {format_error(exc)}") from None
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise InvalidTopology(f"{TOPOLOGY_PY} defines no function build(spark, conf)")
+    return build  # type: ignore[no-any-return]
+
+
+def writers_of(result: Any) -> dict[str, DataStreamWriter]:
+    """Normalise what ``build`` returned to ``{component: writer}``; raises InvalidTopology
+    with a message that says how to fix it."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+    if isinstance(result, DataStreamWriter):
+        return {MAIN: result}
+    if isinstance(result, DataFrame):
+        kind = "a streaming DataFrame" if result.isStreaming else "a DataFrame"
+        raise InvalidTopology(f"build() returned {kind}, not a DataStreamWriter: "
+                              "return df.writeStream... (an unstarted writer with its sink)")
+    if isinstance(result, StreamingQuery):
+        raise InvalidTopology("build() returned a started StreamingQuery, not a "
+                              "DataStreamWriter: return df.writeStream... without .start(); "
+                              "the worker starts it with its checkpoint location")
+    if isinstance(result, Mapping):
+        if not result:
+            raise InvalidTopology("build() returned an empty dict: no component to run")
+        writers: dict[str, DataStreamWriter] = {}
+        for name, writer in result.items():
+            if not isinstance(name, str) or not _COMPONENT_NAME.match(name):
+                raise InvalidTopology(f"build() returned component name {name!r}: names "
+                                      "must be letters, digits, '_', '.', '-'")
+            if not isinstance(writer, DataStreamWriter):
+                raise InvalidTopology(f"build() returned {type(writer).__name__} for "
+                                      f"component {name!r}, not a DataStreamWriter: "
+                                      "return df.writeStream...")
+            writers[name] = writer
+        return writers
+    raise InvalidTopology(f"build() returned {type(result).__name__}, not a DataStreamWriter "
+                          "or a dict {component: DataStreamWriter}: return df.writeStream...")
+
+
+def assigned(names: list[str], worker_index: int, num_workers: int) -> list[str]:
+    """The components this worker runs: index in sorted order ``i mod N == worker_index``."""
+    return [name for i, name in enumerate(sorted(names)) if i % num_workers == worker_index]
+
+
+def _number(value: Any, default: float) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return default
+
+
+def progress_of(query: StreamingQuery) -> dict[str, Any]:
+    """The beat's view of one query, from ``lastProgress`` (batch_id -1 before any)."""
+    progress = query.lastProgress
+    if not progress:
+        return {"batch_id": -1, "num_input_rows": 0, "input_rows_per_second": 0.0,
+                "processed_rows_per_second": 0.0, "timestamp": None}
+    return {"batch_id": int(progress.get("batchId", -1)),
+            "num_input_rows": int(progress.get("numInputRows") or 0),
+            "input_rows_per_second": _number(progress.get("inputRowsPerSecond"), 0.0),
+            "processed_rows_per_second": _number(progress.get("processedRowsPerSecond"), 0.0),
+            "timestamp": progress.get("timestamp")}
+
+
+class PipelineRunner:
+    """Runs one worker's share of a pipeline topology; :meth:`run` returns the exit code."""
+
+    def __init__(self, spec: WorkerSpec, status: StatusWriter, stop: threading.Event):
+        self.spec = spec
+        self.status = status
+        self.stop = stop
+        self.spark: SparkSession | None = None
+        self.queries: dict[str, StreamingQuery] = {}
+        # Component of the errors about the whole topology (worker-<i>).
+        self.whole = worker_component(spec.worker_index)
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._shutdown()
+
+    def _fail(self, component: str, error: str, code: int) -> int:
+        """Report ``error`` and return ``code``; during a requested stop, failures are what
+        stopping causes (a group SIGTERM reaches a JVM still starting), so exit 0 quietly."""
+        if self.stop.is_set():
+            log.info("ignored while stopping: %s: %s", component, error[:300])
+            return EXIT_OK
+        self.status.error(component, error)
+        return code
+
+    def _run(self) -> int:
+        spec = self.spec
+        try:
+            # Import before starting Spark: a broken topology.py costs no JVM start.
+            build = load_build(Path(spec.code_dir))
+        except InvalidTopology as exc:
+            return self._fail(self.whole, str(exc), EXIT_INVALID_TOPOLOGY)
+
+        from nimbus.worker.spark import build_session
+
+        try:
+            self.spark = build_session(spec)
+        except InvalidTopology as exc:
+            return self._fail(self.whole, str(exc), EXIT_INVALID_TOPOLOGY)
+        except Exception as exc:
+            return self._fail(self.whole, f"cannot start Spark: {format_error(exc)}",
+                              EXIT_FAILED)
+        if self.stop.is_set():
+            return EXIT_OK
+
+        try:
+            writers = writers_of(build(self.spark, dict(spec.conf)))
+        except InvalidTopology as exc:
+            return self._fail(self.whole, str(exc), EXIT_INVALID_TOPOLOGY)
+        except Exception as exc:
+            return self._fail(self.whole, f"build() raised {format_error(exc)}",
+                              EXIT_INVALID_TOPOLOGY)
+
+        mine = assigned(list(writers), spec.worker_index, spec.num_workers)
+        log.info("components %s; this worker (%d of %d) runs %s", sorted(writers),
+                 spec.worker_index, spec.num_workers, mine)
+        root = spec.topology_checkpoint_dir
+        for name in mine:
+            if self.stop.is_set():
+                return EXIT_OK
+            try:
+                self.queries[name] = (writers[name]
+                                      .option("checkpointLocation", str(root / name))
+                                      .queryName(f"{spec.topology_id}.{name}")
+                                      .start())
+            except Exception as exc:
+                return self._fail(name, f"cannot start the query: {format_error(exc)}",
+                                  EXIT_FAILED)
+            log.info("started query %s.%s (checkpoint %s)", spec.topology_id, name, root / name)
+        return self._watch()
+
+    def _watch(self) -> int:
+        interval = self.spec.heartbeat_secs
+        while not self.stop.is_set():
+            try:
+                components = {}
+                for name, query in self.queries.items():
+                    failure = self._failure(query)
+                    if failure is not None:
+                        return self._fail(name, failure, EXIT_FAILED)
+                    components[name] = progress_of(query)
+            except Exception as exc:
+                # A JVM gone (or a group SIGTERM that reached it before it was told to
+                # ignore SIGTERM) fails the call; if a stop was requested, that is no error.
+                self.stop.wait(0.5)
+                return self._fail(self.whole, f"lost Spark: {format_error(exc)}",
+                                  EXIT_FAILED)
+            self.status.beat(components)
+            self.stop.wait(interval)
+        return EXIT_OK
+
+    @staticmethod
+    def _failure(query: StreamingQuery) -> str | None:
+        exc = query.exception()
+        if exc is not None:
+            return f"query failed: {format_error(exc)}"
+        if not query.isActive:
+            return ("query terminated without an error: a topology's query must run until "
+                    "stopped (Trigger.availableNow/once queries are not supported)")
+        return None
+
+    def _shutdown(self) -> None:
+        for name, query in self.queries.items():
+            try:
+                if query.isActive:
+                    log.info("stopping query %s", name)
+                    query.stop()
+            except Exception as exc:  # the JVM may already be gone (group SIGTERM)
+                log.warning("stopping query %s: %s", name, format_error(exc, 300))
+        if self.spark is not None:
+            started = time.monotonic()
+            try:
+                self.spark.stop()
+            except Exception as exc:
+                log.warning("stopping Spark: %s", format_error(exc, 300))
+            log.info("Spark stopped in %.1f s", time.monotonic() - started)
+
+
+def run_pipeline(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -> int:
+    """Run the pipeline topology of ``spec`` until ``stop`` is set or a query fails.
+
+    Returns 0 when stopped, 2 when topology.py or build() is unusable, 3 when Spark or a
+    query failed.
+    """
+    return PipelineRunner(spec, status, stop).run()

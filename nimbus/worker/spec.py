@@ -1,0 +1,152 @@
+"""``worker.json``: what a supervisor tells the worker it starts (see docs/runtime.md).
+
+The supervisor builds a :class:`WorkerSpec`, calls :meth:`WorkerSpec.dump` into the
+worker directory, and starts ``python -m nimbus.worker <worker-dir>`` with the two pipe
+ends named here passed as inherited file descriptors (``pass_fds``). The worker reads it
+back with :meth:`WorkerSpec.load`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SPEC_FILE = "worker.json"
+LOG_FILE = "worker.log"
+
+
+class SpecError(ValueError):
+    """``worker.json`` is missing, not JSON, or has a missing or mistyped field."""
+
+
+@dataclass
+class WorkerSpec:
+    """One worker's assignment, as written by its supervisor into ``<worker-dir>/worker.json``.
+
+    Fields:
+
+    * ``topology_id``: the topology's id (``<name>-<counter>-<launch-secs>``).
+    * ``port``: the slot port this worker occupies (from ``supervisor.slots.ports``).
+    * ``supervisor_id``: the id of the supervisor that started the worker.
+    * ``host``: the supervisor's advertised host name (goes into the beats).
+    * ``code_dir``: absolute path of the extracted bundle root: it holds ``topology.py``
+      (a pipeline topology) or ``topology.yaml`` (a process topology).
+    * ``lease_fd``: the read end of the lease pipe (supervisor -> worker), inherited.
+      Lines ``lease <deadline>\\n``, deadline a ``time.monotonic()`` value.
+    * ``status_fd``: the write end of the status pipe (worker -> supervisor), inherited.
+      One JSON object per line: ``{"beat": {...}}`` or ``{"error": {...}}``.
+    * ``conf``: the merged configuration with Storm key names (cluster defaults, the
+      supervisor's file, then the topology's own ``topology.*`` keys). Paths in it, such
+      as ``storm.local.dir``, should be absolute: the worker resolves relative ones
+      against its own working directory.
+    * ``restarts``: how many times the supervisor has restarted this worker (0 at first).
+    * ``worker_index``, ``num_workers``: this is ``worker-<worker_index>`` of
+      ``num_workers`` (``topology.workers``); a pipeline worker runs the components whose
+      index in sorted name order is ``worker_index`` modulo ``num_workers``.
+
+    The file can hold secrets (the configuration), so :meth:`dump` writes it with mode 0600.
+    """
+
+    topology_id: str
+    port: int
+    supervisor_id: str
+    host: str
+    code_dir: str
+    lease_fd: int
+    status_fd: int
+    conf: dict[str, Any] = field(default_factory=dict)
+    restarts: int = 0
+    worker_index: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            # Annotations are strings here (postponed evaluation): "str", "int", "dict[...]".
+            expected = {"str": str, "int": int}.get(str(f.type), dict)
+            if not isinstance(value, expected) or isinstance(value, bool):
+                raise SpecError(f"worker spec field {f.name!r} must be {expected.__name__}, "
+                                f"got {type(value).__name__} {value!r:.80}")
+        if not self.topology_id:
+            raise SpecError("worker spec field 'topology_id' is empty")
+        if self.num_workers < 1 or not 0 <= self.worker_index < self.num_workers:
+            raise SpecError(f"worker spec: worker_index {self.worker_index} is not in "
+                            f"[0, num_workers={self.num_workers})")
+
+    @classmethod
+    def load(cls, path: str | Path) -> WorkerSpec:
+        """Read ``path`` (``worker.json`` or the worker directory holding it).
+
+        Raises :class:`SpecError` naming the problem; unknown fields are refused too, so a
+        misspelt field is noticed rather than silently defaulted.
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / SPEC_FILE
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise SpecError(f"{p}: cannot read: {exc.strerror}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SpecError(f"{p}: not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"{p}: expected a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecError(f"{p}: unknown fields {unknown}")
+        required = {f.name for f in fields(cls)
+                    if f.default is MISSING and f.default_factory is MISSING}
+        missing = sorted(required - set(data))
+        if missing:
+            raise SpecError(f"{p}: missing fields {missing}")
+        try:
+            return cls(**data)
+        except SpecError as exc:
+            raise SpecError(f"{p}: {exc}") from None
+
+    def dump(self, path: str | Path) -> Path:
+        """Write the spec atomically to ``path`` (a file, or a directory to hold
+        ``worker.json``), readable by the owner only; returns the file's path."""
+        self._check()
+        p = Path(path)
+        if p.is_dir():
+            p = p / SPEC_FILE
+        tmp = p.with_name(f".{p.name}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(asdict(self), out, indent=2, sort_keys=True)
+            out.write("\n")
+        os.replace(tmp, p)
+        return p
+
+    # Derived values the worker uses; the supervisor may use them too.
+
+    @property
+    def heartbeat_secs(self) -> float:
+        """``worker.heartbeat.frequency.secs`` (default 1)."""
+        value = self.conf.get("worker.heartbeat.frequency.secs", 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise SpecError(f"key 'worker.heartbeat.frequency.secs' must be a positive number, "
+                            f"got {value!r}")
+        return float(value)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """``topology.spark.checkpoint.dir``, or ``<storm.local.dir>/checkpoints``."""
+        configured = self.conf.get("topology.spark.checkpoint.dir")
+        if configured:
+            return Path(str(configured)).expanduser().absolute()
+        local_dir = self.conf.get("storm.local.dir") or "storm-local"
+        return Path(str(local_dir)).expanduser().absolute() / "checkpoints"
+
+    @property
+    def topology_checkpoint_dir(self) -> Path:
+        """``<checkpoint root>/<topology-id>``: this topology's checkpoints and state."""
+        return self.checkpoint_root / self.topology_id
