@@ -42,6 +42,7 @@ from nimbus.distribution.archive import pack_directory  # noqa: E402
 from nimbus.master import runtime_view  # noqa: E402
 from nimbus.testing.pipelines import (  # noqa: E402
     WORDCOUNT,
+    WORKER_MODULE,
     CommittedOutput,
     RecordFeed,
     exactly_once_report,
@@ -124,7 +125,7 @@ class Runtime:
         def one() -> tuple[str, int, int] | None:
             assignment = self.state.assignment_info(self.topology_id)
             slot = assignment and assignment.executor_node_port.get("worker-0")
-            pids = processes_with_arg(f"{self.topology_id}-")
+            pids = processes_with_arg(WORKER_MODULE, f"{self.topology_id}-")
             if not slot or len(pids) != 1:
                 return None
             return slot[0], int(slot[1]), pids[0]

@@ -23,10 +23,12 @@ from nimbus.distribution.archive import pack_directory
 from nimbus.master import runtime_view
 from nimbus.testing.pipelines import (
     WORDCOUNT,
+    WORKER_MODULE,
     CommittedOutput,
     RecordFeed,
     exactly_once_report,
     processes_with_arg,
+    running,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -60,9 +62,10 @@ class Scenario:
     def worker_pids(self, slot: tuple[str, int] | None = None) -> list[int]:
         """Worker processes of the topology (on ``slot`` only, if given)."""
         if slot is None:
-            return processes_with_arg(f"{self.topology_id}-")
+            return processes_with_arg(WORKER_MODULE, f"{self.topology_id}-")
         supervisor = self.supervisor(slot[0])
-        return processes_with_arg(str(supervisor.worker_dir(self.topology_id, slot[1])))
+        worker_dir = supervisor.worker_dir(self.topology_id, slot[1])
+        return processes_with_arg(WORKER_MODULE, str(worker_dir))
 
     def running_worker(self) -> tuple[tuple[str, int], int]:
         """(slot, pid) once exactly one worker runs, on the assigned slot."""
@@ -169,7 +172,7 @@ def test_a_frozen_supervisor_stops_its_worker_before_the_work_moves(scenario):
         deadline = time.monotonic() + 4 * SESSION_MS / 1000 + 30
         while (died_at is None or moved_at is None) and time.monotonic() < deadline:
             now = time.monotonic()
-            if died_at is None and not Path(f"/proc/{pid}").exists():
+            if died_at is None and not running(pid):
                 died_at = now
             if moved_at is None and scenario.slot() not in (None, slot):
                 moved_at = now

@@ -85,8 +85,12 @@ def exactly_once_report(fed: list[int], committed: Counter) -> dict[str, list[in
             "unexpected": sorted(set(committed) - fed_set)}
 
 
-def processes_with_arg(needle: str) -> list[int]:
-    """Pids of live processes whose command line contains ``needle`` (Linux /proc)."""
+WORKER_MODULE = "nimbus.worker"
+
+
+def processes_with_arg(*needles: str) -> list[int]:
+    """Pids of live processes whose command line contains every one of ``needles``
+    (Linux /proc)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -97,9 +101,19 @@ def processes_with_arg(needle: str) -> list[int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
-        if needle in cmdline and state != "Z":
+        if all(n in cmdline for n in needles) and state != "Z":
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs: a killed child that its (maybe frozen) parent has not reaped
+    yet is a zombie, not a running process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
 
 
 def process_tree_rss_kib(pid: int) -> int:
