@@ -114,10 +114,10 @@ def _alive(pid: int) -> bool:
 # -- policy ----------------------------------------------------------------------------------
 def test_backoff_doubles_to_sixty_and_resets_after_five_minutes():
     backoff = RestartBackoff()
-    assert [backoff.delay_after_exit(1.0) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert [backoff.delay_after_exit(1.0) for _ in range(9)] == [0, 1, 2, 4, 8, 16, 32, 60, 60]
     assert backoff.delay_after_exit(299.0) == 60
-    assert backoff.delay_after_exit(300.0) == 1   # it ran five minutes: start afresh
-    assert backoff.delay_after_exit(0.5) == 2
+    assert backoff.delay_after_exit(300.0) == 0   # it ran five minutes: start afresh
+    assert backoff.delay_after_exit(0.5) == 1
 
 
 def test_desired_workers_are_this_supervisors_slots_only():

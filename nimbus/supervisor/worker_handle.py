@@ -142,7 +142,13 @@ class WorkerHandle:
             except (OSError, ValueError):
                 return
             if not chunk:
-                # EOF: every holder of the write end has exited.
+                # EOF: every holder of the write end has exited. The process closes its
+                # files a moment before it can be reaped; wait for that moment (bounded:
+                # a worker that closed the pipe but lives on is the monitor's to judge),
+                # so the monitor woken next sees the exit and restarts at once.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    if self.process is not None:
+                        self.process.wait(timeout=2)
                 if self._on_closed is not None:
                     self._on_closed(self)
                 return
