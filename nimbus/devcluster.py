@@ -303,7 +303,8 @@ def sample_topology(directory: Path, size_bytes: int = 64 * 1024) -> Path:
 
 def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
                     supervisors: int = 0) -> None:
-    """Start a dev cluster, optionally run the failover demo, then wait for Ctrl-C."""
+    """Start a dev cluster, optionally run the demos (nimbus failover; with 2 or more
+    supervisors also the pipeline runtime), then wait for Ctrl-C."""
     import click
 
     cluster = LocalCluster(work_dir, nimbuses, base_port=base_port,
@@ -322,6 +323,11 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
         click.echo(f"try: nimbus-ha cluster-info --config {cluster.config_file}")
         if demo:
             _demo(cluster, work_dir)
+            if len(cluster.supervisors) >= 2:
+                from nimbus import runtime_demo
+
+                if not runtime_demo.run(cluster, work_dir):
+                    raise SystemExit(1)
             return
         click.echo("Ctrl-C stops the cluster")
         try:
