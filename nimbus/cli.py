@@ -364,6 +364,14 @@ def _first_line(text: str, width: int = 100) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
+def _console() -> Any:
+    """A rich console; piped into a file or a pager it is wide enough that no host:port
+    or id is cut short (rich assumes 80 columns when it cannot ask a terminal)."""
+    from rich.console import Console
+
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
+
+
 @main.command("topology-info")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True,
@@ -374,7 +382,6 @@ def _first_line(text: str, width: int = 100) -> str:
 def topology_info(name: str, as_json: bool, config_path: str | None,
                   overrides: tuple[str, ...]) -> None:
     """Show topology NAME's workers, components and newest errors (read from ZooKeeper)."""
-    from rich.console import Console
     from rich.table import Table
 
     from nimbus.master import runtime_view
@@ -383,7 +390,7 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True))
         return
-    console = Console(soft_wrap=True)
+    console = _console()
     console.print(f"[bold]{info['name']}[/bold] {info['id']}  {info['status']}  "
                   f"up {info['uptime_secs']}s  workers {len(info['workers'])}/"
                   f"{info['num_workers']}", highlight=False)
