@@ -451,6 +451,48 @@ def errors_(name: str, as_json: bool, config_path: str | None,
 
 
 @main.command()
+@click.option("--interval", "interval_s", type=click.FloatRange(min=0.1), default=2.0,
+              show_default=True, help="Seconds between two refreshes.")
+@click.option("--once", is_flag=True, help="Print the table once and exit.")
+@config_option
+@set_option
+@_fail_cleanly
+def top(interval_s: float, once: bool, config_path: str | None,
+        overrides: tuple[str, ...]) -> None:
+    """A refreshing table of topologies: status, workers, restarts, rows/s, last batch and
+    newest error (read from ZooKeeper; Ctrl-C exits)."""
+    from nimbus import top as top_view
+    from nimbus.state.cluster_state import LayoutMissingError
+
+    with _cluster_state(_conf(config_path, overrides)) as state:
+        try:
+            top_view.run(state, _console(), interval_s, once)
+        except LayoutMissingError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@main.command()
+@config_option
+@set_option
+@_fail_cleanly
+def ui(config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Serve the Storm UI REST API and the dashboard on ui.host:ui.port (Storm's
+    `storm ui`). Any host may run it: it reads ZooKeeper and sends actions to the
+    leader. SIGTERM or Ctrl-C stops it."""
+    from nimbus.ui.server import UIServer
+
+    server = UIServer(_conf(config_path, overrides))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: server.stop())
+    try:
+        server.start()
+        click.echo(f"UI serving on {server.url}", err=True)
+        server.wait()
+    finally:
+        server.stop()
+
+
+@main.command()
 @click.option("--port", type=int, default=2181, show_default=True)
 @click.option("--dir", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("zookeeper-data"), show_default=True)
@@ -484,14 +526,45 @@ def zookeeper(port: int, data_dir: Path) -> None:
               default=Path("dev-cluster"), show_default=True)
 @click.option("--demo", is_flag=True,
               help="Submit a sample topology, kill -9 the leader and show the failover.")
+@config_option
+@set_option
 @_fail_cleanly
 def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
-                demo: bool) -> None:
+                demo: bool, config_path: str | None, overrides: tuple[str, ...]) -> None:
     """ZooKeeper plus N nimbuses (and supervisors) on loopback, for a first look
-    (Ctrl-C stops all)."""
-    from nimbus.devcluster import run_dev_cluster
+    (Ctrl-C stops all).
 
-    run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors)
+    --config and --set are validated as for every command and passed to every nimbus and
+    supervisor (e.g. --set storm.codedistributor.class=s3 and the plugin's keys), except
+    the keys that place the cluster on loopback (ZooKeeper, ports, seeds, local dirs).
+    """
+    from nimbus.devcluster import dev_cluster_conf, run_dev_cluster
+
+    conf = _conf(config_path, overrides)
+    chosen, ignored = dev_cluster_conf(conf)
+    for key in ignored:
+        click.echo(f"dev-cluster sets {key} itself: the configured value is ignored", err=True)
+    run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors, conf=chosen)
+
+
+@main.command("new-plugin")
+@click.argument("name")
+@click.option("--dir", "target", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Where to write it (default: ./nimbus-ha-NAME).")
+def new_plugin(name: str, target: Path | None) -> None:
+    """Write a code-distributor distribution NAME that passes the kit as it is: pyproject
+    with the entry point, the distributor, its test module and a README (docs/plugins.md)."""
+    from nimbus.scaffold import ScaffoldError
+    from nimbus.scaffold import new_plugin as write
+
+    target = target if target is not None else Path(f"nimbus-ha-{name}")
+    try:
+        files = write(name, target)
+    except (ScaffoldError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in files:
+        click.echo(f"wrote {path}")
+    click.echo(f"next: pip install -e '{target}[test]' && pytest {target / 'tests'}")
 
 
 if __name__ == "__main__":  # pragma: no cover

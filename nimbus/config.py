@@ -7,6 +7,7 @@ distributor plugin) and every value must have the type of its default; anything 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -16,6 +17,8 @@ from typing import Any
 import yaml
 
 from nimbus.redaction import redact, redact_value
+
+log = logging.getLogger(__name__)
 
 DEFAULTS_SOURCE = "defaults.yaml (built in)"
 # The chunk size of nimbus-ha's own uploads, and the Thrift framing around one: every
@@ -157,18 +160,25 @@ def load_config(
     path: str | Path | None = None,
     overrides: Iterable[str] | Mapping[str, Any] = (),
     extra_defaults: Mapping[str, Any] | None = None,
+    unchecked_prefixes: Mapping[str, str] | None = None,
 ) -> Config:
     """Load defaults, then the YAML file at ``path``, then overrides, validating each layer.
 
     ``overrides`` are ``key=value`` strings (as given to ``--set``) or a mapping.
     ``extra_defaults`` are keys declared by code-distributor plugins; when omitted, the
-    installed plugins are asked for them.
+    installed plugins are asked for them. ``unchecked_prefixes`` maps the key prefix of
+    an installed plugin that cannot report its keys (it fails to import) to the reason:
+    keys under it are accepted without a type check, with a warning. When
+    ``extra_defaults`` is omitted they come from the installed plugins too.
     """
     defaults = builtin_defaults()
     if extra_defaults is None:
-        from nimbus.distribution.distributors import plugin_config_defaults
+        from nimbus.distribution.distributors import plugin_settings
 
-        extra_defaults = plugin_config_defaults()
+        extra_defaults, found_unchecked = plugin_settings()
+        if unchecked_prefixes is None:
+            unchecked_prefixes = found_unchecked
+    unchecked_prefixes = dict(unchecked_prefixes or {})
     defaults.update(extra_defaults)
     values = dict(defaults)
 
@@ -189,6 +199,12 @@ def load_config(
 
     for source, layer in layers:
         for key, value in layer.items():
+            prefix = next((p for p in unchecked_prefixes if key.startswith(p)), None)
+            if key not in defaults and prefix is not None:
+                log.warning("%s: key %r accepted unchecked: %s", source, key,
+                            unchecked_prefixes[prefix])
+                values[key] = value
+                continue
             if key not in defaults:
                 hint = _closest(key, defaults)
                 suggestion = f" (did you mean {hint!r}?)" if hint else ""
@@ -229,6 +245,10 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
             f"{values['nimbus.thrift.max_buffer_size']}")
     if values["nimbus.thrift.threads"] < 1:
         raise ConfigError("key 'nimbus.thrift.threads' must be at least 1")
+    for key in ("nimbus.metrics.port", "supervisor.metrics.port"):
+        if not 0 <= values[key] < 65536:
+            raise ConfigError(f"key {key!r} must be a port (1-65535), or 0 for no "
+                              f"/metrics, got {values[key]}")
     if not str(values["storm.zookeeper.root"]).strip("/"):
         raise ConfigError("key 'storm.zookeeper.root' must name a znode, e.g. /storm")
 

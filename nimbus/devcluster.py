@@ -50,6 +50,8 @@ class DaemonProcess:
     """One ``nimbus-ha <daemon> --config FILE`` subprocess in its own process group."""
 
     DAEMON = ""
+    # Its /metrics port when the cluster was made with metrics=True, else 0 (none).
+    metrics_port = 0
 
     def __init__(self, index: int, local_dir: Path, config_file: Path, log_file: Path):
         self.index = index
@@ -91,6 +93,11 @@ class DaemonProcess:
 
     def log_text(self) -> str:
         return self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://127.0.0.1:<metrics_port>/metrics`` (metrics_port must be set)."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
 
 class NimbusProcess(DaemonProcess):
@@ -142,7 +149,11 @@ class LocalCluster:
 
     def __init__(self, work_dir: Path, nimbuses: int = 3, base_port: int | None = None,
                  conf: dict[str, Any] | None = None, zk_port: int | None = None,
-                 supervisors: int = 0, slots_per_supervisor: int = 2):
+                 supervisors: int = 0, slots_per_supervisor: int = 2,
+                 metrics: bool = False):
+        """With ``metrics``, every daemon serves /metrics on a free port of its own
+        (its ``metrics_port``): one shared ``conf`` cannot give each process its own."""
+        self.metrics = metrics
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.zk = ZooKeeperServer(self.work_dir / "zookeeper", port=zk_port)
@@ -166,10 +177,14 @@ class LocalCluster:
     def _make_nimbus(self, index: int, port: int) -> NimbusProcess:
         local_dir = self.work_dir / f"nimbus-{index}"
         config_file = self.work_dir / f"nimbus-{index}.yaml"
+        metrics_port = free_port() if self.metrics else 0
         config_file.write_text(yaml.safe_dump({
-            **self.conf_values, "nimbus.thrift.port": port, "storm.local.dir": str(local_dir)}))
-        return NimbusProcess(index, port, local_dir, config_file,
-                             self.work_dir / f"nimbus-{index}.log")
+            **self.conf_values, "nimbus.thrift.port": port, "storm.local.dir": str(local_dir),
+            **({"nimbus.metrics.port": metrics_port} if metrics_port else {})}))
+        nimbus = NimbusProcess(index, port, local_dir, config_file,
+                               self.work_dir / f"nimbus-{index}.log")
+        nimbus.metrics_port = metrics_port
+        return nimbus
 
     def add_nimbus(self) -> NimbusProcess:
         """Configure one more nimbus (not started; the seeds list stays as it was)."""
@@ -185,11 +200,14 @@ class LocalCluster:
             free_port() for _ in range(self.slots_per_supervisor)]
         local_dir = self.work_dir / f"supervisor-{index}"
         config_file = self.work_dir / f"supervisor-{index}.yaml"
+        metrics_port = free_port() if self.metrics else 0
         config_file.write_text(yaml.safe_dump({
             **self.conf_values, "storm.local.dir": str(local_dir),
-            "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports}))
+            "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports,
+            **({"supervisor.metrics.port": metrics_port} if metrics_port else {})}))
         supervisor = SupervisorProcess(index, ports, local_dir, config_file,
                                        self.work_dir / f"supervisor-{index}.log")
+        supervisor.metrics_port = metrics_port
         self.supervisors.append(supervisor)
         return supervisor
 
@@ -301,14 +319,32 @@ def sample_topology(directory: Path, size_bytes: int = 64 * 1024) -> Path:
     return directory
 
 
+#: Keys a dev cluster sets for each daemon itself: they put it on loopback, on its own
+#: ZooKeeper, ports and directories, whatever a configuration file says.
+DEV_CLUSTER_KEYS = ("storm.zookeeper.servers", "storm.zookeeper.port", "nimbus.seeds",
+                    "nimbus.host", "nimbus.thrift.port", "storm.local.dir",
+                    "storm.local.hostname", "supervisor.slots.ports")
+
+
+def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
+    """(the keys of ``conf`` that differ from the defaults, to pass to every daemon; the
+    keys among those that a dev cluster sets itself and so ignores)."""
+    defaults = load_config(overrides={})
+    changed = {k: v for k, v in conf.items() if k not in defaults or defaults[k] != v}
+    ignored = sorted(k for k in changed if k in DEV_CLUSTER_KEYS)
+    return {k: v for k, v in changed.items() if k not in DEV_CLUSTER_KEYS}, ignored
+
+
 def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
-                    supervisors: int = 0) -> None:
+                    supervisors: int = 0, conf: dict[str, Any] | None = None) -> None:
     """Start a dev cluster, optionally run the demos (nimbus failover; with 2 or more
-    supervisors also the pipeline runtime), then wait for Ctrl-C."""
+    supervisors also the pipeline runtime), then wait for Ctrl-C. ``conf`` is given to
+    every nimbus and supervisor (see :func:`dev_cluster_conf`)."""
     import click
 
     cluster = LocalCluster(work_dir, nimbuses, base_port=base_port,
-                           conf={"topology.min.replication.count": min(2, nimbuses)},
+                           conf={"topology.min.replication.count": min(2, nimbuses),
+                                 **(conf or {})},
                            supervisors=supervisors)
     click.echo(f"starting ZooKeeper, {nimbuses} nimbuses and {supervisors} supervisors "
                f"under {work_dir} ...")

@@ -10,6 +10,9 @@ command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 # Apache Thrift's compiler: the wire-compatibility test generates an independent client.
 command -v thrift >/dev/null 2>&1 || need_apt+=(thrift-compiler)
+# Headless browser for the dashboard tests (integration/test_ui.py, via Selenium).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
@@ -20,5 +23,6 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]" -e plugins/nimbus-ha-localfs \
-    -e "plugins/nimbus-ha-s3[test]" -e plugins/nimbus-ha-torrent -e plugins/nimbus-ha-hdfs
+    -e "plugins/nimbus-ha-s3[test]" -e plugins/nimbus-ha-torrent -e plugins/nimbus-ha-hdfs \
+    -e plugins/nimbus-ha-shareddir
 echo "set up: $(.venv/bin/nimbus-ha --version)"

@@ -11,7 +11,9 @@ the attribute names both.
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import logging
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -36,6 +38,7 @@ KNOWN_DISTRIBUTIONS = {
     "hdfs": "nimbus-ha-hdfs",
     "s3": "nimbus-ha-s3",
     "torrent": "nimbus-ha-torrent",
+    "shareddir": "nimbus-ha-shareddir",
 }
 
 
@@ -58,9 +61,43 @@ class CodeVerificationError(DistributorError):
     copy, refused. The message names the topology and the file (or piece) that failed."""
 
 
+class PluginImportError(DistributorError):
+    """An installed distributor's entry point failed to import. ``name`` is the entry-point
+    name, ``origin`` says where it comes from (entry point and distribution)."""
+
+    def __init__(self, name: str, origin: str, cause: BaseException):
+        self.name, self.origin, self.cause = name, origin, cause
+        super().__init__(f"code distributor {name!r} is installed but cannot be imported: "
+                         f"{_one_line(cause)} ({origin})")
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: an error line must stay one line."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _origin(ep: Any) -> str:
+    """``entry point NAME = VALUE of DIST VERSION`` (the distribution when known)."""
+    dist = getattr(ep, "dist", None)
+    where = f" of {dist.metadata['Name']} {dist.version}" if dist is not None else ""
+    return f"entry point {ep.name} = {ep.value}{where}"
+
+
+def _suggest(name: str, candidates: Any) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate, or ""."""
+    match = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
 def installed_distributors() -> dict[str, type]:
     """Entry-point name -> plugin class of every distributor that imports cleanly."""
     return _load_entry_points()[0]
+
+
+def broken_distributors() -> dict[str, Exception]:
+    """Entry-point name -> import error of every installed distributor that fails to load."""
+    return _load_entry_points()[1]
 
 
 def _load_entry_points() -> tuple[dict[str, type], dict[str, Exception]]:
@@ -72,8 +109,9 @@ def _load_entry_points() -> tuple[dict[str, type], dict[str, Exception]]:
             found[ep.name] = ep.load()
         except Exception as exc:  # a broken plugin must not take the nimbus down
             log.warning("code distributor %r (%s) failed to load and is skipped: %s",
-                        ep.name, ep.value, exc)
-            broken[ep.name] = exc
+                        ep.name, _origin(ep), _one_line(exc))
+            broken[ep.name] = PluginImportError(ep.name, _origin(ep), exc)
+            broken[ep.name].__cause__ = exc
     return found, broken
 
 
@@ -86,9 +124,11 @@ def resolve_distributor_class(name: str) -> type:
         return installed[alias]
     if alias in failed:
         broken = failed[alias]
+        if isinstance(broken, PluginImportError):
+            raise broken from broken.cause
         raise DistributorError(
             f"code distributor {name!r} is installed but cannot be imported: "
-            f"{type(broken).__name__}: {broken}") from broken
+            f"{_one_line(broken)}") from broken
     if alias in KNOWN_DISTRIBUTIONS:
         raise DistributorError(
             f"code distributor {name!r} is not installed: pip install {KNOWN_DISTRIBUTIONS[alias]}"
@@ -98,8 +138,10 @@ def resolve_distributor_class(name: str) -> type:
         found = _import_dotted(name, alias)
         if found is not None:
             return found
+    known = [*installed, *failed, *KNOWN_DISTRIBUTIONS, *STORM_CLASS_ALIASES]
     raise DistributorError(
-        f"unknown code distributor {name!r} in storm.codedistributor.class; installed: "
+        f"unknown code distributor {name!r} in storm.codedistributor.class"
+        f"{_suggest(name, known)}; installed: "
         f"{', '.join(sorted(installed)) or 'none'} (or give a dotted path 'module:Class')"
     )
 
@@ -135,14 +177,67 @@ def _import_dotted(name: str, path: str) -> type | None:
 
 def plugin_config_defaults() -> dict[str, Any]:
     """Configuration keys declared by every installed distributor plugin."""
+    return plugin_settings()[0]
+
+
+def plugin_settings() -> tuple[dict[str, Any], dict[str, str]]:
+    """(keys declared by every working plugin with their defaults, unchecked prefixes).
+
+    A plugin that is installed but cannot report its keys (its import fails, its hooks
+    are invalid, ``config_defaults`` raises) gets its prefix
+    ``nimbus.codedistributor.<entry-point name>.`` mapped to the reason: the configuration
+    loader accepts keys under it unchecked, with a warning, so that commands which do
+    not need the distributor (``list``, ``kill``) still read a YAML that holds its keys.
+    """
     merged: dict[str, Any] = {}
-    for name, cls in installed_distributors().items():
+    unchecked: dict[str, str] = {}
+    installed, failed = _load_entry_points()
+    for name, exc in failed.items():
+        unchecked[f"{PLUGIN_KEY_PREFIX}{name}."] = str(exc)
+    for name, cls in installed.items():
         try:
             distributor = CodeDistributor(cls)
             merged.update(distributor.config_defaults())
         except Exception as exc:
             log.warning("code distributor %r could not report its settings: %s", name, exc)
-    return merged
+            unchecked[f"{PLUGIN_KEY_PREFIX}{name}."] = (
+                f"code distributor {name!r} could not report its settings: {exc}")
+    return merged, unchecked
+
+
+#: Every plugin's keys start with this and its entry-point name (docs/plugins.md).
+PLUGIN_KEY_PREFIX = "nimbus.codedistributor."
+
+
+def _spec_argnames(hook: str) -> list[str]:
+    return list(inspect.signature(getattr(hookspecs, hook)).parameters)
+
+
+def check_hookimpls(plugin_class: type, name: str) -> None:
+    """Raise a one-line DistributorError for a method marked ``@hookimpl`` whose name is
+    no hook, or which takes an argument its specification lacks (pluggy matches hook
+    arguments by name, so ``dirpath`` for ``dir_path`` can never be passed)."""
+    where = f"{plugin_class.__module__}:{plugin_class.__qualname__}"
+    for attr in dir(plugin_class):
+        method = getattr(plugin_class, attr, None)
+        if getattr(method, hookspecs.PROJECT + "_impl", None) is None:
+            continue
+        if attr not in hookspecs.ALL_HOOKS:
+            raise DistributorError(
+                f"code distributor {name!r} ({where}): method {attr!r} is marked @hookimpl "
+                f"but there is no such hook{_suggest(attr, hookspecs.ALL_HOOKS)}; hooks: "
+                f"{', '.join(hookspecs.ALL_HOOKS)}")
+        try:
+            params = list(inspect.signature(method).parameters)
+        except (TypeError, ValueError):
+            continue  # not introspectable: pluggy's own check below decides
+        spec = _spec_argnames(attr)
+        for arg in params[1:] if params and params[0] == "self" else params:
+            if arg not in spec:
+                raise DistributorError(
+                    f"code distributor {name!r} ({where}): hook {attr!r} takes argument "
+                    f"{arg!r}, which its specification {attr}({', '.join(spec)}) does not "
+                    f"have{_suggest(arg, spec)}; arguments are passed by name")
 
 
 class CodeDistributor:
@@ -156,7 +251,19 @@ class CodeDistributor:
         self.name = getattr(plugin_class, "name", plugin_class.__name__)
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
-        self._pm.register(plugin_class(), name=self.name)
+        check_hookimpls(plugin_class, self.name)
+        try:
+            plugin = plugin_class()
+        except Exception as exc:
+            raise DistributorError(f"code distributor {self.name!r} cannot be created: "
+                                   f"{_one_line(exc)}") from exc
+        try:
+            self._pm.register(plugin, name=self.name)
+        except pluggy.PluginValidationError as exc:
+            # Anything check_hookimpls does not catch (a bad hookwrapper, say): still one
+            # line naming the plugin, not pluggy's multi-line report.
+            raise DistributorError(f"code distributor {self.name!r}: invalid hook: "
+                                   f"{' '.join(str(exc).split())}") from exc
         missing = [h for h in hookspecs.DISTRIBUTOR_HOOKS
                    if not getattr(self._pm.hook, h).get_hookimpls()]
         if missing:

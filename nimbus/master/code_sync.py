@@ -50,6 +50,7 @@ class CodeSync:
         on_synced: Callable[[], None] = lambda: None,
         cleanup_blocked: str = "",
         cluster_id: str | None = None,
+        on_fetch: Callable[[str, float, Path | None], None] | None = None,
     ):
         self._state = state
         self._store = store
@@ -59,6 +60,8 @@ class CodeSync:
         self._on_synced = on_synced
         self._cleanup_blocked = cleanup_blocked
         self._cluster_id = cluster_id
+        # (topology id, seconds, code dir or None if it failed) after each download: metrics.
+        self._on_fetch = on_fetch
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._retry_at: dict[str, float] = {}
@@ -216,6 +219,16 @@ class CodeSync:
                 self._retry_at[topology_id] = time.monotonic() + pause
                 log.warning("download of %s failed (attempt %d, next in %.1fs): %s",
                             topology_id, failures, pause, exc)
+                self._report_fetch(topology_id, started, None)
                 return
         log.info("downloaded %s: %d files in %.2fs", topology_id, len(files),
                  time.monotonic() - started)
+        self._report_fetch(topology_id, started, self._store.path(topology_id))
+
+    def _report_fetch(self, topology_id: str, started: float, code_dir: Path | None) -> None:
+        if self._on_fetch is None:
+            return
+        try:
+            self._on_fetch(topology_id, time.monotonic() - started, code_dir)
+        except Exception:
+            log.exception("code sync fetch callback failed")

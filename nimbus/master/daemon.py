@@ -27,9 +27,10 @@ from nimbus.distribution.hookspecs import DistributorContext
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.code_sync import CodeSync
 from nimbus.master.elector import LeaderElector, NoLeaderError
-from nimbus.master.lifecycle import TopologyLifecycle
+from nimbus.master.lifecycle import CONF_FILE, TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
+from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
 from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
@@ -74,6 +75,13 @@ class NimbusDaemon:
         self._duties_wake = threading.Event()
 
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
+        self.metrics = NimbusMetrics(
+            self.distributor.name, is_leader=lambda: self.elector.is_leader(),
+            snapshot=lambda: self.cache.snapshot,
+            min_replication=min_replication_reader(
+                lambda topology_id: self.store.path(topology_id) / CONF_FILE,
+                conf["topology.min.replication.count"]))
+        self.metrics_server = None  # bound in _wire when nimbus.metrics.port is set
         self.zk = make_zk_client(conf)
         self._prepared = False
         try:
@@ -108,7 +116,8 @@ class NimbusDaemon:
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),
                              on_synced=lambda: self.elector.wake(),
-                             cleanup_blocked=cleanup_blocked, cluster_id=cluster_id)
+                             cleanup_blocked=cleanup_blocked, cluster_id=cluster_id,
+                             on_fetch=self.metrics.on_code_fetch)
         self.elector = LeaderElector(
             self.zk, self.state, self.address,
             has_all_code=lambda: not self.sync.missing(),
@@ -122,9 +131,14 @@ class NimbusDaemon:
                                        conf["nimbus.max.topology.bytes"])
         handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
                                 self.transfers, self.store, self.started_at)
+        # Bound before the Thrift port, and closed by _release if that one is taken.
+        self.metrics_server = serve_metrics(
+            self.metrics.registry, conf["nimbus.metrics.bind.address"],
+            conf["nimbus.metrics.port"], "nimbus-metrics")
         try:
             self.server = ThriftServer(
-                handler, conf["nimbus.thrift.bind.address"], conf["nimbus.thrift.port"],
+                self.metrics.instrument(handler), conf["nimbus.thrift.bind.address"],
+                conf["nimbus.thrift.port"],
                 max_frame_bytes=conf["nimbus.thrift.max_buffer_size"],
                 max_connections=conf["nimbus.thrift.threads"],
                 advertised_host=conf["nimbus.host"])
@@ -149,18 +163,23 @@ class NimbusDaemon:
         elector = getattr(self, "elector", None)
         if elector is not None:
             elector.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.zk.stop()
         self.zk.close()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self.server.start()
+        if self.metrics_server is not None:
+            self.metrics_server.start()
         self._register()
         self._renewal = SessionRenewal(self.zk, "nimbus-registration", self._reregister)
         self.zk.add_listener(self._on_connection_state)
         self.cache.start()
         self.sync.start()
         self._duties.start()
+        self.metrics.on_queued()
         self.elector.add_to_leader_lock_queue()
         log.info("nimbus %s started (distributor %s)", self.address, self.distributor.name)
 
@@ -181,6 +200,8 @@ class NimbusDaemon:
         self.cache.stop()
         self._duties.join(timeout=10)
         self.server.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.transfers.close()
         try:
             self.distributor.close(self.conf)
@@ -215,6 +236,7 @@ class NimbusDaemon:
 
     # -- the leader's duties ------------------------------------------------------------------
     def _on_leadership(self, leader: bool) -> None:
+        self.metrics.on_leadership(leader)
         self.cache.wake()
         if leader:
             self.scheduler.reset()  # heartbeat ages are measured afresh by a new leader

@@ -47,6 +47,7 @@ import nimbus
 from nimbus import __version__
 from nimbus.config import Config, ConfigError
 from nimbus.master.daemon import make_zk_client
+from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import Assignment, ErrorInfo, SupervisorInfo, WorkerBeat
 from nimbus.supervisor.code_cache import CONF_FILE, CodeCache, CodeUnavailableError
@@ -185,6 +186,11 @@ class Supervisor:
                                          daemon=True)
         self._heartbeat = threading.Thread(target=self._heartbeat_loop,
                                            name="supervisor-heartbeat", daemon=True)
+        # list() copies in one step under the GIL: the monitor thread owns _slots.
+        self.metrics = SupervisorMetrics(
+            self._running_handles,
+            lambda: {key: r.restarts for key, r in list(self._slots.items())})
+        self.metrics_server: MetricsServer | None = None
 
     def _lock_dir(self) -> Any:
         handle = open(self.supervisor_dir / LOCK_FILE, "a")  # held until stop()
@@ -199,6 +205,12 @@ class Supervisor:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         """Register, then start the threads; raises if ZooKeeper refuses the registration."""
+        # First: a taken metrics port fails the start before anything is registered.
+        self.metrics_server = serve_metrics(
+            self.metrics.registry, self.conf["supervisor.metrics.bind.address"],
+            self.conf["supervisor.metrics.port"], "supervisor-metrics")
+        if self.metrics_server is not None:
+            self.metrics_server.start()
         self.zk.add_listener(self._on_connection_state)
         session = session_id(self.zk)
         if session is not None:
@@ -229,6 +241,8 @@ class Supervisor:
         self._lease.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self.zk.remove_listener(self._on_connection_state)
         self.zk.stop()
         self.zk.close()
@@ -522,6 +536,7 @@ class Supervisor:
     def _on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:
         beat = status.get("beat")
         if isinstance(beat, dict):
+            self.metrics.progress.observe(handle, beat.get("components"))
             self._write_beat(handle, beat)
         error = status.get("error")
         if isinstance(error, dict):
