@@ -1,0 +1,12 @@
+"""The UI (``nimbus-ha ui``, Storm's ``storm ui``): a Storm-compatible REST API and a
+live dashboard, served from any process.
+
+It reads ZooKeeper with a client of its own (:mod:`nimbus.ui.view`) and sends actions to
+the leader through :class:`nimbus.thrift.client.NimbusClient`, so it keeps working
+across leader failovers without a restart.
+
+Modules: ``view`` (cluster snapshot kept by watches, live rates), ``timeline`` (events
+seen while running), ``storm_json`` (Storm UI's JSON shapes), ``actions`` (POSTs to the
+leader), ``app`` (the WSGI application), ``openapi`` (the API's description), ``server``
+(cheroot in a named thread).
+"""

@@ -1,0 +1,77 @@
+"""The POST actions (activate, deactivate, rebalance, kill), sent to the leader.
+
+They go through :class:`NimbusClient`, exactly as the CLI's commands do (so ZooKeeper
+changes exactly as after ``nimbus-ha deactivate NAME``), and it finds the leader,
+follows redirects and retries across a failover until its deadline. Thrift's answers
+become HTTP statuses here: no leader -> 503, unknown -> 404, wrong state -> 409,
+bad value -> 400.
+"""
+
+from __future__ import annotations
+
+from thriftpy2.thrift import TApplicationException, TException
+
+from nimbus.redaction import mask
+from nimbus.state.records import KILLED
+from nimbus.thrift import storm
+from nimbus.thrift.client import CONNECTION_ERRORS, NimbusClient, NimbusUnavailableError
+
+
+class ApiError(Exception):
+    """An answer other than success: HTTP ``status``, Storm's ``error`` title and a
+    message (``errorMessage``)."""
+
+    def __init__(self, status: int, error: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.message = message
+
+
+def not_found(topology_id: str) -> ApiError:
+    return ApiError(404, "Not Found", f"no topology with id {topology_id!r}")
+
+
+def no_leader(detail: str) -> ApiError:
+    return ApiError(503, "Service Unavailable", f"no nimbus leader reachable: {detail}")
+
+
+def run_action(client: NimbusClient, action: str, name: str, status: str,
+               wait_secs: int | None = None, num_workers: int | None = None) -> None:
+    """Send ``action`` for topology ``name`` (now in ``status``) to the leader; raises
+    :class:`ApiError` for anything but success."""
+    if status == KILLED:
+        raise ApiError(409, "Conflict", f"topology {name!r} is being killed")
+    try:
+        if action == "activate":
+            client.activate(name)
+        elif action == "deactivate":
+            client.deactivate(name)
+        elif action == "kill":
+            client.kill(name, wait_secs)
+        elif action == "rebalance":
+            client.rebalance(name, num_workers, wait_secs)  # type: ignore[arg-type]
+        else:  # routing allows no other name
+            raise ApiError(404, "Not Found", f"no action {action!r}")
+    except NimbusUnavailableError as exc:
+        raise no_leader(mask(str(exc))) from None
+    except CONNECTION_ERRORS as exc:
+        raise no_leader(mask(str(exc) or type(exc).__name__)) from None
+    except storm.NotAliveException as exc:
+        raise ApiError(404, "Not Found", mask(exc.msg or f"no topology named {name!r}")) \
+            from None
+    except storm.InvalidTopologyException as exc:
+        message = mask(exc.msg or "invalid request")
+        # The leader refuses a KILLED topology with this message (lifecycle.py): a
+        # state, not a bad value, so 409 (it may have been killed since we looked).
+        if "being killed" in message:
+            raise ApiError(409, "Conflict", message) from None
+        raise ApiError(400, "Bad Request", message) from None
+    except TApplicationException as exc:
+        # A concurrent change the leader gave up on, or a leader lost mid-call.
+        raise ApiError(503, "Service Unavailable", mask(exc.message or str(exc))) \
+            from None
+    except TException as exc:
+        raise ApiError(502, "Bad Gateway", mask(getattr(exc, "msg", None) or repr(exc))) \
+            from None
+

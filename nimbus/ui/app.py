@@ -1,0 +1,257 @@
+"""The UI's WSGI application: Storm UI's REST API, the dashboard's data and its page.
+
+Every answer is JSON (the page and its static files aside), errors included:
+``{"error": title, "errorMessage": message}`` as Storm's UI gives them, with a status that
+fits; nothing a client sends yields a 500. Bodies are limited to :data:`MAX_BODY_BYTES`.
+A POST that a browser sends from another origin is refused (cross-site request forgery:
+a page elsewhere must not kill topologies through an operator's browser); scripts and
+curl send no ``Origin`` and are not affected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit
+
+from kazoo.exceptions import KazooException
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.routing import Map, Rule
+from werkzeug.wrappers import Request, Response
+
+from nimbus.config import Config
+from nimbus.master import runtime_view
+from nimbus.state.cluster_state import LayoutMissingError
+from nimbus.thrift.client import NimbusClient
+from nimbus.ui import storm_json
+from nimbus.ui.actions import ApiError, not_found, run_action
+from nimbus.ui.dashboard import dashboard_data
+from nimbus.ui.openapi import openapi_document
+from nimbus.ui.view import ClusterView, ViewUnavailableError
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 1024 * 1024
+# Topology ids are "<name>-<counter>-<launch secs>"; names allow these characters only
+# (lifecycle.check_topology_name). Anything else (a slash, "..", a NUL) is no topology,
+# and never reaches a ZooKeeper path.
+TOPOLOGY_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+ACTIONS = ("activate", "deactivate")
+
+URLS = Map([
+    Rule("/", endpoint="index", methods=["GET"]),
+    Rule("/static/<name>", endpoint="static", methods=["GET"]),
+    Rule("/api/v1/openapi.json", endpoint="openapi", methods=["GET"]),
+    Rule("/api/v1/cluster/summary", endpoint="cluster_summary", methods=["GET"]),
+    Rule("/api/v1/cluster/configuration", endpoint="cluster_configuration",
+         methods=["GET"]),
+    Rule("/api/v1/nimbus/summary", endpoint="nimbus_summary", methods=["GET"]),
+    Rule("/api/v1/supervisor/summary", endpoint="supervisor_summary", methods=["GET"]),
+    Rule("/api/v1/topology/summary", endpoint="topology_summary", methods=["GET"]),
+    Rule("/api/v1/ui/dashboard", endpoint="dashboard", methods=["GET"]),
+    Rule("/api/v1/topology/<topology_id>", endpoint="topology", methods=["GET"]),
+    Rule("/api/v1/topology/<topology_id>/<any(activate, deactivate):action>",
+         endpoint="action", methods=["POST"]),
+    Rule("/api/v1/topology/<topology_id>/<any(rebalance, kill):action>/<wait_time>",
+         endpoint="action", methods=["POST"]),
+], strict_slashes=False, merge_slashes=False)
+
+
+def json_response(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data, separators=(",", ":"), allow_nan=False), status=status,
+                    mimetype="application/json",
+                    headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+
+
+def error_response(status: int, error: str, message: str) -> Response:
+    return json_response({"error": error, "errorMessage": message}, status)
+
+
+def _static_files() -> dict[str, tuple[bytes, str]]:
+    """name -> (bytes, content type) of the files shipped in nimbus/ui/static, read once:
+    only these names are ever served, whatever the path asks for."""
+    out = {}
+    for entry in resources.files("nimbus.ui").joinpath("static").iterdir():
+        suffix = "." + entry.name.rsplit(".", 1)[-1] if "." in entry.name else ""
+        if entry.is_file() and suffix in STATIC_TYPES:
+            out[entry.name] = (entry.read_bytes(), STATIC_TYPES[suffix])
+    return out
+
+
+class UIApp:
+    """The WSGI callable; ``view`` must be started, ``client`` reaches the leader."""
+
+    def __init__(self, conf: Config, view: ClusterView, client: NimbusClient):
+        self.conf = conf
+        self.view = view
+        self.client = client
+        self.static = _static_files()
+        self._openapi = json.dumps(openapi_document(), separators=(",", ":"))
+        self._dashboard_cache: tuple[Any, bytes] | None = None
+
+    def __call__(self, environ: dict[str, Any],
+                 start_response: Callable[..., Any]) -> Iterable[bytes]:
+        request = Request(environ)
+        request.max_content_length = MAX_BODY_BYTES
+        return self.dispatch(request)(environ, start_response)
+
+    def dispatch(self, request: Request) -> Response:
+        adapter = URLS.bind_to_environ(request.environ)
+        try:
+            endpoint, args = adapter.match()
+            handler = getattr(self, f"on_{endpoint}")
+            return handler(request, **args)
+        except ApiError as exc:
+            return error_response(exc.status, exc.error, exc.message)
+        except ViewUnavailableError as exc:
+            return error_response(503, "Service Unavailable", str(exc))
+        except (KazooException, LayoutMissingError) as exc:
+            return error_response(503, "Service Unavailable",
+                                  f"ZooKeeper read failed: {exc or type(exc).__name__}")
+        except HTTPException as exc:
+            response = error_response(exc.code or 400, exc.name, exc.description or exc.name)
+            if exc.code == 405 and hasattr(exc, "valid_methods") and exc.valid_methods:
+                response.headers["Allow"] = ", ".join(exc.valid_methods)
+            return response
+        except Exception:  # a bug: say so in JSON, keep the traceback in the log
+            log.exception("UI request %s %s failed", request.method, request.path)
+            return error_response(500, "Internal Server Error", "see the UI's log")
+
+    # -- page ---------------------------------------------------------------------------
+    def on_index(self, request: Request) -> Response:
+        body, ctype = self.static["index.html"]
+        return Response(body, content_type=ctype, headers={"Cache-Control": "no-store"})
+
+    def on_static(self, request: Request, name: str) -> Response:
+        found = self.static.get(name)
+        if found is None:
+            raise ApiError(404, "Not Found", f"no static file {name!r}")
+        return Response(found[0], content_type=found[1],
+                        headers={"Cache-Control": "max-age=300"})
+
+    def on_openapi(self, request: Request) -> Response:
+        return Response(self._openapi, mimetype="application/json")
+
+    # -- Storm UI's GETs ----------------------------------------------------------------
+    def on_cluster_summary(self, request: Request) -> Response:
+        return json_response(storm_json.cluster_summary(self.view.snapshot()))
+
+    def on_cluster_configuration(self, request: Request) -> Response:
+        return json_response(self.conf.redacted())
+
+    def on_nimbus_summary(self, request: Request) -> Response:
+        return json_response(storm_json.nimbus_summary(self.view.snapshot(), self.conf))
+
+    def on_supervisor_summary(self, request: Request) -> Response:
+        return json_response(storm_json.supervisor_summary(self.view.snapshot()))
+
+    def on_topology_summary(self, request: Request) -> Response:
+        return json_response(storm_json.topology_summary(self.view.snapshot()))
+
+    def on_topology(self, request: Request, topology_id: str) -> Response:
+        snap = self.view.snapshot()
+        self._check_id(topology_id)
+        # One topology: read now (beats and errors are not in the snapshot).
+        info = runtime_view.topology_info(self.view.state, topology_id)
+        if info is None:
+            raise not_found(topology_id)
+        return json_response(storm_json.topology_detail(
+            snap, info, self.view.fetch_topology_conf(topology_id),
+            int(self.conf["topology.message.timeout.secs"])))
+
+    def on_dashboard(self, request: Request) -> Response:
+        self.view.demand()
+        snap = self.view.snapshot()
+        now = int(time.time())
+        key = (snap.version, self.view.live_version, now)
+        cached = self._dashboard_cache
+        if cached is None or cached[0] != key:
+            # Serialised once per change (or second): a poller per open page costs little.
+            body = json.dumps(dashboard_data(self.view, snap, self.conf, now),
+                              separators=(",", ":")).encode()
+            cached = self._dashboard_cache = (key, body)
+        return Response(cached[1], mimetype="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+    # -- Storm UI's POSTs ---------------------------------------------------------------
+    def on_action(self, request: Request, topology_id: str, action: str,
+                  wait_time: str | None = None) -> Response:
+        self._check_origin(request)
+        body = self._json_body(request)
+        self._check_id(topology_id)
+        wait_secs = None
+        if wait_time is not None:
+            if not wait_time.isdigit() or len(wait_time) > 9:
+                raise ApiError(400, "Bad Request",
+                               f"wait-time must be a whole number of seconds, not "
+                               f"{wait_time[:40]!r}")
+            wait_secs = int(wait_time)
+        num_workers = self._num_workers(request, body) if action == "rebalance" else None
+        base = self.view.state.storm_base(topology_id)
+        if base is None:
+            raise not_found(topology_id)
+        run_action(self.client, action, base.storm_name, base.status, wait_secs, num_workers)
+        self.view.refresh_now()
+        return json_response(storm_json.operation(action, topology_id))
+
+    # -- input checks -------------------------------------------------------------------
+    @staticmethod
+    def _check_id(topology_id: str) -> None:
+        if not TOPOLOGY_ID.fullmatch(topology_id):
+            raise not_found(topology_id[:300])
+
+    @staticmethod
+    def _check_origin(request: Request) -> None:
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return
+        if urlsplit(origin).netloc != request.host:
+            raise ApiError(403, "Forbidden", "cross-origin POST refused")
+
+    @staticmethod
+    def _json_body(request: Request) -> dict[str, Any]:
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise RequestEntityTooLarge(f"body larger than {MAX_BODY_BYTES} bytes")
+        data = request.get_data(cache=True)  # bounded by max_content_length
+        if not data.strip():
+            return {}
+        if request.mimetype == "application/x-www-form-urlencoded":
+            return {}  # read as form fields (numWorkers=2) below
+        try:
+            body = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ApiError(400, "Bad Request", f"body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "Bad Request", "body must be a JSON object")
+        return body
+
+    @staticmethod
+    def _num_workers(request: Request, body: dict[str, Any]) -> int:
+        """numWorkers from Storm's body ``{"rebalanceOptions": {"numWorkers": N}}``, a
+        top-level ``numWorkers``, a form field or the query string."""
+        options = body.get("rebalanceOptions", {})
+        if not isinstance(options, dict):
+            raise ApiError(400, "Bad Request", "rebalanceOptions must be a JSON object")
+        if options.get("executors"):
+            raise ApiError(400, "Bad Request", "rebalance: executors are not supported "
+                                               "(a worker runs whole components); give "
+                                               "numWorkers")
+        raw: Any = options.get("numWorkers", body.get("numWorkers"))
+        if raw is None:
+            raw = request.form.get("numWorkers") or request.args.get("numWorkers")
+        if raw is None:
+            raise ApiError(400, "Bad Request", "rebalance needs numWorkers (body "
+                                               "rebalanceOptions.numWorkers or query)")
+        if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) < 7:
+            raw = int(raw.strip())
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 100000:
+            raise ApiError(400, "Bad Request",
+                           f"numWorkers must be a whole number >= 1, not {str(raw)[:40]!r}")
+        return raw

@@ -1,0 +1,62 @@
+"""The dashboard's one request (GET /api/v1/ui/dashboard): everything the page draws.
+
+Not a Storm path: Storm's UI makes a request per table; one request per refresh keeps
+the cost of an open page low (the answer is built once per change and second).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nimbus.config import Config
+from nimbus.state.records import KILLED
+from nimbus.ui import storm_json
+from nimbus.ui.view import ClusterView, Snapshot
+
+TIMELINE_SHOWN = 50
+
+
+def code_completeness(snap: Snapshot) -> dict[str, tuple[int, int]]:
+    """nimbus host:port -> (live topologies whose code it holds, live topologies).
+
+    "Holds" means it registered a complete replica under /code-distributor/<id>
+    (host-based distributors: localfs, torrent); KILLED topologies do not count.
+    """
+    live = [t for t, base in snap.storms.items() if base.status != KILLED]
+    out = {}
+    for info in snap.nimbuses:
+        address = f"{info.host}:{info.port}"
+        held = sum(1 for t in live if address in snap.replicas.get(t, []))
+        out[address] = (held, len(live))
+    return out
+
+
+def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config,
+                   now: float) -> dict[str, Any]:
+    """The dashboard's JSON (see nimbus/ui/static/dashboard.js for its use)."""
+    completeness = code_completeness(snap)
+    nimbuses = []
+    for entry in storm_json.nimbus_summary(snap, conf, now)["nimbuses"]:
+        address = f"{entry['host']}:{entry['port']}"
+        held, live = completeness.get(address, (0, 0))
+        nimbuses.append({**entry, "address": address, "codeHeld": held, "codeLive": live})
+    topologies = []
+    for entry in storm_json.topology_summary(snap, now)["topologies"]:
+        topology_id = entry["id"]
+        live = view.live(topology_id)
+        topologies.append({
+            "id": topology_id, "name": entry["name"], "status": entry["status"],
+            "uptime": entry["uptime"], "workersTotal": entry["workersTotal"],
+            "workersWanted": snap.storms[topology_id].num_workers,
+            "workersAlive": live.alive_workers,
+            "replicationCount": entry["replicationCount"],
+            "replicationMin": view.min_replication(topology_id),
+            "recordsPerSecond": live.records_per_second, "history": list(live.history),
+            "restarts": live.restarts, "newestError": live.newest_error,
+            "errorCount": live.error_count})
+    events = view.timeline.events()[-TIMELINE_SHOWN:]
+    return {"generatedAt": now, "leader": snap.leader,
+            "cluster": storm_json.cluster_summary(snap),
+            "nimbuses": nimbuses,
+            "supervisors": storm_json.supervisor_summary(snap)["supervisors"],
+            "topologies": topologies, "timeline": list(reversed(events))}

@@ -1,0 +1,103 @@
+"""The OpenAPI 3 description of the UI's REST API (served at /api/v1/openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nimbus import __version__
+
+_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
+       "description": "Topology id (from /api/v1/topology/summary)."}
+_WAIT = {"name": "wait-time", "in": "path", "required": True,
+         "schema": {"type": "integer", "minimum": 0}, "description": "Seconds."}
+
+
+def _ok(description: str, schema_ref: str | None = None) -> dict[str, Any]:
+    content = {"application/json": {"schema": {"$ref": schema_ref} if schema_ref
+                                    else {"type": "object"}}}
+    return {"description": description, "content": content}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    reasons = {400: "Bad input", 403: "Cross-origin POST", 404: "Unknown topology",
+               405: "Wrong method", 409: "Wrong state (the topology is being killed)",
+               413: "Body larger than 1 MiB",
+               503: "No leader reachable, or ZooKeeper unreachable"}
+    return {str(c): {"description": reasons[c], "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Error"}}}} for c in codes}
+
+
+def _get(summary: str, ref: str | None = None, *errors: int,
+         params: list[Any] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {
+        "200": _ok(summary, ref), **_errors(405, 503, *errors)}}
+    if params:
+        op["parameters"] = params
+    return {"get": op}
+
+
+def _post(summary: str, params: list[Any], body: bool = False) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "parameters": params, "responses": {
+        "200": _ok("Done", "#/components/schemas/Operation"),
+        **_errors(400, 403, 404, 405, 409, 413, 503)}}
+    if body:
+        op["requestBody"] = {"required": False, "content": {"application/json": {
+            "schema": {"type": "object", "properties": {"rebalanceOptions": {
+                "type": "object", "properties": {"numWorkers": {"type": "integer",
+                                                                "minimum": 1}}}}}}}}
+        op["parameters"] = params + [{"name": "numWorkers", "in": "query",
+                                      "schema": {"type": "integer", "minimum": 1}}]
+    return {"post": op}
+
+
+def openapi_document() -> dict[str, Any]:
+    """Every path the UI serves, with Storm UI's field names."""
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "nimbus-ha UI REST API (Storm UI compatible)",
+                 "version": __version__},
+        "paths": {
+            "/api/v1/cluster/summary": _get("Cluster summary",
+                                            "#/components/schemas/ClusterSummary"),
+            "/api/v1/cluster/configuration": _get("Cluster configuration (secrets "
+                                                  "redacted)"),
+            "/api/v1/nimbus/summary": _get("Every nimbus: Leader, Not a Leader, Offline"),
+            "/api/v1/supervisor/summary": _get("Every supervisor and its slots"),
+            "/api/v1/topology/summary": _get("Every topology"),
+            "/api/v1/topology/{id}": _get("One topology: workers, components (bolts), "
+                                          "errors, replication count", None, 404,
+                                          params=[_ID]),
+            "/api/v1/topology/{id}/activate": _post("Activate", [_ID]),
+            "/api/v1/topology/{id}/deactivate": _post("Deactivate", [_ID]),
+            "/api/v1/topology/{id}/rebalance/{wait-time}": _post(
+                "Rebalance to numWorkers workers", [_ID, _WAIT], body=True),
+            "/api/v1/topology/{id}/kill/{wait-time}": _post("Kill after wait-time",
+                                                             [_ID, _WAIT]),
+            "/api/v1/ui/dashboard": _get("nimbus-ha's dashboard data (one request per "
+                                         "refresh)"),
+            "/api/v1/openapi.json": _get("This document"),
+            "/": {"get": {"summary": "The dashboard page",
+                          "responses": {"200": {"description": "HTML"}}}},
+            "/static/{name}": {"get": {"summary": "The dashboard's script and style",
+                                       "parameters": [{"name": "name", "in": "path",
+                                                       "required": True,
+                                                       "schema": {"type": "string"}}],
+                                       "responses": {"200": {"description": "File"},
+                                                     **_errors(404)}}},
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error", "errorMessage"],
+                      "properties": {"error": {"type": "string"},
+                                     "errorMessage": {"type": "string"}}},
+            "Operation": {"type": "object", "properties": {
+                "topologyOperation": {"type": "string"}, "topologyId": {"type": "string"},
+                "status": {"type": "string", "enum": ["success"]}}},
+            "ClusterSummary": {"type": "object", "properties": {
+                k: {"type": t} for k, t in [
+                    ("stormVersion", "string"), ("supervisors", "integer"),
+                    ("topologies", "integer"), ("slotsTotal", "integer"),
+                    ("slotsUsed", "integer"), ("slotsFree", "integer"),
+                    ("executorsTotal", "integer"), ("tasksTotal", "integer"),
+                    ("schedulerDisplayResource", "boolean")]}},
+        }},
+    }

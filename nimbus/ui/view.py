@@ -1,0 +1,435 @@
+"""What the UI shows, read from ZooKeeper with a client of the UI's own.
+
+A named thread (``ui-cluster-view``) keeps a :class:`Snapshot` of nimbuses, the leader,
+topologies, assignments, replica registrations and supervisors. ZooKeeper watches wake
+it (so a new leader is seen within milliseconds of its lock), and a safety reload runs
+every few seconds. Reads are pipelined (kazoo's async calls), so 1,000 topologies cost
+one round trip's latency, not 1,000. REST requests then answer from memory.
+
+While the dashboard is open (a dashboard request within :data:`DEMAND_S`), the same
+thread also polls worker heartbeats once a second for records per second and restarts,
+and the newest errors every few seconds: nothing watches those nodes, and nobody pays
+for them when nobody looks.
+
+A second named thread (``ui-topology-conf``) fetches each topology's configuration once
+from a nimbus (getTopologyConf, secrets already redacted there): it holds
+``topology.min.replication.count`` and is immutable after submit. It runs apart because a
+Thrift call to a frozen nimbus may block for seconds, and the snapshot must not wait.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.protocol.states import KazooState
+
+from nimbus.config import Config
+from nimbus.redaction import redact
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.records import (
+    KILLED,
+    Assignment,
+    ErrorInfo,
+    NimbusInfo,
+    RecordError,
+    StormBase,
+    SupervisorInfo,
+    WorkerBeat,
+)
+from nimbus.ui.timeline import Timeline, diff
+
+log = logging.getLogger(__name__)
+
+SAFETY_RELOAD_S = 30.0   # watches drive reloads; this only catches a missed one
+DEMAND_S = 10.0          # the dashboard counts as open this long after its last request
+RATES_EVERY_S = 1.0
+ERRORS_EVERY_S = 5.0
+HISTORY_POINTS = 60      # one per rates poll: a minute of records per second
+UNREADABLE = (RecordError, TypeError, ValueError)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster as of ``taken_at`` (this host's clock); ``version`` grows per reload."""
+
+    nimbuses: list[NimbusInfo] = field(default_factory=list)
+    leader: str | None = None
+    storms: dict[str, StormBase] = field(default_factory=dict)
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+    replicas: dict[str, list[str]] = field(default_factory=dict)
+    supervisors: dict[str, SupervisorInfo] = field(default_factory=dict)
+    taken_at: float = 0.0
+    version: int = 0
+
+
+@dataclass
+class Live:
+    """A topology's numbers from heartbeats and errors (dashboard only)."""
+
+    records_per_second: float = 0.0
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    restarts: int = 0
+    alive_workers: int = 0
+    newest_error: dict[str, Any] | None = None
+    error_count: int = 0
+
+
+class ViewUnavailableError(RuntimeError):
+    """No snapshot yet, or ZooKeeper is unreachable: the UI cannot say anything true."""
+
+
+def _decode(cls: Any, data: bytes | None) -> Any:
+    if not data:
+        return None
+    try:
+        return cls.decode(data)
+    except UNREADABLE:
+        return None  # written by another release: skipped, as runtime_view does
+
+
+class ClusterView:
+    """The UI's read side; see the module docstring. ``start`` / ``stop`` it."""
+
+    def __init__(self, conf: Config, zk: KazooClient,
+                 fetch_conf: Callable[[str], str] | None = None):
+        self.conf = conf
+        self.zk = zk
+        self.state = StormClusterState(zk, conf.zk_root)
+        self.timeline = Timeline()
+        self._fetch_conf = fetch_conf
+        self._snapshot: Snapshot | None = None
+        self._live: dict[str, Live] = {}
+        self._topology_conf: dict[str, dict[str, Any]] = {}
+        self._conf_failed: dict[str, float] = {}   # id -> monotonic time of last failure
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._fresh = threading.Condition()
+        self._requested = 0
+        self._loaded = 0
+        self._demand_until = 0.0
+        self._live_version = 0
+        self._threads = [
+            threading.Thread(target=self._run, name="ui-cluster-view", daemon=True),
+            threading.Thread(target=self._run_conf, name="ui-topology-conf", daemon=True)]
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self.zk.add_listener(self._on_state)
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        """Stop both threads and wait for them (the ZooKeeper client stays open)."""
+        self._stop.set()
+        self._wake.set()
+        self.zk.remove_listener(self._on_state)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=15)
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            self._wake.set()  # watches may have been lost with the session: reload
+
+    def _changed(self, _event: object = None) -> None:
+        self._wake.set()
+
+    # -- reads for the REST API ------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self.zk.state == KazooState.CONNECTED
+
+    def snapshot(self) -> Snapshot:
+        """The newest snapshot; ViewUnavailableError if none or ZooKeeper is gone."""
+        snap = self._snapshot
+        if snap is None or not self.connected:
+            raise ViewUnavailableError("ZooKeeper is unreachable from the UI process"
+                                       if snap is not None else
+                                       "the UI has not read the cluster state yet")
+        return snap
+
+    def refresh_now(self, timeout_s: float = 3.0) -> None:
+        """Wait (bounded) for a reload that started after this call (read-your-writes
+        after an action)."""
+        with self._fresh:
+            self._requested += 1
+            wanted = self._requested
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        with self._fresh:
+            while self._loaded < wanted and time.monotonic() < deadline:
+                self._fresh.wait(max(0.0, deadline - time.monotonic()))
+
+    def wait_ready(self, timeout_s: float = 15.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self._snapshot is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self._snapshot is not None
+
+    def demand(self) -> None:
+        """Note that the dashboard is open: heartbeats and errors are polled meanwhile."""
+        first = time.monotonic() > self._demand_until
+        self._demand_until = time.monotonic() + DEMAND_S
+        if first:
+            self._wake.set()
+
+    def live(self, topology_id: str) -> Live:
+        with self._lock:
+            return self._live.get(topology_id) or Live()
+
+    @property
+    def live_version(self) -> int:
+        return self._live_version
+
+    def topology_conf(self, topology_id: str) -> dict[str, Any] | None:
+        """The topology's redacted configuration if fetched yet."""
+        with self._lock:
+            return self._topology_conf.get(topology_id)
+
+    def fetch_topology_conf(self, topology_id: str) -> dict[str, Any]:
+        """The configuration now (cached, else asked of a nimbus); {} if none answers."""
+        known = self.topology_conf(topology_id)
+        if known is not None or self._fetch_conf is None:
+            return known or {}
+        return self._fetch_one(topology_id) or {}
+
+    def min_replication(self, topology_id: str) -> int:
+        conf = self.topology_conf(topology_id) or {}
+        value = conf.get("topology.min.replication.count")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return int(self.conf["topology.min.replication.count"])
+
+    # -- the loop --------------------------------------------------------------------
+    def _run(self) -> None:
+        next_safety = 0.0
+        next_rates = next_errors = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            woken = self._wake.is_set()
+            self._wake.clear()
+            if woken or now >= next_safety:
+                if woken:
+                    self._stop.wait(0.02)  # coalesce a burst of watches into one reload
+                    self._wake.clear()
+                self._reload_guarded()
+                next_safety = time.monotonic() + SAFETY_RELOAD_S
+            demanded = time.monotonic() < self._demand_until
+            if demanded and time.monotonic() >= next_rates:
+                with_errors = time.monotonic() >= next_errors
+                self._poll_live_guarded(with_errors)
+                next_rates = time.monotonic() + RATES_EVERY_S
+                if with_errors:
+                    next_errors = time.monotonic() + ERRORS_EVERY_S
+            wait = next_safety - time.monotonic()
+            if demanded:
+                wait = min(wait, next_rates - time.monotonic())
+            self._wake.wait(max(0.01, wait))
+
+    def _reload_guarded(self) -> None:
+        with self._fresh:
+            generation = self._requested
+        try:
+            snap = self._load()
+        except KazooException as exc:
+            log.debug("UI reload failed: %s", exc)
+            self._stop.wait(0.5)
+            self._wake.set()
+            return
+        except Exception:  # a bug must not end the thread that every request relies on
+            log.exception("UI reload failed")
+            self._stop.wait(1.0)
+            return
+        old = self._snapshot
+        diff(self.timeline, old, snap)
+        with self._fresh:
+            self._snapshot = snap
+            self._loaded = generation
+            self._fresh.notify_all()
+
+    def _gather_get(self, paths: list[str], watch: bool) -> list[bytes | None]:
+        results = [self.zk.get_async(p, watch=self._changed if watch else None)
+                   for p in paths]
+        out: list[bytes | None] = []
+        for res in results:
+            try:
+                out.append(res.get(timeout=10)[0])
+            except NoNodeError:
+                out.append(None)
+        return out
+
+    def _gather_children(self, paths: list[str], watch: bool) -> list[list[str]]:
+        results = [self.zk.get_children_async(p, watch=self._changed if watch else None)
+                   for p in paths]
+        out: list[list[str]] = []
+        for res in results:
+            try:
+                out.append(sorted(res.get(timeout=10)))
+            except NoNodeError:
+                out.append([])
+        return out
+
+    def _load(self) -> Snapshot:
+        st = self.state
+        top = self._gather_children(
+            [st.path("nimbuses"), st.path("leader-lock"), st.path("storms"),
+             st.path("supervisors"), st.path("code-distributor")], watch=True)
+        nimbus_names, lock_nodes, storm_ids, supervisor_ids, _code = top
+        nimbus_data = self._gather_get([st.path("nimbuses", n) for n in nimbus_names], False)
+        queue = sorted(lock_nodes, key=lambda n: n.rsplit("-", 1)[-1])
+        leader_data = self._gather_get([posixpath.join(st.leader_lock_path, queue[0])],
+                                       False) if queue else []
+        bases = self._gather_get([st.storm_path(t) for t in storm_ids], watch=True)
+        assigned = self._gather_get([st.path("assignments", t) for t in storm_ids], True)
+        replicas = self._gather_children([st.code_path(t) for t in storm_ids], watch=True)
+        sups = self._gather_get([st.path("supervisors", s) for s in supervisor_ids], False)
+
+        storms: dict[str, StormBase] = {}
+        assignments: dict[str, Assignment] = {}
+        replica_map: dict[str, list[str]] = {}
+        for topology_id, raw, assignment, hosts in zip(storm_ids, bases, assigned, replicas,
+                                                       strict=True):
+            base = _decode(StormBase, raw)
+            if base is None:
+                continue
+            storms[topology_id] = base
+            found = _decode(Assignment, assignment)
+            if found is not None:
+                assignments[topology_id] = found
+            replica_map[topology_id] = hosts
+        leader = leader_data[0].decode("utf-8", "replace") if leader_data and \
+            leader_data[0] else None
+        version = (self._snapshot.version if self._snapshot else 0) + 1
+        return Snapshot(
+            nimbuses=[n for n in (_decode(NimbusInfo, d) for d in nimbus_data) if n],
+            leader=leader, storms=storms, assignments=assignments, replicas=replica_map,
+            supervisors={sid: info for sid, info in zip(
+                supervisor_ids, (_decode(SupervisorInfo, d) for d in sups), strict=True)
+                if info is not None},
+            taken_at=time.time(), version=version)
+
+    # -- heartbeats and errors (while the dashboard is open) --------------------------
+    def _poll_live_guarded(self, with_errors: bool) -> None:
+        try:
+            self._poll_live(with_errors)
+        except KazooException as exc:
+            log.debug("UI heartbeat poll failed: %s", exc)
+        except Exception:
+            log.exception("UI heartbeat poll failed")
+
+    def _poll_live(self, with_errors: bool) -> None:
+        snap = self._snapshot
+        if snap is None:
+            return
+        st = self.state
+        keys: list[tuple[str, str]] = []
+        for topology_id, assignment in snap.assignments.items():
+            for sid, port in assignment.executor_node_port.values():
+                keys.append((topology_id, f"{sid}-{int(port)}"))
+        beats = self._gather_get([st.path("workerbeats", t, node) for t, node in keys], False)
+        rates: dict[str, float] = {}
+        restarts: dict[str, int] = {}
+        alive: dict[str, int] = {}
+        for (topology_id, _node), raw in zip(keys, beats, strict=True):
+            if raw is None:
+                continue
+            alive[topology_id] = alive.get(topology_id, 0) + 1
+            beat = _decode(WorkerBeat, raw)
+            if beat is None:
+                continue
+            restarts[topology_id] = restarts.get(topology_id, 0) + _int(beat.restarts)
+            comps = beat.components if isinstance(beat.components, dict) else {}
+            rates[topology_id] = rates.get(topology_id, 0.0) + sum(
+                _float(c.get("processed_rows_per_second")) for c in comps.values()
+                if isinstance(c, dict))
+        newest = self._poll_errors(list(snap.storms)) if with_errors else None
+        with self._lock:
+            for gone in set(self._live) - set(snap.storms):
+                del self._live[gone]
+            for topology_id in snap.storms:
+                live = self._live.setdefault(topology_id, Live())
+                live.records_per_second = round(rates.get(topology_id, 0.0), 3)
+                live.history.append(live.records_per_second)
+                live.restarts = restarts.get(topology_id, 0)
+                live.alive_workers = alive.get(topology_id, 0)
+                if newest is not None:
+                    live.newest_error, live.error_count = newest.get(topology_id, (None, 0))
+            self._live_version += 1
+
+    def _poll_errors(self, topology_ids: list[str]) -> dict[str, tuple[Any, int]]:
+        """id -> (newest error as a dict or None, number of errors kept)."""
+        st = self.state
+        comps = self._gather_children([st.path("errors", t) for t in topology_ids], False)
+        pairs = [(t, c) for t, cs in zip(topology_ids, comps, strict=True) for c in cs]
+        kept = self._gather_children([st.path("errors", t, c) for t, c in pairs], False)
+        newest_paths = [(t, c, st.path("errors", t, c, names[-1]))
+                        for (t, c), names in zip(pairs, kept, strict=True) if names]
+        counts: dict[str, int] = {}
+        for (t, _c), names in zip(pairs, kept, strict=True):
+            counts[t] = counts.get(t, 0) + len(names)
+        data = self._gather_get([p for _, _, p in newest_paths], False)
+        out: dict[str, tuple[Any, int]] = {t: (None, n) for t, n in counts.items()}
+        for (t, c, _p), raw in zip(newest_paths, data, strict=True):
+            err = _decode(ErrorInfo, raw)
+            if err is None:
+                continue
+            current = out[t][0]
+            if current is None or err.error_time_secs >= current["time"]:
+                out[t] = ({"component": c, "error": err.error[:2000],
+                           "time": err.error_time_secs, "host": err.host,
+                           "port": err.port}, counts[t])
+        return out
+
+    # -- topology configurations -----------------------------------------------------
+    def _run_conf(self) -> None:
+        while not self._stop.wait(1.0):
+            snap = self._snapshot
+            if snap is None or self._fetch_conf is None:
+                continue
+            now = time.monotonic()
+            todo = [t for t, base in snap.storms.items()
+                    if base.status != KILLED and self.topology_conf(t) is None
+                    and now - self._conf_failed.get(t, -1e9) > 30.0][:10]
+            for topology_id in todo:
+                if self._stop.is_set():
+                    return
+                self._fetch_one(topology_id)
+            with self._lock:
+                for gone in set(self._topology_conf) - set(snap.storms):
+                    del self._topology_conf[gone]
+
+    def _fetch_one(self, topology_id: str) -> dict[str, Any] | None:
+        try:
+            text = self._fetch_conf(topology_id)  # type: ignore[misc]
+            conf = json.loads(text)
+            if not isinstance(conf, dict):
+                raise ValueError("topology conf is not a JSON object")
+        except Exception as exc:  # any nimbus may be down or lack the code yet
+            log.debug("configuration of %s unavailable: %s", topology_id, exc)
+            self._conf_failed[topology_id] = time.monotonic()
+            return None
+        conf = redact(conf)
+        with self._lock:
+            self._topology_conf[topology_id] = conf
+        return conf
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value)

@@ -1,0 +1,143 @@
+"""The UI's REST API against a real ZooKeeper: Storm UI's paths and exact field names."""
+
+from __future__ import annotations
+
+import pytest
+from ui_fixtures import Harness, conf_for, write_cluster
+
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.ui.app import URLS
+from nimbus.ui.openapi import openapi_document
+from nimbus.ui.pretty import pretty_uptime
+
+pytestmark = pytest.mark.integration
+
+CLUSTER_KEYS = {"stormVersion", "supervisors", "topologies", "slotsTotal", "slotsUsed",
+                "slotsFree", "executorsTotal", "tasksTotal", "schedulerDisplayResource",
+                "totalMem", "totalCpu", "availMem", "availCpu", "memAssignedPercentUtil",
+                "cpuAssignedPercentUtil"}
+NIMBUS_KEYS = {"host", "port", "status", "version", "nimbusUpTime", "nimbusUpTimeSeconds",
+               "nimbusLogLink"}
+SUPERVISOR_KEYS = {"id", "host", "uptime", "uptimeSeconds", "slotsTotal", "slotsUsed",
+                   "totalMem", "totalCpu", "usedMem", "usedCpu", "version"}
+TOPOLOGY_KEYS = {"id", "name", "status", "uptime", "uptimeSeconds", "tasksTotal",
+                 "workersTotal", "executorsTotal", "replicationCount", "requestedMemOnHeap",
+                 "requestedMemOffHeap", "requestedTotalMem", "requestedCpu",
+                 "assignedMemOnHeap", "assignedMemOffHeap", "assignedTotalMem",
+                 "assignedCpu"}
+DETAIL_KEYS = {"id", "name", "uptime", "uptimeSeconds", "status", "tasksTotal",
+               "workersTotal", "executorsTotal", "msgTimeout", "window", "windowHint",
+               "schedulerDisplayResource", "replicationCount", "debug", "samplingPct",
+               "assignedMemOnHeap", "assignedMemOffHeap", "assignedTotalMem", "assignedCpu",
+               "requestedMemOnHeap", "requestedMemOffHeap", "requestedCpu", "topologyStats",
+               "workers", "spouts", "bolts", "configuration",
+               # nimbus-ha's additions
+               "components", "errors"}
+WORKER_KEYS = {"supervisorId", "host", "port", "topologyId", "topologyName",
+               "executorsTotal", "assignedMemOnHeap", "assignedMemOffHeap", "assignedCpu",
+               "componentNumTasks", "uptime", "uptimeSeconds", "workerLogLink"}
+
+
+@pytest.fixture
+def ui(make_zk, zk_server, zk_root):
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    ids = write_cluster(state, topologies=2)
+    harness = Harness(conf_for(zk_server, zk_root), state)
+    harness.ids = ids
+    yield harness
+    harness.close()
+
+
+def test_cluster_summary(ui):
+    data = ui.client.get("/api/v1/cluster/summary").json
+    assert set(data) == CLUSTER_KEYS
+    assert (data["supervisors"], data["topologies"], data["slotsTotal"], data["slotsUsed"],
+            data["slotsFree"], data["executorsTotal"]) == (1, 2, 4, 1, 3, 1)
+
+
+def test_nimbus_summary_marks_leader(ui):
+    nimbuses = ui.client.get("/api/v1/nimbus/summary").json["nimbuses"]
+    assert all(set(n) == NIMBUS_KEYS for n in nimbuses)
+    assert [(n["port"], n["status"]) for n in nimbuses] == [(1, "Leader"),
+                                                            (2, "Not a Leader")]
+    assert nimbuses[1]["nimbusUpTimeSeconds"] >= 200
+
+
+def test_nimbus_summary_lists_unregistered_seed_offline(ui):
+    ui.state.zk.delete(ui.state.path("nimbuses", "127.0.0.1:2"))
+    ui.view.refresh_now()
+    nimbuses = ui.client.get("/api/v1/nimbus/summary").json["nimbuses"]
+    assert [(n["port"], n["status"]) for n in nimbuses] == [(1, "Leader"), (2, "Offline")]
+
+
+def test_supervisor_and_topology_summaries(ui):
+    sups = ui.client.get("/api/v1/supervisor/summary").json
+    assert set(sups) == {"supervisors", "schedulerDisplayResource"}
+    assert [set(s) for s in sups["supervisors"]] == [SUPERVISOR_KEYS]
+    assert sups["supervisors"][0]["slotsUsed"] == 1
+    assert sups["supervisors"][0]["uptime"] == "1m 5s"
+    topos = ui.client.get("/api/v1/topology/summary").json
+    assert set(topos) == {"topologies", "schedulerDisplayResource"}
+    assert all(set(t) == TOPOLOGY_KEYS for t in topos["topologies"])
+    assert [(t["name"], t["workersTotal"], t["replicationCount"])
+            for t in topos["topologies"]] == [("topo0", 1, 1), ("topo1", 0, 1)]
+
+
+def test_topology_detail(ui):
+    response = ui.client.get(f"/api/v1/topology/{ui.ids[0]}")
+    assert response.status_code == 200
+    data = response.json
+    assert set(data) == DETAIL_KEYS
+    assert [set(w) for w in data["workers"]] == [WORKER_KEYS]
+    assert data["workers"][0]["port"] == 6700 and data["replicationCount"] == 1
+
+
+def test_configuration_is_redacted(ui):
+    data = ui.client.get("/api/v1/cluster/configuration").json
+    assert data["nimbus.codedistributor.s3.secret.key"] == "********"
+    assert "hunter2-secret" not in ui.client.get("/api/v1/cluster/configuration").text
+
+
+def test_actions_reach_the_leader_by_name(ui):
+    tid = ui.ids[0]
+    assert ui.client.post(f"/api/v1/topology/{tid}/deactivate").json == {
+        "topologyOperation": "deactivate", "topologyId": tid, "status": "success"}
+    ui.client.post(f"/api/v1/topology/{tid}/activate")
+    ui.client.post(f"/api/v1/topology/{tid}/rebalance/5",
+                   json={"rebalanceOptions": {"numWorkers": 3}})
+    ui.client.post(f"/api/v1/topology/{tid}/rebalance/0?numWorkers=2")
+    ui.client.post(f"/api/v1/topology/{tid}/kill/7")
+    assert ui.leader.calls == [("deactivate", "topo0"), ("activate", "topo0"),
+                               ("rebalance", "topo0", 3, 5), ("rebalance", "topo0", 2, 0),
+                               ("kill", "topo0", 7)]
+
+
+def test_dashboard_data(ui):
+    data = ui.client.get("/api/v1/ui/dashboard").json
+    assert data["leader"] == "127.0.0.1:1"
+    held = {n["address"]: (n["codeHeld"], n["codeLive"]) for n in data["nimbuses"]}
+    assert held == {"127.0.0.1:1": (2, 2), "127.0.0.1:2": (0, 2)}
+    assert [t["replicationMin"] for t in data["topologies"]] == [1, 1]
+    assert data["timeline"][-1]["kind"] == "leader"
+
+
+def test_openapi_covers_every_route():
+    doc = openapi_document()
+    for rule in URLS.iter_rules():
+        path = rule.rule.replace("<topology_id>", "{id}").replace("<name>", "{name}")
+        if "<any(" in path:
+            head, _, tail = path.partition("/<any(")
+            names, _, rest = tail.partition(")")
+            for name in names.split(", "):
+                rest_path = rest.replace(":action>", "").replace("<wait_time>",
+                                                                  "{wait-time}")
+                assert head + "/" + name + rest_path in doc["paths"], name
+        else:
+            assert path in doc["paths"], path
+
+
+@pytest.mark.parametrize("secs,text", [(0, "0s"), (59, "59s"), (61, "1m 1s"),
+                                       (3600, "1h 0m 0s"), (90061, "1d 1h 1m 1s")])
+def test_pretty_uptime(secs, text):
+    assert pretty_uptime(secs) == text
