@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 SAFETY_RELOAD_S = 30.0   # watches drive reloads; this only catches a missed one
 DEMAND_S = 10.0          # the dashboard counts as open this long after its last request
 RATES_EVERY_S = 1.0
+# Beats read per second at most: with more workers than this the rates are sampled less
+# often (1,000 workers: every 5 s), so the UI's cost stays bounded as the cluster grows
+# and the page still refreshes every second with the newest sample.
+BEATS_PER_S = 200
 ERRORS_EVERY_S = 5.0
 HISTORY_POINTS = 60      # one per rates poll: a minute of records per second
 UNREADABLE = (RecordError, TypeError, ValueError)
@@ -229,13 +233,20 @@ class ClusterView:
             if demanded and time.monotonic() >= next_rates:
                 with_errors = time.monotonic() >= next_errors
                 self._poll_live_guarded(with_errors)
-                next_rates = time.monotonic() + RATES_EVERY_S
+                next_rates = time.monotonic() + self._rates_interval()
                 if with_errors:
                     next_errors = time.monotonic() + ERRORS_EVERY_S
             wait = next_safety - time.monotonic()
             if demanded:
                 wait = min(wait, next_rates - time.monotonic())
             self._wake.wait(max(0.01, wait))
+
+    def _rates_interval(self) -> float:
+        """Seconds between two heartbeat polls: RATES_EVERY_S, longer for big clusters."""
+        snap = self._snapshot
+        workers = 0 if snap is None else sum(
+            len(a.executor_node_port) for a in snap.assignments.values())
+        return max(RATES_EVERY_S, workers / BEATS_PER_S)
 
     def _reload_guarded(self) -> None:
         with self._fresh:
