@@ -75,3 +75,47 @@ def test_unreachable_zookeeper_is_a_clear_error():
         make_zk_client(conf)
     wait_for(lambda: {t.name for t in threading.enumerate()} == before or None, 10,
              "kazoo's threads to end")
+
+
+def test_the_ui_served_from_inside_a_nimbus(zk_server, zk_root, tmp_path):
+    """nimbus.ui.enabled: the nimbus serves the REST API itself, and stops it on stop."""
+    import json
+    import urllib.request
+
+    from nimbus.devcluster import free_port
+    from nimbus.master.daemon import NimbusDaemon
+
+    ui_port = free_port()
+    conf = conf_for(zk_server, zk_root, tmp_path, free_port(),
+                    **{"nimbus.ui.enabled": True, "ui.port": ui_port})
+    before = {t.name for t in threading.enumerate()}
+    daemon = NimbusDaemon(conf)
+    daemon.start()
+    try:
+        def summary() -> list[dict]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/nimbus/summary",
+                                        timeout=5) as reply:
+                return json.load(reply)["nimbuses"]
+
+        nimbuses = wait_for(lambda: [n for n in summary() if n["status"] == "Leader"], 30,
+                            "the UI to show this nimbus leading")
+        assert [n["port"] for n in nimbuses] == [conf["nimbus.thrift.port"]]
+    finally:
+        daemon.stop()
+    wait_for(lambda: {t.name for t in threading.enumerate()} == before or None, 15,
+             "every thread of the nimbus and its UI to end")
+
+
+def test_a_taken_ui_port_fails_the_start_and_releases_everything(zk_server, zk_root,
+                                                                 tmp_path, taken_port):
+    from nimbus.devcluster import free_port
+    from nimbus.master.daemon import NimbusDaemon
+
+    conf = conf_for(zk_server, zk_root, tmp_path, free_port(),
+                    **{"nimbus.ui.enabled": True, "ui.port": taken_port})
+    before = {t.name for t in threading.enumerate()}
+    daemon = NimbusDaemon(conf)
+    with pytest.raises(OSError, match=rf"cannot serve the UI on 127\.0\.0\.1:{taken_port}"):
+        daemon.start()
+    wait_for(lambda: {t.name for t in threading.enumerate()} == before or None, 15,
+             "every thread the failed start made to end")

@@ -170,6 +170,7 @@ class NimbusDaemon:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        self._start_ui()
         self.server.start()
         if self.metrics_server is not None:
             self.metrics_server.start()
@@ -182,6 +183,24 @@ class NimbusDaemon:
         self.metrics.on_queued()
         self.elector.add_to_leader_lock_queue()
         log.info("nimbus %s started (distributor %s)", self.address, self.distributor.name)
+
+    def _start_ui(self) -> None:
+        """With ``nimbus.ui.enabled``, serve the web UI from this nimbus (``ui.host``,
+        ``ui.port``); a port that is taken fails the start, with everything released."""
+        self.ui = None
+        if not self.conf["nimbus.ui.enabled"]:
+            return
+        from nimbus.ui.server import UIServer
+
+        ui = UIServer(self.conf, zk=self.zk)
+        try:
+            self.ui = ui.start()
+        except OSError as exc:
+            ui.stop()
+            self._release()
+            raise OSError(exc.errno, f"cannot serve the UI on {self.conf['ui.host']}:"
+                          f"{self.conf['ui.port']}: {exc.strerror} (nimbus.ui.enabled; "
+                          "is ui.port taken?)") from None
 
     def stop(self) -> None:
         """Leave the election first (fast failover), then stop every thread and close."""
@@ -202,6 +221,8 @@ class NimbusDaemon:
         self.server.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if getattr(self, "ui", None) is not None:
+            self.ui.stop()
         self.transfers.close()
         try:
             self.distributor.close(self.conf)
