@@ -84,6 +84,26 @@ def test_supervisor_and_topology_summaries(ui):
             for t in topos["topologies"]] == [("topo0", 1, 1), ("topo1", 0, 1)]
 
 
+def test_store_backed_replication_counts_come_from_the_nimbuses(make_zk, zk_server, zk_root):
+    """s3 and hdfs register no replicas in ZooKeeper: the count the nimbuses report in
+    getClusterInfo (the store's redundancy) is what the UI shows then."""
+    from nimbus.devcluster import wait_for
+
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    ids = write_cluster(state, topologies=2)
+    harness = Harness(conf_for(zk_server, zk_root), state,
+                      fetch_replicas=lambda: {ids[1]: 3})
+    try:
+        def counts() -> list[int]:
+            return [t["replicationCount"] for t in
+                    harness.client.get("/api/v1/topology/summary").json["topologies"]]
+
+        assert wait_for(lambda: counts() == [1, 3], 15, "the reported count")
+    finally:
+        harness.close()
+
+
 def test_topology_detail(ui):
     response = ui.client.get(f"/api/v1/topology/{ui.ids[0]}")
     assert response.status_code == 200

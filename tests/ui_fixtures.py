@@ -93,11 +93,13 @@ def write_cluster(state: StormClusterState, topologies: int = 1) -> list[str]:
 
 
 class Harness:
-    def __init__(self, conf: Any, state: StormClusterState):
+    def __init__(self, conf: Any, state: StormClusterState,
+                 fetch_replicas: Any = None):
         self.conf = conf
         self.state = state
         self.leader = FakeLeader()
-        self.view = ClusterView(conf, state.zk, fetch_conf=lambda tid: "{}")
+        self.view = ClusterView(conf, state.zk, fetch_conf=lambda tid: "{}",
+                                fetch_replicas=fetch_replicas)
         self.view.start()
         assert self.view.wait_ready(10)
         self.app = UIApp(conf, self.view, self.leader)  # type: ignore[arg-type]

@@ -46,6 +46,22 @@ def topology_conf_fetcher(conf: Config) -> Any:
     return fetch
 
 
+def replica_count_fetcher(conf: Config) -> Any:
+    """A function returning {topology id: replication count} as a nimbus reports it in
+    getClusterInfo (any seed answers from its cache)."""
+    def fetch() -> dict[str, int]:
+        errors = []
+        for seed in conf.seeds:
+            try:
+                with connect(seed, CONF_FETCH_TIMEOUT_S) as client:
+                    return {t.id: int(t.replication_count or 0)
+                            for t in client.getClusterInfo().topologies}
+            except Exception as exc:  # down or starting: try the next one
+                errors.append(f"{seed}: {getattr(exc, 'msg', None) or exc!r}")
+        raise RuntimeError("; ".join(errors) or "no nimbus.seeds")
+    return fetch
+
+
 class UIServer:
     """The REST API and dashboard on ``ui.host``:``ui.port`` (``port`` overrides; 0 picks
     a free one, see :attr:`port` after :meth:`start`)."""
@@ -78,7 +94,8 @@ class UIServer:
             from nimbus.master.daemon import make_zk_client
 
             self.zk = make_zk_client(self.conf)
-        self.view = ClusterView(self.conf, self.zk, topology_conf_fetcher(self.conf))
+        self.view = ClusterView(self.conf, self.zk, topology_conf_fetcher(self.conf),
+                                replica_count_fetcher(self.conf))
         self.view.start()
         self.view.wait_ready(wait_ready_s)
         app = UIApp(self.conf, self.view, ui_client(self.conf))

@@ -91,7 +91,8 @@ def topology_entry(snap: Snapshot, topology_id: str, now: float) -> dict[str, An
     return {"id": topology_id, "name": base.storm_name, "status": base.status,
             "uptime": pretty_uptime(up), "uptimeSeconds": up, "tasksTotal": placed,
             "workersTotal": placed, "executorsTotal": placed,
-            "replicationCount": len(snap.replicas.get(topology_id, [])),
+            "replicationCount": max(len(snap.replicas.get(topology_id, [])),
+                                    snap.reported_replicas.get(topology_id, 0)),
             "requestedMemOnHeap": 0.0, "requestedMemOffHeap": 0.0,
             "requestedTotalMem": 0.0, "requestedCpu": 0.0, "assignedMemOnHeap": 0.0,
             "assignedMemOffHeap": 0.0, "assignedTotalMem": 0.0, "assignedCpu": 0.0}

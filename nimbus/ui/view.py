@@ -58,6 +58,7 @@ RATES_EVERY_S = 1.0
 # and the page still refreshes every second with the newest sample.
 BEATS_PER_S = 200
 ERRORS_EVERY_S = 5.0
+REPLICAS_EVERY_S = 5.0   # the nimbuses' replication counts (one getClusterInfo)
 HISTORY_POINTS = 60      # one per rates poll: a minute of records per second
 UNREADABLE = (RecordError, TypeError, ValueError)
 
@@ -72,6 +73,9 @@ class Snapshot:
     assignments: dict[str, Assignment] = field(default_factory=dict)
     replicas: dict[str, list[str]] = field(default_factory=dict)
     supervisors: dict[str, SupervisorInfo] = field(default_factory=dict)
+    # Replication counts the nimbuses report (getClusterInfo): the only source for
+    # store-backed distributors (s3, hdfs), which register no replicas in ZooKeeper.
+    reported_replicas: dict[str, int] = field(default_factory=dict)
     taken_at: float = 0.0
     version: int = 0
 
@@ -105,12 +109,15 @@ class ClusterView:
     """The UI's read side; see the module docstring. ``start`` / ``stop`` it."""
 
     def __init__(self, conf: Config, zk: KazooClient,
-                 fetch_conf: Callable[[str], str] | None = None):
+                 fetch_conf: Callable[[str], str] | None = None,
+                 fetch_replicas: Callable[[], dict[str, int]] | None = None):
         self.conf = conf
         self.zk = zk
         self.state = StormClusterState(zk, conf.zk_root)
         self.timeline = Timeline()
         self._fetch_conf = fetch_conf
+        self._fetch_replicas = fetch_replicas
+        self._reported: dict[str, int] = {}
         self._snapshot: Snapshot | None = None
         self._live: dict[str, Live] = {}
         self._topology_conf: dict[str, dict[str, Any]] = {}
@@ -325,6 +332,7 @@ class ClusterView:
         return Snapshot(
             nimbuses=[n for n in (_decode(NimbusInfo, d) for d in nimbus_data) if n],
             leader=leader, storms=storms, assignments=assignments, replicas=replica_map,
+            reported_replicas=dict(self._reported),
             supervisors={sid: info for sid, info in zip(
                 supervisor_ids, (_decode(SupervisorInfo, d) for d in sups), strict=True)
                 if info is not None},
@@ -404,7 +412,11 @@ class ClusterView:
 
     # -- topology configurations -----------------------------------------------------
     def _run_conf(self) -> None:
+        next_replicas = 0.0
         while not self._stop.wait(1.0):
+            if self._fetch_replicas is not None and time.monotonic() >= next_replicas:
+                next_replicas = time.monotonic() + REPLICAS_EVERY_S
+                self._refresh_reported_replicas()
             snap = self._snapshot
             if snap is None or self._fetch_conf is None:
                 continue
@@ -419,6 +431,16 @@ class ClusterView:
             with self._lock:
                 for gone in set(self._topology_conf) - set(snap.storms):
                     del self._topology_conf[gone]
+
+    def _refresh_reported_replicas(self) -> None:
+        try:
+            reported = self._fetch_replicas()  # type: ignore[misc]
+        except Exception as exc:  # no nimbus answers now: keep the last counts
+            log.debug("replication counts unavailable: %s", exc)
+            return
+        if reported != self._reported:
+            self._reported = reported
+            self._changed()  # a reload puts them into the next snapshot
 
     def _fetch_one(self, topology_id: str) -> dict[str, Any] | None:
         try:
