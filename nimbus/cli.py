@@ -492,6 +492,33 @@ def ui(config_path: str | None, overrides: tuple[str, ...]) -> None:
         server.stop()
 
 
+@main.command("secure-zookeeper")
+@config_option
+@set_option
+@_fail_cleanly
+def secure_zookeeper(config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Set the cluster's ACL on every node under storm.zookeeper.root.
+
+    For turning ZooKeeper auth on in a cluster that ran without it: nodes created before
+    keep the open ACL they were made with until this runs (see README, "ZooKeeper
+    authentication")."""
+    from nimbus.master.daemon import make_zk_client
+    from nimbus.state.zk_auth import secure_tree, zk_security
+
+    conf = _conf(config_path, overrides)
+    security = zk_security(conf)
+    if security is None:
+        raise click.ClickException("storm.zookeeper.auth.scheme is not set: there is no "
+                                   "ACL to set")
+    zk = make_zk_client(conf)
+    try:
+        count = secure_tree(zk, conf.zk_root, security.acl)
+    finally:
+        zk.stop()
+        zk.close()
+    click.echo(f"set the cluster's ACL on {count} nodes under {conf.zk_root}")
+
+
 @main.command()
 @click.option("--port", type=int, default=2181, show_default=True)
 @click.option("--dir", "data_dir", type=click.Path(file_okay=False, path_type=Path),

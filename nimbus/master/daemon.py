@@ -34,6 +34,7 @@ from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
 from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
+from nimbus.state.zk_auth import zk_security
 from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
 from nimbus.thrift.server import ThriftServer
@@ -42,9 +43,15 @@ log = logging.getLogger(__name__)
 
 
 def make_zk_client(conf: Config) -> KazooClient:
-    """A started kazoo client for ``conf``; raises if ZooKeeper is unreachable."""
+    """A started kazoo client for ``conf``; raises if ZooKeeper is unreachable.
+
+    With ZooKeeper auth configured (``storm.zookeeper.auth.*``) the client authenticates
+    and every node it creates carries the cluster's ACL (nimbus.state.zk_auth)."""
+    security = zk_security(conf)
     zk = KazooClient(
         hosts=conf.zk_hosts,
+        auth_data=security.auth_data if security else None,
+        default_acl=security.acl if security else None,
         timeout=conf.session_timeout_s,
         connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
         command_retry=KazooRetry(max_tries=conf["storm.zookeeper.retry.times"],
