@@ -27,10 +27,15 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 
 
 def _conf(config_path: str | None, overrides: tuple[str, ...]) -> Config:
+    from nimbus.thrift.tls import configure_clients
+
     try:
         conf = load_config(config_path, overrides)
+        configure_clients(conf)  # every Thrift client of this command (TLS if configured)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    except (OSError, ValueError) as exc:  # unreadable PEM files
+        raise click.ClickException(f"storm.thrift.tls: {exc}") from None
     install_log_redaction(conf)
     return conf
 

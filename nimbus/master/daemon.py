@@ -35,9 +35,11 @@ from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, Storm
 from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import zk_security
+from nimbus.thrift.authorizer import authorizer_from_conf
 from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
 from nimbus.thrift.server import ThriftServer
+from nimbus.thrift.tls import configure_clients, server_context
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,10 @@ class NimbusDaemon:
         self._stopping_lock = threading.Lock()
         self._duties_wake = threading.Event()
 
+        # Fail fast on bad security settings, before anything is started.
+        configure_clients(conf)  # peer code downloads present this nimbus's certificate
+        self._tls = server_context(conf)
+        authorizer_from_conf(conf)
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
         self.metrics = NimbusMetrics(
             self.distributor.name, is_leader=lambda: self.elector.is_leader(),
@@ -148,7 +154,7 @@ class NimbusDaemon:
                 conf["nimbus.thrift.port"],
                 max_frame_bytes=conf["nimbus.thrift.max_buffer_size"],
                 max_connections=conf["nimbus.thrift.threads"],
-                advertised_host=conf["nimbus.host"])
+                advertised_host=conf["nimbus.host"], ssl_context=self._tls)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot serve Thrift on {conf['nimbus.thrift.bind.address']}:"
                           f"{conf['nimbus.thrift.port']}: {exc.strerror} (is another "

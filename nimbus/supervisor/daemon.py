@@ -59,6 +59,7 @@ from nimbus.supervisor.policy import (
     desired_workers,
 )
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
+from nimbus.thrift.tls import configure_clients
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class Supervisor:
         self._stopping = False
         self._stopping_lock = threading.Lock()
 
+        configure_clients(conf)  # code fetches present this supervisor's certificate
         try:
             self.zk = make_zk_client(conf)
         except BaseException:

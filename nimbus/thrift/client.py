@@ -24,6 +24,7 @@ from thriftpy2.transport import TFramedTransportFactory, TTransportException
 from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
+from nimbus.thrift.tls import current_client_context
 
 CHUNK_BYTES = UPLOAD_CHUNK_BYTES
 # How long a submit with topology.max.replication.wait.time.sec = -1 may wait for replies.
@@ -37,12 +38,15 @@ class NimbusUnavailableError(RuntimeError):
 
 @contextlib.contextmanager
 def connect(address: HostPort | str, timeout_s: float = 30.0) -> Iterator[Any]:
-    """A Thrift client of the Nimbus service at ``address``, closed on exit."""
+    """A Thrift client of the Nimbus service at ``address``, closed on exit (over TLS
+    with this process's certificate when nimbus.thrift.tls.configure_clients set one)."""
     hp = address if isinstance(address, HostPort) else HostPort.parse(str(address), 6627)
+    context = current_client_context()
     client = make_client(storm.Nimbus, hp.host, hp.port,
                          proto_factory=TBinaryProtocolFactory(),
                          trans_factory=TFramedTransportFactory(),
-                         timeout=int(timeout_s * 1000))
+                         timeout=int(timeout_s * 1000),
+                         **({"ssl_context": context} if context is not None else {}))
     try:
         yield client
     finally:

@@ -44,6 +44,8 @@ from nimbus.state.cluster_state import (
 )
 from nimbus.state.records import ACTIVE, INACTIVE, Assignment, StormBase
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
+from nimbus.thrift.authorizer import authorizer_from_conf
+from nimbus.thrift.tls import caller
 
 log = logging.getLogger(__name__)
 _PROTO = TBinaryProtocolFactory()
@@ -65,6 +67,7 @@ class NimbusHandler:
         self.store = store
         self.started_at = started_at
         self.address = str(conf.nimbus_address)
+        self.authorizer = authorizer_from_conf(conf)
 
     # -- guards -------------------------------------------------------------------------------
     def _require_leader(self) -> None:
@@ -98,6 +101,25 @@ class NimbusHandler:
         finally:
             self.cache.wake()
 
+    def _authorize(self, operation: str, name: str) -> None:
+        """Raise AuthorizationException unless the caller may ``operation`` topology
+        ``name`` (nimbus.authorizer; a no-op without one). Called inside _leader_call,
+        so an unknown name is NotAliveException."""
+        if self.authorizer is None:
+            return
+        topology_id, base = self.lifecycle.find(name)
+        try:
+            topo_conf = json.loads((self.store.path(topology_id) / CONF_FILE).read_text())
+        except (OSError, ValueError):
+            topo_conf = {}
+        users = topo_conf.get("topology.users") or []
+        who = caller()
+        if not self.authorizer.permit(who, base.owner, users if isinstance(users, list)
+                                      else []):
+            raise storm.AuthorizationException(
+                msg=f"{who or 'an unauthenticated client'} may not {operation} {name}: "
+                    "not its submitter, not in its topology.users, not in nimbus.admins")
+
     # -- submit, kill, activate, deactivate ---------------------------------------------------
     def submitTopology(self, name: str, uploadedJarLocation: str, jsonConf: str,
                        topology: Any) -> None:
@@ -109,6 +131,15 @@ class NimbusHandler:
         if options is not None and options.initial_status == storm.TopologyInitialStatus.INACTIVE:
             status = INACTIVE
         topology_bytes = serialize(topology, _PROTO) if topology is not None else b""
+        who = caller()
+        if who:  # the authenticated submitter owns it, whatever the conf claims
+            try:
+                submitted = json.loads(jsonConf or "{}")
+                if isinstance(submitted, dict):
+                    submitted["topology.submitter.user"] = who
+                    jsonConf = json.dumps(submitted)
+            except json.JSONDecodeError:
+                pass  # lifecycle.submit refuses it with a clear message
 
         def submit() -> None:
             bundle = self.transfers.take_upload(uploadedJarLocation)
@@ -125,15 +156,18 @@ class NimbusHandler:
 
     def killTopologyWithOpts(self, name: str, options: Any) -> None:
         wait = options.wait_secs if options is not None else None
-        self._leader_call(lambda: self.lifecycle.kill(name, wait))
+        self._leader_call(lambda: (self._authorize("kill", name),
+                                   self.lifecycle.kill(name, wait)))
         self.cache.refresh_now()
 
     def activate(self, name: str) -> None:
-        self._leader_call(lambda: self.lifecycle.activate(name))
+        self._leader_call(lambda: (self._authorize("activate", name),
+                                   self.lifecycle.activate(name)))
         self.cache.refresh_now()
 
     def deactivate(self, name: str) -> None:
-        self._leader_call(lambda: self.lifecycle.deactivate(name))
+        self._leader_call(lambda: (self._authorize("deactivate", name),
+                                   self.lifecycle.deactivate(name)))
         self.cache.refresh_now()
 
     def rebalance(self, name: str, options: Any) -> None:
@@ -142,7 +176,8 @@ class NimbusHandler:
         wait = options.wait_secs if options is not None else None
         workers = options.num_workers if options is not None else None
         executors = options.num_executors if options is not None else None
-        self._leader_call(lambda: self.lifecycle.rebalance(name, wait, workers, executors))
+        self._leader_call(lambda: (self._authorize("rebalance", name),
+                                   self.lifecycle.rebalance(name, wait, workers, executors)))
         self.cache.refresh_now()
 
     # -- file transfer -----------------------------------------------------------------------

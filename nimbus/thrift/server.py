@@ -31,6 +31,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -46,6 +47,7 @@ from thriftpy2.transport import (
 )
 
 from nimbus.thrift import storm
+from nimbus.thrift.tls import common_name, set_caller
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +139,8 @@ class ThriftServer:
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  idle_timeout_s: float = IDLE_CONNECTION_S,
                  frame_timeout_s: float = FRAME_TIMEOUT_S,
-                 advertised_host: str | None = None):
+                 advertised_host: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         if max_frame_bytes < 1:
             raise ValueError(f"nimbus.thrift.max_buffer_size must be positive, "
                              f"got {max_frame_bytes}")
@@ -145,6 +148,9 @@ class ThriftServer:
             raise ValueError(f"nimbus.thrift.threads must be at least 1, got {max_connections}")
         self.max_frame_bytes = max_frame_bytes
         self.max_connections = max_connections
+        # With TLS (nimbus.thrift.tls): client certificates are required; the handshake
+        # happens on the connection's own thread, bounded by frame_timeout_s.
+        self._ssl = ssl_context
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
         self._processor = _Processor(storm.Nimbus, handler)
@@ -274,12 +280,40 @@ class ThriftServer:
         conn.settimeout(self.idle_timeout_s)
         return frame
 
+    def _handshake(self, conn: socket.socket, peer: str) -> socket.socket | None:
+        """The TLS connection, its caller recorded; None (logged) if the peer has no
+        certificate the cluster's CA signed, or no TLS at all."""
+        assert self._ssl is not None
+        conn.settimeout(self.frame_timeout_s)
+        try:
+            secure = self._ssl.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("dropped Thrift connection from %s: TLS handshake failed (%s)",
+                        peer, getattr(exc, "reason", None) or exc)
+            conn.close()
+            return None
+        with self._conns_lock:  # stop() must shut down the socket that now owns the fd
+            self._conns[threading.current_thread()] = secure
+        set_caller(common_name(secure.getpeercert()))
+        secure.settimeout(self.idle_timeout_s)
+        return secure
+
     def _serve(self, conn: socket.socket) -> None:
         try:
             host, port = conn.getpeername()[:2]
             peer = f"{host}:{port}"
         except OSError:
             peer = "a peer"
+        if self._ssl is not None:
+            secured = self._handshake(conn, peer)
+            if secured is None:
+                with self._conns_lock:
+                    self._conns.pop(threading.current_thread(), None)
+                self._slots.release()
+                return
+            conn = secured
+        else:
+            set_caller(None)
         sock = TSocket(socket_family=self._family)
         sock.sock = conn
         out = TFramedTransport(sock)  # responses only; inbound frames are read above

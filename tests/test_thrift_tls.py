@@ -1,0 +1,189 @@
+"""TLS with client certificates on the Thrift port, and Storm's SimpleACLAuthorizer rules,
+against real nimbus daemons and a real ZooKeeper (storm.thrift.transport: tls)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from nimbus.config import ConfigError, load_config
+from nimbus.devcluster import free_port, wait_for
+from nimbus.distribution.archive import pack_directory
+from nimbus.testing.tls_certs import CertificateAuthority
+from nimbus.thrift import storm
+from nimbus.thrift.tls import configure_clients
+
+pytestmark = pytest.mark.integration
+SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
+
+
+@pytest.fixture
+def ca(tmp_path):
+    return CertificateAuthority(tmp_path / "ca")
+
+
+def nimbus_conf(zk_server, zk_root, tmp_path, identity, port, **extra):
+    host, _, zk_port = zk_server.hosts.rpartition(":")
+    return load_config(overrides={
+        "storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
+        "storm.zookeeper.root": zk_root, "nimbus.thrift.port": port,
+        "nimbus.seeds": [f"127.0.0.1:{port}"],
+        "storm.local.dir": str(tmp_path / f"local-{port}"),
+        "nimbus.authorizer": SIMPLE_ACL, "nimbus.admins": ["ops"],
+        **identity.conf(), **extra})
+
+
+@pytest.fixture
+def tls_nimbus(zk_server, zk_root, tmp_path, ca):
+    from nimbus.master.daemon import NimbusDaemon
+
+    port = free_port()
+    conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue("nimbus-1"), port)
+    daemon = NimbusDaemon(conf)
+    daemon.start()
+    wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+    yield daemon, conf
+    daemon.stop()
+    configure_clients(load_config(overrides={}))  # later tests in this process: plain
+
+
+def client_as(conf, identity):
+    from nimbus.thrift.client import NimbusClient
+
+    mine = load_config(overrides={**{k: conf[k] for k in (
+        "nimbus.seeds", "storm.zookeeper.servers", "storm.zookeeper.port")},
+        **identity.conf()})
+    configure_clients(mine)
+    return NimbusClient(mine, deadline_s=10)
+
+
+def bundle(tmp_path):
+    directory = tmp_path / "topology"
+    directory.mkdir(exist_ok=True)
+    (directory / "topology.yaml").write_text('command: ["sleep", "3600"]\n')
+    return pack_directory(directory)
+
+
+def test_clients_without_a_certificate_of_the_cluster_reach_no_method(tls_nimbus, tmp_path):
+    daemon, conf = tls_nimbus
+    port = conf["nimbus.thrift.port"]
+
+    # Plain TCP, as a client without TLS would speak: dropped in the handshake.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+        plain.sendall(b"\x00\x00\x00\x10" + b"\x80\x01\x00\x01" + b"\x00" * 12)
+        try:
+            reply = plain.recv(100)
+        except ConnectionResetError:
+            reply = b""
+        assert reply == b"" or reply[0] == 0x15, "nothing but a TLS alert comes back"
+    # TLS without a client certificate: the server refuses the handshake.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(conf["storm.thrift.tls.ca.file"])
+    context.check_hostname = False
+    with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with context.wrap_socket(raw) as tls:
+                tls.sendall(b"\x00\x00\x00\x04ping")
+                if tls.recv(10) == b"":
+                    raise ConnectionResetError("closed by the server")
+    # A certificate from another CA: refused too.
+    stranger = CertificateAuthority(tmp_path / "other-ca").issue("mallory")
+    client = client_as(conf, stranger)
+    from nimbus.thrift.client import NimbusUnavailableError
+
+    with pytest.raises(NimbusUnavailableError):
+        client.cluster_info()
+    # No call reached the handler: the nimbus's Thrift call metric saw none.
+    counted = [s for m in daemon.metrics.registry.collect()
+               if m.name == "nimbus_thrift_calls" for s in m.samples
+               if s.name.endswith("_total")]
+    assert sum(s.value for s in counted) == 0
+
+
+def test_only_submitter_users_and_admins_change_a_topology(tls_nimbus, tmp_path, ca):
+    _, conf = tls_nimbus
+    alice, bob, carol, ops = (ca.issue(n) for n in ("alice", "bob", "carol", "ops"))
+    as_alice = client_as(conf, alice)
+    as_alice.submit("alices", bundle(tmp_path), {"topology.users": ["carol"],
+                                                 "topology.submitter.user": "bob"})
+    info = as_alice.cluster_info()
+    assert [(t.name, t.owner) for t in info.topologies] == [("alices", "alice")], \
+        "the owner is the certificate's identity, not what the conf claims"
+
+    with pytest.raises(storm.AuthorizationException) as refused:
+        client_as(conf, bob).deactivate("alices")
+    assert refused.value.msg == ("bob may not deactivate alices: not its submitter, not in "
+                                 "its topology.users, not in nimbus.admins")
+    with pytest.raises(storm.AuthorizationException):
+        client_as(conf, bob).kill("alices", 0)
+    with pytest.raises(storm.AuthorizationException):
+        client_as(conf, bob).rebalance("alices", 2)
+
+    client_as(conf, carol).deactivate("alices")   # in topology.users
+    client_as(conf, alice).activate("alices")     # the submitter
+    client_as(conf, ops).rebalance("alices", 2)   # in nimbus.admins
+    statuses = {t.name: t.status for t in client_as(conf, bob).cluster_info().topologies}
+    assert statuses == {"alices": "ACTIVE"}, "reading is open to every authenticated client"
+    client_as(conf, ops).kill("alices", 0)
+
+
+def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):
+    """Replication between nimbuses (localfs: Thrift downloads) works with TLS on."""
+    from nimbus.master.daemon import NimbusDaemon
+
+    ports = [free_port(), free_port()]
+    daemons = []
+    try:
+        for i, port in enumerate(ports):
+            conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue(f"nimbus-{i}"), port,
+                               **{"nimbus.seeds": [f"127.0.0.1:{p}" for p in ports]})
+            daemons.append(NimbusDaemon(conf))
+            daemons[-1].start()
+        client = client_as(daemons[0].conf, ca.issue("alice"))
+        topology_id = client.submit("replicated", bundle(tmp_path),
+                                    {"topology.min.replication.count": 2})
+        assert all(d.store.has(topology_id) for d in daemons)
+        assert [t.replication_count for t in client.cluster_info().topologies] == [2]
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        configure_clients(load_config(overrides={}))
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"nimbus.authorizer": SIMPLE_ACL},
+     "nimbus.authorizer needs callers with an identity: set storm.thrift.transport to tls"),
+    ({"nimbus.authorizer": "com.example.Other"},
+     f"nimbus.authorizer: only {SIMPLE_ACL} is supported, got 'com.example.Other'"),
+    ({"storm.thrift.transport": "tls"},
+     "storm.thrift.tls.ca.file must name a PEM file when storm.thrift.transport is tls "
+     "(got None)"),
+])
+def test_unusable_security_settings_are_named(overrides, message):
+    from nimbus.thrift.authorizer import authorizer_from_conf
+    from nimbus.thrift.tls import server_context
+
+    conf = load_config(overrides=overrides)
+    with pytest.raises(ConfigError) as caught:
+        server_context(conf)
+        authorizer_from_conf(conf)
+    assert str(caught.value) == message
+
+
+def test_the_cli_speaks_tls_with_its_certificate(tls_nimbus, tmp_path, ca):
+    _, conf = tls_nimbus
+    config = tmp_path / "alice.yaml"
+    config.write_text(yaml.safe_dump({
+        "nimbus.seeds": conf["nimbus.seeds"],
+        "storm.zookeeper.servers": conf["storm.zookeeper.servers"],
+        "storm.zookeeper.port": conf["storm.zookeeper.port"],
+        **ca.issue("alice").conf()}))
+    done = subprocess.run([sys.executable, "-m", "nimbus.cli", "leader", "--config",
+                           str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"127.0.0.1:{conf['nimbus.thrift.port']}"
