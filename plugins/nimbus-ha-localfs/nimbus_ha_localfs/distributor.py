@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -30,6 +29,7 @@ from nimbus.distribution.local_code import (
     leftover_copies,
     list_files,
     safe_join,
+    sha256_file,
 )
 from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus.master.replicas import ReplicaRegistry
@@ -42,14 +42,6 @@ METAFILE_FORMAT = 1
 # the topology, CodeVerificationError (also raised per file, and re-exported from here)
 # when every replica served a copy that fails its size or sha256, and DistributorError
 # when no replica could deliver one for any other reason.
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_metafile(metafile: Path, topology_id: str) -> list[dict[str, Any]]:
