@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -19,11 +18,7 @@ from pathlib import Path
 
 import pyspark
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from nimbus.state.zkserver import free_port
 
 
 class SparkStandalone:
