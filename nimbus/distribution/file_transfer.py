@@ -14,9 +14,12 @@ by the last thread that leaves it, never under a thread that is reading or writi
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -198,6 +201,37 @@ class FileTransfers:
                     session.handle = None
                     self._forget(self._downloads, session_id, session)
                 return chunk
+        finally:
+            self._release(session)
+
+    def stream_download(self, session_id: str, conn: socket.socket,
+                        announce: Callable[[int], None]) -> int:
+        """Send the rest of download ``session_id`` down ``conn`` (the code stream, see
+        :mod:`nimbus.distribution.code_stream`) and finish the session.
+
+        ``announce(size)`` is called with the number of bytes that follow, before they are
+        sent. Returns that number. Raises :class:`TransferError` for an unknown or finished
+        session. If sending fails the session is finished too: the file's position is no
+        longer known, so the client must begin a new download.
+        """
+        session = self._acquire(self._downloads, session_id, "download")
+        try:
+            with session.io:
+                handle = session.handle
+                if handle is None:
+                    raise TransferError(f"no open download {session_id!r}")
+                try:
+                    offset = handle.tell()
+                    size = os.fstat(handle.fileno()).st_size - offset
+                    announce(size)
+                    if size:
+                        # os.sendfile on a plain socket: no copy through Python.
+                        conn.sendfile(handle, offset, size)
+                finally:
+                    handle.close()
+                    session.handle = None
+                    self._forget(self._downloads, session_id, session)
+                return size
         finally:
             self._release(session)
 

@@ -60,8 +60,8 @@ class SimulatedHosts:
             index = len(self._servers)
             local = self.work_dir / f"host-{index}"
             store = LocalCodeStore(local)
-            server = ThriftServer(FileServer(FileTransfers(local, store, 1 << 40)),
-                                  "127.0.0.1", 0)
+            transfers = FileTransfers(local, store, 1 << 40)
+            server = ThriftServer(FileServer(transfers), "127.0.0.1", 0, downloads=transfers)
             server.start()
             self._servers.append(server)
             zk = KazooClient(hosts=self.zk_hosts, timeout=4.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
+from nimbus.distribution import code_stream
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 from nimbus.thrift.tls import current_client_context
@@ -72,20 +74,45 @@ def not_leader_redirect(exc: Exception) -> str | None:
 
 
 def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0) -> str:
-    """Copy one file from a nimbus via beginFileDownload/downloadChunk.
+    """Copy one file of topology code from a nimbus; returns the sha256 of the bytes
+    written, computed while they arrive so that callers can verify the copy without
+    reading it again.
 
-    Returns the sha256 of the bytes written, computed while streaming so that callers
-    can verify the copy without reading it again.
+    The download session is opened over Thrift (``beginFileDownload``, so the port's
+    authentication applies) and drained over the code stream beside it
+    (:mod:`nimbus.distribution.code_stream`); a nimbus without the code stream is read
+    with Storm's ``downloadChunk`` instead.
     """
-    digest = hashlib.sha256()
-    with connect(peer, timeout_s) as client, open(dest, "wb") as out:
+    with connect(peer, timeout_s) as client:
         session = client.beginFileDownload(remote_path)
-        while True:
-            chunk = client.downloadChunk(session)
-            if not chunk:
-                return digest.hexdigest()
-            out.write(chunk)
-            digest.update(chunk)
+        try:
+            with _stream_socket(peer, timeout_s) as sock:
+                return code_stream.receive(sock, session, dest)
+        except code_stream.StreamUnsupportedError:
+            pass
+        digest = hashlib.sha256()
+        with open(dest, "wb") as out:
+            while True:
+                chunk = client.downloadChunk(session)
+                if not chunk:
+                    return digest.hexdigest()
+                out.write(chunk)
+                digest.update(chunk)
+
+
+@contextlib.contextmanager
+def _stream_socket(peer: str, timeout_s: float) -> Iterator[socket.socket]:
+    """A connection to ``peer``'s Thrift port for a code stream, over TLS when clients
+    are configured for it (the same certificate as the Thrift calls)."""
+    hp = HostPort.parse(str(peer), 6627)
+    sock = socket.create_connection((hp.host, hp.port), timeout=timeout_s)
+    try:
+        context = current_client_context()
+        if context is not None:
+            sock = context.wrap_socket(sock, server_hostname=hp.host)
+        yield sock
+    finally:
+        sock.close()
 
 
 class NimbusClient:

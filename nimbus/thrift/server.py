@@ -24,6 +24,11 @@ arithmetic overflows int32: neither is a limit.) Here the header is checked firs
   soon as a connection closes, as Storm's thread-pool server makes them wait for a worker.
   Once the backlog is full too, the kernel ignores new connection attempts until there is
   room, and the clients' connect timeouts apply.
+
+A connection whose first four bytes are ``code_stream.MAGIC`` (a length no frame may
+have) asks for a code stream instead: the rest of a download session, sent raw
+(:mod:`nimbus.distribution.code_stream`). It is served on the connection's thread, after
+the same TLS handshake, and the connection is closed afterwards.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from thriftpy2.transport import (
     TTransportException,
 )
 
+from nimbus.distribution import code_stream
 from nimbus.thrift import storm
 from nimbus.thrift.tls import common_name, set_caller
 
@@ -140,10 +146,15 @@ class ThriftServer:
                  idle_timeout_s: float = IDLE_CONNECTION_S,
                  frame_timeout_s: float = FRAME_TIMEOUT_S,
                  advertised_host: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None,
+                 downloads: code_stream.DownloadSource | None = None):
         if max_frame_bytes < 1:
             raise ValueError(f"nimbus.thrift.max_buffer_size must be positive, "
                              f"got {max_frame_bytes}")
+        if max_frame_bytes > code_stream.MAX_FRAME_BYTES:
+            raise ValueError(f"nimbus.thrift.max_buffer_size must be at most "
+                             f"{code_stream.MAX_FRAME_BYTES} (longer frame lengths are "
+                             f"reserved for the code stream), got {max_frame_bytes}")
         if max_connections < 1:
             raise ValueError(f"nimbus.thrift.threads must be at least 1, got {max_connections}")
         self.max_frame_bytes = max_frame_bytes
@@ -151,6 +162,8 @@ class ThriftServer:
         # With TLS (nimbus.thrift.tls): client certificates are required; the handshake
         # happens on the connection's own thread, bounded by frame_timeout_s.
         self._ssl = ssl_context
+        # Serves code streams (a connection whose first bytes are code_stream.MAGIC).
+        self._downloads = downloads
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
         self._processor = _Processor(storm.Nimbus, handler)
@@ -256,8 +269,9 @@ class ThriftServer:
         return None
 
     # -- serving ----------------------------------------------------------------------------
-    def _read_frame(self, conn: socket.socket) -> bytearray | None:
-        """The next inbound frame; None if the peer closed the connection between frames."""
+    def _read_frame(self, conn: socket.socket, first_frame: bool = False) -> bytearray | None:
+        """The next inbound frame; None if the peer closed the connection between frames,
+        or if the connection's first bytes asked for a code stream, which was served."""
         # Between frames a connection may idle (the socket's idle timeout applies); once
         # a frame has begun, all of it must arrive within frame_timeout_s.
         first = _recv_exactly(conn, 1, "a frame header")
@@ -268,6 +282,9 @@ class ThriftServer:
         if rest is None:
             raise EOFError("peer closed inside a frame header")
         header = first + rest
+        if first_frame and header == code_stream.MAGIC and self._downloads is not None:
+            code_stream.serve(conn, self._downloads, deadline)
+            return None
         (size,) = _FRAME_HEADER.unpack(header)
         if size <= 0:
             raise FrameError(f"invalid frame length {size}")
@@ -319,8 +336,10 @@ class ThriftServer:
         out = TFramedTransport(sock)  # responses only; inbound frames are read above
         oprot = self._protocols.get_protocol(out)
         try:
+            first_frame = True
             while not self._stop.is_set():
-                frame = self._read_frame(conn)
+                frame = self._read_frame(conn, first_frame)
+                first_frame = False
                 if frame is None:
                     return
                 iprot = self._protocols.get_protocol(TBufferedTransport(_FrameReader(frame)))
