@@ -1,17 +1,21 @@
-"""Benchmark: peak memory of the CLI and the nimbus while a large bundle is submitted.
+"""Benchmark: peak memory of the CLI and the nimbuses while a large bundle is submitted
+and replicated.
 
     .venv/bin/python integration/bench_bundle_memory.py [--megabytes 2048] [--dir DIR]
 
 Writes a bundle directory of N MB of random data (incompressible, so the packed .tgz and
-the upload are N MB too), starts a real ZooKeeper and one nimbus process (LocalCluster),
-and submits through the real user path, a ``nimbus-ha submit NAME DIR`` process: first a
-1 MB bundle as the baseline, then the N MB one. The peak RSS of the CLI is read from
-wait4()'s rusage when it exits (and sampled from VmHWM in /proc/<pid>/status meanwhile);
-the nimbus's peak RSS is its VmHWM before and after each submission. Target: the peak RSS
-of either process grows by less than 64 MB from the 1 MB to the 2048 MB bundle.
+the upload are N MB too), starts a real ZooKeeper and two nimbus processes (LocalCluster,
+localfs), and submits through the real user path, a ``nimbus-ha submit NAME DIR`` process:
+first a 1 MB bundle as the baseline, then the N MB one. The follower then downloads each
+bundle from the leader (the code stream: sendfile on the leader, write + sha256 on the
+follower). The peak RSS of the CLI is read from wait4()'s rusage when it exits (and
+sampled from VmHWM in /proc/<pid>/status meanwhile); each nimbus's peak RSS is its VmHWM
+once the bundle is held by both. Target: the peak RSS of every process grows by less than
+64 MB from the 1 MB to the 2048 MB bundle.
 
-Needs about 4 x N MB free disk under DIR (bundle, the CLI's packed copy, the nimbus's
-upload and its stored copy); DIR defaults to a temporary directory under $TMPDIR.
+Needs about 5 x N MB free disk under DIR (bundle, the CLI's packed copy, the leader's
+upload and stored copy, the follower's copy); DIR defaults to a temporary directory under
+$TMPDIR.
 """
 
 from __future__ import annotations
@@ -95,6 +99,17 @@ def submit(cluster: LocalCluster, name: str, bundle: Path, work: Path) -> tuple[
     return max(usage.ru_maxrss, sampled[0]), elapsed
 
 
+def replicated(cluster: LocalCluster, name: str, timeout_s: float = 900.0) -> float:
+    """Wait until both nimbuses hold topology ``name``; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        summary = {t.name: t for t in cluster.client().cluster_info().topologies}
+        if name in summary and summary[name].replication_count == 2:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise TimeoutError(f"{name} was not held by both nimbuses within {timeout_s:.0f}s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=2048, help="bundle size (MiB)")
@@ -104,7 +119,7 @@ def main() -> None:
     parent = args.dir or Path(tempfile.gettempdir())
     parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(parent).free
-    needed = (4 * args.megabytes + 1024) * MB
+    needed = (5 * args.megabytes + 1024) * MB
     print(f"free disk under {parent}: {free / 2**30:.1f} GiB "
           f"(need about {needed / 2**30:.1f} GiB)")
     if free < needed:
@@ -122,30 +137,34 @@ def main() -> None:
             "nimbus.max.topology.bytes": (args.megabytes + 64) * MB + args.megabytes * 4096,
             "nimbus.code.sync.freq.secs": 3600,
         }
-        with LocalCluster(work / "cluster", 1, conf=conf) as cluster:
-            nimbus_pid = cluster.nimbuses[0].process.pid
-            nimbus_start = vm_hwm_kb(nimbus_pid)
+        with LocalCluster(work / "cluster", 2, conf=conf) as cluster:
+            leader = cluster.wait_for_leader()
+            follower = next(n for n in cluster.nimbuses if n is not leader)
+            pids = {"leader nimbus": leader.process.pid,
+                    "follower nimbus (downloads)": follower.process.pid}
+            nimbus_start = vm_hwm_kb(leader.process.pid)
             cli_small, t_small = submit(cluster, "small", work / "small", work)
-            nimbus_small = vm_hwm_kb(nimbus_pid)
+            replicated(cluster, "small")
+            small = {label: vm_hwm_kb(pid) for label, pid in pids.items()}
             cli_large, t_large = submit(cluster, "large", work / "large", work)
-            nimbus_large = vm_hwm_kb(nimbus_pid)
-            info = cluster.client().cluster_info()
-            assert {"small", "large"} <= {t.name for t in info.topologies}
+            t_copy = replicated(cluster, "large")
+            large = {label: vm_hwm_kb(pid) for label, pid in pids.items()}
 
     rows = [("nimbus-ha submit (CLI)", cli_small, cli_large),
-            ("nimbus", nimbus_small, nimbus_large)]
+            *((label, small[label], large[label]) for label in pids)]
     n = args.megabytes
     print(f"\npeak RSS (VmHWM), submitting a 1 MB then a {n} MB bundle "
           f"(nimbus at start: {nimbus_start / 1024:.1f} MB)")
-    print(f"{'process':<24} {'1 MB':>9} {f'{n} MB':>9} {'growth':>9} {'ratio':>6}")
+    print(f"{'process':<28} {'1 MB':>9} {f'{n} MB':>9} {'growth':>9} {'ratio':>6}")
     worst = 0.0
     for label, small, large in rows:
         growth = (large - small) / 1024
         worst = max(worst, growth)
-        print(f"{label:<24} {small / 1024:>6.1f} MB {large / 1024:>6.1f} MB "
+        print(f"{label:<28} {small / 1024:>6.1f} MB {large / 1024:>6.1f} MB "
               f"{growth:>+6.1f} MB {large / small:>6.2f}")
     print(f"submit wall time: 1 MB {t_small:.1f}s, {n} MB {t_large:.1f}s "
-          f"({n / t_large:.0f} MB/s end to end)")
+          f"({n / t_large:.0f} MB/s end to end); the follower held the {n} MB bundle "
+          f"{t_copy:.1f}s after the submit returned")
     verdict = "PASS" if worst < TARGET_GROWTH_MB else "FAIL"
     print(f"target: growth < {TARGET_GROWTH_MB} MB -> {verdict}")
     if verdict == "FAIL":
