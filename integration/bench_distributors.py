@@ -54,8 +54,11 @@ def timed(action) -> float:
 def bench_backend(name: str, work: Path, zk: ZooKeeperServer, conf: dict, megabytes: int,
                   peers: int) -> dict[str, float]:
     work.mkdir(parents=True, exist_ok=True)
-    simulated = SimulatedHosts(work / name, zk.hosts, f"/bench-{name}-{work.name}", name, conf,
-                               topology_ids=(TOPOLOGY,))
+    # "localfs-chunks": localfs from a nimbus without the code stream (Storm's downloadChunk).
+    backend = name.removesuffix("-chunks")
+    simulated = SimulatedHosts(work / name, zk.hosts, f"/bench-{name}-{work.name}", backend,
+                               conf, topology_ids=(TOPOLOGY,),
+                               code_stream=not name.endswith("-chunks"))
     try:
         # The seeder, the first downloader, then (torrent) ``peers`` fresh peers.
         hosts = simulated.make(2 + (peers if name == "torrent" else 0))
@@ -90,7 +93,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=256)
     parser.add_argument("--peers", type=int, default=8)
-    parser.add_argument("--backends", default="localfs,s3,torrent,hdfs")
+    parser.add_argument("--backends", default="localfs,localfs-chunks,s3,torrent,hdfs",
+                        help="localfs-chunks: localfs served by downloadChunk only")
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
     size = args.megabytes << 20
@@ -135,9 +139,9 @@ def main() -> None:
     print(f"baseline (c) sha256sum: {hash_s:.2f} s ({mbps / hash_s:.0f} MB/s)")
     print("ratio = baseline time / backend time; uploads against (c), downloads against (a)")
     for name, r in results.items():
-        print(f"{name:8} upload   {r['upload']:6.2f} s  {mbps / r['upload']:7.0f} MB/s  "
+        print(f"{name:14} upload   {r['upload']:6.2f} s  {mbps / r['upload']:7.0f} MB/s  "
               f"ratio {hash_s / r['upload']:.3f}")
-        print(f"{name:8} download {r['download']:6.2f} s  {mbps / r['download']:7.0f} MB/s  "
+        print(f"{name:14} download {r['download']:6.2f} s  {mbps / r['download']:7.0f} MB/s  "
               f"ratio {tcp_s / r['download']:.3f}")
     if "torrent" in results and "swarm" in results["torrent"]:
         one, many = results["torrent"]["download"], results["torrent"]["swarm"]

@@ -39,13 +39,15 @@ class SimulatedHosts:
     """A factory of :class:`ConformanceHost` sharing one ZooKeeper root and backend."""
 
     def __init__(self, work_dir: Path, zk_hosts: str, zk_root: str, distributor: str,
-                 conf: dict[str, Any] | None = None, topology_ids: tuple[str, ...] = ()):
+                 conf: dict[str, Any] | None = None, topology_ids: tuple[str, ...] = (),
+                 code_stream: bool = True):
         self.work_dir = Path(work_dir)
         self.zk_hosts = zk_hosts
         self.zk_root = zk_root
         self.plugin_class = resolve_distributor_class(distributor)
         self.conf = dict(conf or {})
         self.topology_ids = topology_ids
+        self.code_stream = code_stream  # False: serve like a nimbus without the code stream
         self._servers: list[ThriftServer] = []
         self._distributors: list[CodeDistributor] = []
         self._clients: list[KazooClient] = []
@@ -61,7 +63,8 @@ class SimulatedHosts:
             local = self.work_dir / f"host-{index}"
             store = LocalCodeStore(local)
             transfers = FileTransfers(local, store, 1 << 40)
-            server = ThriftServer(FileServer(transfers), "127.0.0.1", 0, downloads=transfers)
+            server = ThriftServer(FileServer(transfers), "127.0.0.1", 0,
+                                  downloads=transfers if self.code_stream else None)
             server.start()
             self._servers.append(server)
             zk = KazooClient(hosts=self.zk_hosts, timeout=4.0)
