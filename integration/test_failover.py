@@ -21,15 +21,16 @@ def statuses(client) -> dict[str, tuple[str, str]]:
 
 
 def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
-    """The design's scenario, on every backend.
+    """The design's scenario, on every backend, with one outcome.
 
-    The next in line loses its code without noticing. When the leader dies it reaches the
-    head of the queue, and one of two things happens, both allowed by the design: its code
-    sync has already fetched the code again (a watch woke it, or the store always has the
-    code), and it leads; or it has not, so it gives the lock up and the nimbus holding all
-    code leads. Which one depends on thread scheduling, so the test asserts the branch
-    that happened, and on every branch the rule that matters: from the new leader's own
-    log, it held every live topology's code at the moment it became leader.
+    The next in line loses its code. Left to itself it may fetch the code again before
+    it reaches the head of the queue, and then lead with all of it: allowed, but then who
+    leads depends on thread scheduling (a watch-triggered sync pass still pending when
+    the code vanished re-fetches it, on s3 straight from the store). So the test fixes
+    the order: where its code directory was there is now a file, and no download can
+    complete until the test removes it, which it does only once that nimbus has given the
+    lock up. The nimbus holding all code must then lead, and from its own log it held
+    every live topology's code at the moment it became leader; the other never claims.
     """
     big = sample_topology(tmp_path / "big", 16 * 1024 * 1024)
     (big / "topology.yaml").write_text('command: ["sleep", "3600"]\n')  # a runnable kind
@@ -55,35 +56,33 @@ def test_seed_scenario_leader_killed_and_wiped(make_cluster, tmp_path, backend):
     live = {t for t, _ in before.values()}
     wait_for(lambda: all(stormdist(n.local_dir) == live for n in queue), 30,
              "every nimbus to hold all code")
-    # The next in line loses its code without noticing; the last one holds everything.
-    # Renamed away first: a live BitTorrent session may still touch files under it.
+    # The next in line loses its code, and its disk can take none until the test allows
+    # it. Renamed away first: a live BitTorrent session may still touch files under it.
     code_dir = lacking.local_dir / "nimbus" / "stormdist"
     code_dir.rename(code_dir.with_name("stormdist.lost"))
     shutil.rmtree(code_dir.with_name("stormdist.lost"))
+    code_dir.write_bytes(b"")
     marks = {n.address: len(n.log_text()) for n in queue}
     leader.kill9()
     leader.wipe()
 
+    wait_for(lambda: "lacks topology code: giving it up"
+             in lacking.log_text()[marks[lacking.address]:], 60,
+             "the next in line to reach the head of the queue and give the lock up")
+    code_dir.unlink()  # from now on its code sync can fetch the code again
     new_leader = cluster.wait_for_leader(exclude=leader.address, timeout_s=60)
-    # The elector logs its claim just after it starts leading: wait for the line.
+    assert new_leader is holder, "the nimbus that holds all code leads"
+    # The elector logs the evidence of the check that granted the lock (the live ids it
+    # read, and those it found on disk) as it takes the lead: wait for the line.
     claims = wait_for(lambda: leadership_claims(
-        new_leader.log_text()[marks[new_leader.address]:]), 10, "the new leader's claim")
+        holder.log_text()[marks[holder.address]:]), 10, "the new leader's claim")
     assert claims == [(4, 4, live)], "the new leader held every live topology's code"
-    print(f"[{backend_name}] new leader: "
-          f"{'the nimbus that lost its code' if new_leader is lacking else 'the holder'}")
-    if new_leader is lacking:
-        # Its code sync fetched the code again before it reached the head of the queue
-        # (the claim above shows it held all 4 when it took the lead).
-        assert "lacks topology code: giving it up" not in \
-            lacking.log_text()[marks[lacking.address]:]
-    else:
-        assert new_leader is holder, "the nimbus that holds all code must lead"
-        wait_for(lambda: "lacks topology code: giving it up" in lacking.log_text(), 30,
-                 "the nimbus without code to have given up the lock")
     wait_for(lambda: stormdist(lacking.local_dir) == live, 60,
              "the nimbus without code to sync it")
     wait_for(lambda: lacking.address in [a for _, a in state.leader_queue()], 30,
              "the synced nimbus to re-queue")
+    assert leadership_claims(lacking.log_text()[marks[lacking.address]:]) == [], \
+        "the nimbus that lacked code never led"
     assert statuses(client) == before, "no topology lost, none resubmitted"
 
     client.deactivate("pipeline-0")

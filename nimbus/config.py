@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from nimbus.distribution.code_stream import MAX_FRAME_BYTES
 from nimbus.redaction import redact, redact_value
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,16 @@ class Config(Mapping[str, Any]):
     def redacted(self) -> dict[str, Any]:
         """The values with every secret replaced: what may leave the process."""
         return redact(self._values)
+
+    def redacted_changes(self) -> dict[str, Any]:
+        """The keys whose value differs from the defaults (built in and of the installed
+        plugins), secrets replaced: what a daemon logs of its configuration."""
+        from nimbus.distribution.distributors import plugin_config_defaults
+
+        defaults = {**builtin_defaults(), **plugin_config_defaults()}
+        missing = object()
+        return redact({key: value for key, value in self._values.items()
+                       if defaults.get(key, missing) != value})
 
     # Typed views of the keys the core uses, so callers do not repeat conversions.
     @property
@@ -242,6 +253,11 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"key 'nimbus.thrift.max_buffer_size' must be at least {smallest_frame} (an "
             f"upload chunk of {UPLOAD_CHUNK_BYTES} bytes and its framing), got "
+            f"{values['nimbus.thrift.max_buffer_size']}")
+    if values["nimbus.thrift.max_buffer_size"] > MAX_FRAME_BYTES:
+        raise ConfigError(
+            f"key 'nimbus.thrift.max_buffer_size' must be at most {MAX_FRAME_BYTES} (larger "
+            "frame lengths are reserved for the code stream), got "
             f"{values['nimbus.thrift.max_buffer_size']}")
     if values["nimbus.thrift.threads"] < 1:
         raise ConfigError("key 'nimbus.thrift.threads' must be at least 1")

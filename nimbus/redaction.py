@@ -5,12 +5,21 @@ A key holds a secret when its last dotted part says so (``...password``,
 :data:`REDACTED` wherever configuration leaves the process: ``getNimbusConf``,
 ``getTopologyConf``, CLI output and error messages. :class:`SecretLogFilter` also masks
 the values themselves in log records, since a library may print them in a message.
+
+A process that installs the filter (:func:`install_log_redaction`, done by every daemon
+and command) also sends what would bypass its log handlers through them: an exception
+that escapes a thread or the main thread, and Python warnings. A ``...payload`` value is
+Storm's ``user:password``: its password is masked on its own too.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
+import traceback
 from collections.abc import Iterable, Mapping
+from types import TracebackType
 from typing import Any
 
 REDACTED = "********"
@@ -45,11 +54,18 @@ def redact_value(key: str, value: Any) -> Any:
 
 
 def secret_values(conf: Mapping[str, Any]) -> set[str]:
-    """The non-trivial secret strings in ``conf`` (nested mappings and lists too)."""
+    """The non-trivial secret strings in ``conf`` (nested mappings and lists too): every
+    secret value of 4 characters or more (a number as it prints), and the password part
+    of a ``user:password`` payload."""
     found: set[str] = set()
     for key, value in conf.items():
-        if is_secret_key(key) and isinstance(value, str) and len(value) >= 4:
-            found.add(value)
+        if is_secret_key(key) and isinstance(value, (str, int, float)) \
+                and not isinstance(value, bool):
+            text = str(value)
+            parts = [text]
+            if str(key).lower().endswith("payload") and ":" in text:
+                parts.append(text.partition(":")[2])
+            found.update(part for part in parts if len(part) >= 4)
         for nested in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(nested, Mapping):
                 found |= secret_values(nested)
@@ -78,6 +94,12 @@ class SecretLogFilter(logging.Filter):
             for secret in self._secrets:
                 text = text.replace(secret, REDACTED)
             record.exc_text, record.exc_info = text, None
+        elif record.exc_text:
+            for secret in self._secrets:
+                record.exc_text = record.exc_text.replace(secret, REDACTED)
+        if record.stack_info:
+            for secret in self._secrets:
+                record.stack_info = record.stack_info.replace(secret, REDACTED)
         return True
 
 
@@ -92,10 +114,43 @@ def mask(text: str) -> str:
 
 
 def install_log_redaction(conf: Mapping[str, Any]) -> None:
-    """Mask ``conf``'s secret values in every log handler and in :func:`mask`."""
+    """Mask ``conf``'s secret values in every log handler and in :func:`mask`, and send
+    uncaught exceptions and warnings through those handlers (see the module docstring)."""
     _known_secrets.update(secret_values(conf))
     log_filter = SecretLogFilter(_known_secrets)
     for handler in logging.getLogger().handlers:
         for old in [f for f in handler.filters if isinstance(f, SecretLogFilter)]:
             handler.removeFilter(old)
         handler.addFilter(log_filter)
+    logging.captureWarnings(True)
+    threading.excepthook = _uncaught_in_thread
+    sys.excepthook = _uncaught
+
+
+_uncaught_log = logging.getLogger("nimbus.uncaught")
+ExcInfo = tuple[type[BaseException], BaseException | None, TracebackType | None]
+
+
+def _report_uncaught(message: str, exc_info: ExcInfo) -> None:
+    if logging.getLogger().handlers:
+        _uncaught_log.error(message, exc_info=exc_info)  # masked by the handlers' filter
+        return
+    # No handler to mask it: print it masked, as Python would have printed it.
+    text = "".join(traceback.format_exception(exc_info[0], exc_info[1], exc_info[2]))
+    sys.stderr.write(mask(f"{message}\n{text}"))
+
+
+def _uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if issubclass(args.exc_type, SystemExit):
+        return
+    name = args.thread.name if args.thread is not None else "(unknown)"
+    _report_uncaught(f"uncaught exception in thread {name}",
+                     (args.exc_type, args.exc_value, args.exc_traceback))
+
+
+def _uncaught(exc_type: type[BaseException], exc: BaseException,
+              tb: TracebackType | None) -> None:
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.__excepthook__(exc_type, exc, tb)
+        return
+    _report_uncaught("uncaught exception", (exc_type, exc, tb))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from nimbus.distribution.distributors import CodeDistributor
@@ -157,6 +159,62 @@ def test_replica_change_during_a_failing_download_retries_at_once(setup, monkeyp
     sync.sync_once()  # the flag raised during the failed attempt overrides the backoff
     assert attempts == ["wanted-3-3", "wanted-3-3"]
     assert store.has("wanted-3-3")
+
+
+class SteppedSync(CodeSync):
+    """A CodeSync that runs ``in_window`` (once) when its retry flag is read: between the
+    read of the flag and the write that clears it, the window where a wake-up is lost."""
+
+    in_window = None
+
+    @property
+    def _retry_now(self) -> bool:
+        value = self.__dict__["_flag"]
+        hook, self.in_window = self.in_window, None
+        if hook is not None:
+            hook()
+        return value
+
+    @_retry_now.setter
+    def _retry_now(self, value: bool) -> None:
+        self.__dict__["_flag"] = value
+
+
+def test_replica_change_while_the_sync_takes_the_retry_flag_is_not_lost(setup, monkeypatch):
+    """Two replicas register in a row: the sync thread takes the flag of the first while
+    kazoo's thread raises it for the second. The second must still retry at once."""
+    from nimbus.state.records import CodeMeta
+    from nimbus.testing.faults import ObservedLock, run_until_done_or_blocked
+
+    state, store, distributor = setup
+    state.zk.create(state.storm_path("wanted-3-3"),
+                    StormBase(storm_name="wanted", launch_time_secs=1, status=ACTIVE).encode())
+    state.zk.create(state.code_path("wanted-3-3"), CodeMeta(
+        distributor="recording", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
+        created_secs=1).encode())
+    sync = SteppedSync(state, store, distributor, period_s=3600)
+    sync._retry_lock = ObservedLock(threading.Lock())  # a no-op for a sync without it
+    sync._failures["wanted-3-3"] = 10  # each failure now pauses 30 s: only a flag retries
+    attempts = []
+
+    def download(dest_dir, topology_id, metafile):
+        attempts.append(topology_id)
+        raise RuntimeError("no replica could serve it")
+
+    monkeypatch.setattr(distributor, "download", download)
+    sync.sync_once()
+    assert attempts == ["wanted-3-3"]
+    sync._on_replica_change(None)  # replica 1 registers
+    second: list[threading.Thread] = []
+    sync.in_window = lambda: second.append(run_until_done_or_blocked(
+        lambda: sync._on_replica_change(None), sync._retry_lock, "replica-2-watch"))
+    sync.sync_once()  # takes replica 1's flag; replica 2's arrives meanwhile
+    assert len(second) == 1
+    second[0].join(10)
+    assert not second[0].is_alive()
+    assert attempts == ["wanted-3-3"] * 2, "replica 1's flag retried at once"
+    sync.sync_once()
+    assert attempts == ["wanted-3-3"] * 3, "replica 2's flag was kept for the next pass"
 
 
 class NotLeading:

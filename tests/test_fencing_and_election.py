@@ -1,6 +1,10 @@
 """Leader election and fenced writes against a real ZooKeeper server (in-process)."""
 
+import logging
+import threading
+
 import pytest
+from kazoo.protocol.states import KazooState
 
 from nimbus.devcluster import wait_for
 from nimbus.master.elector import LeaderElector, NoLeaderError
@@ -180,15 +184,104 @@ def test_leader_stops_at_once_on_suspended_and_leads_again_on_reconnect(make_zk,
     assert a.fence().lock_path == lock_node
 
 
-def test_leadership_is_logged_with_the_code_held(make_zk, zk_root, electors, caplog):
-    import logging
+def gained_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "gained leadership" in r.getMessage()]
 
-    _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
-                           code_report=lambda: "held 2 of 2 live topologies [a-1-1,b-2-2]")
+
+def test_leadership_is_logged_with_the_evidence_of_the_check_that_granted_it(
+        make_zk, zk_root, electors, caplog, tmp_path):
+    """The claim line is the reading the lock was taken on, not a second look: here a
+    submission completes just after the check, and the line still shows what was checked."""
+    from nimbus.distribution.local_code import LocalCodeStore
+    from nimbus.master.code_sync import CodeSync
+
+    zk = make_zk()
+    state = StormClusterState(zk, zk_root)
+    state.setup()
+    store = LocalCodeStore(tmp_path)
+    for topology_id in ("a-1-1", "b-2-2"):
+        store.path(topology_id).mkdir()
+    zk.create(state.storm_path("a-1-1"), base("a").encode())
+    sync = CodeSync(state, store, distributor=None, period_s=3600)
+    checks = []
+
+    def check_code():
+        checks.append(sync.check_code())
+        if len(checks) == 1:  # b's submission completes right after the first check
+            zk.create(state.storm_path("b-2-2"), base("b").encode())
+        return checks[-1]
+
+    a = LeaderElector(zk, state, "127.0.0.1:1", has_all_code=check_code)
     electors.append(a)
     with caplog.at_level(logging.INFO, logger="nimbus.master.elector"):
         a.add_to_leader_lock_queue()
         wait_for(a.is_leader, 10, "a to lead")
-    gained = [r.getMessage() for r in caplog.records if "gained leadership" in r.getMessage()]
-    assert len(gained) == 1
-    assert gained[0].endswith("code held: held 2 of 2 live topologies [a-1-1,b-2-2]")
+    assert str(checks[0]) == "held 1 of 1 live topologies [a-1-1]"
+    assert gained_lines(caplog) == [
+        f"127.0.0.1:1 gained leadership as {a.fence().lock_path}; code held: "
+        "held 1 of 1 live topologies [a-1-1]"]
+
+
+def test_session_lost_while_a_claim_is_verified_leaves_no_stale_leader(
+        zk_server, make_zk, zk_root, electors, caplog, monkeypatch):
+    """The session ends after a step verified its node at the head of the queue and before
+    the claim takes effect: that node died with the session, so nobody may lead on it."""
+    changes: list[tuple[bool, bool]] = []
+    zk, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
+                            on_change=lambda leader: changes.append((leader, a.is_leader())))
+    electors.append(a)
+    claim = a._set_leader
+    lost_on: list[str] = []
+    leader_after_late_claim: list[bool] = []
+
+    def lose_the_session_then_claim(head, *args, **kwargs):
+        if head is None or lost_on:
+            return claim(head, *args, **kwargs)
+        lost_on.append(head)
+        session = zk.client_id[0]
+        expire_session(zk, zk_server.hosts)
+        # CONNECTED again, with a new session: every listener saw LOST before this.
+        wait_for(lambda: zk.state == KazooState.CONNECTED and zk.client_id is not None
+                 and zk.client_id[0] != session, 15, "a new session")
+        claim(head, *args, **kwargs)
+        leader_after_late_claim.append(a.is_leader())
+        return None
+
+    monkeypatch.setattr(a, "_set_leader", lose_the_session_then_claim)
+    with caplog.at_level(logging.INFO, logger="nimbus.master.elector"):
+        a.add_to_leader_lock_queue()
+        wait_for(lambda: a.is_leader() and a.fence().lock_path != lost_on[0], 15,
+                 "a to queue again in the new session and lead")
+    node = a.fence().lock_path
+    assert leader_after_late_claim == [False], "no leader on the dead node"
+    assert changes == [(True, True)], "told it leads once, and only while it does"
+    assert gained_lines(caplog) == [
+        f"127.0.0.1:1 gained leadership as {node}; code held: (not reported)"]
+
+
+def test_leadership_changes_from_two_threads_apply_one_at_a_time(make_zk, zk_root):
+    """The election thread claims while kazoo's thread drops the claim: the drop must
+    follow the claim's callback, never overtake it, so the last word is "not leader"."""
+    from nimbus.testing.faults import ObservedLock, run_until_done_or_blocked
+
+    finished: list[bool] = []
+    dropping: list[threading.Thread] = []
+
+    def on_change(leader: bool) -> None:
+        if leader:  # the claim is half done: its callback runs; the drop arrives now
+            dropping.append(run_until_done_or_blocked(
+                lambda: a._set_leader(None), a._leader_lock, "kazoo-drop"))
+        finished.append(leader)
+
+    _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1", on_change=on_change)
+    a._leader_lock = ObservedLock()
+    claiming = threading.Thread(
+        target=lambda: a._set_leader(f"{zk_root}/leader-lock/nimbus-x-0000000000"),
+        name="election-claim")
+    claiming.start()
+    claiming.join(10)
+    assert len(dropping) == 1
+    dropping[0].join(10)
+    assert not claiming.is_alive() and not dropping[0].is_alive()
+    assert finished == [True, False]
+    assert not a.is_leader()

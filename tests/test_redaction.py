@@ -42,6 +42,12 @@ def test_redact_replaces_secrets_at_any_depth():
         {"abcdef", "ghij"}
 
 
+def test_secret_values_include_a_payloads_password_and_numbers():
+    assert secret_values({"storm.zookeeper.auth.payload": "nimbus:pw-1234",
+                          "x.secret.key": 12345678, "y.password": True, "z.token": "abc"}) \
+        == {"nimbus:pw-1234", "pw-1234", "12345678"}
+
+
 def test_get_nimbus_conf_redacts_the_s3_secret():
     from nimbus.thrift.handler import NimbusHandler
 
@@ -91,3 +97,116 @@ def test_cli_error_output_masks_secrets():
     assert result.exit_code == 1
     assert "nimbus.codedistributor.s3.secret.key' must be a string" in result.output
     assert SECRET not in result.output
+
+
+CARELESS_PLUGIN = '''
+"""A careless code-distributor plugin: localfs, plus what plugins do wrong with secrets."""
+import logging
+import threading
+import warnings
+
+from nimbus.distribution.hookspecs import hookimpl
+from nimbus_ha_localfs.distributor import LocalFileSystemCodeDistributor
+
+log = logging.getLogger("careless_plugin")
+
+
+class CarelessDistributor(LocalFileSystemCodeDistributor):
+    name = "careless"
+
+    @hookimpl
+    def prepare(self, conf, context):
+        super().prepare(conf, context)
+        secret = conf["nimbus.codedistributor.s3.secret.key"]
+        user, _, password = conf["storm.zookeeper.auth.payload"].partition(":")
+        log.info("prepared with configuration %s", conf)
+        try:
+            raise PermissionError(f"the store refused key {secret}")
+        except PermissionError:
+            log.exception("first connection failed")
+        warnings.warn(f"deprecated credential {secret}", stacklevel=1)
+
+        def connect():
+            raise ConnectionError(f"connect as {user} with password {password} refused")
+
+        threading.Thread(target=connect, name="careless-connect", daemon=True).start()
+'''
+S3_SECRET = "s3-Secret-Key-8c1f2a"
+ZK_PASSWORD = "zk-Pass-77e0d3"
+TOPOLOGY_SECRET = "topo-Token-5b9e41"
+
+
+def test_a_running_nimbus_never_logs_or_serves_its_secrets(zk_server, zk_root, tmp_path,
+                                                            monkeypatch):
+    """A real nimbus process, a real ZooKeeper with digest auth, a plugin that logs its
+    configuration, an error, a warning and a crashing thread holding the secrets: the log
+    shows none of them, and getNimbusConf/getTopologyConf over Thrift show them redacted."""
+    import yaml
+
+    from nimbus.devcluster import NimbusProcess, free_port, wait_for
+    from nimbus.distribution.archive import pack_directory
+    from nimbus.testing.plugins import require_plugin
+    from nimbus.thrift.client import NimbusClient, connect
+
+    require_plugin("s3")  # declares nimbus.codedistributor.s3.secret.key
+    plugin_dir = tmp_path / "plugin"
+    plugin_dir.mkdir()
+    (plugin_dir / "careless_plugin.py").write_text(CARELESS_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", str(plugin_dir))
+    host, _, zk_port = zk_server.hosts.rpartition(":")
+    port = free_port()
+    conf = {"storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
+            "storm.zookeeper.root": zk_root, "nimbus.thrift.port": port,
+            "nimbus.seeds": [f"127.0.0.1:{port}"], "storm.local.dir": str(tmp_path / "local"),
+            "storm.codedistributor.class": "careless_plugin:CarelessDistributor",
+            "storm.zookeeper.auth.scheme": "digest",
+            "storm.zookeeper.auth.payload": f"nimbus:{ZK_PASSWORD}",
+            "nimbus.codedistributor.s3.secret.key": S3_SECRET}
+    (tmp_path / "storm.yaml").write_text(yaml.safe_dump(conf))
+    nimbus = NimbusProcess(0, port, tmp_path / "local", tmp_path / "storm.yaml",
+                           tmp_path / "nimbus.log")
+    nimbus.start()
+    try:
+        wait_for(lambda: "gained leadership" in nimbus.log_text() or not nimbus.alive(), 60,
+                 "the nimbus to lead")
+        assert nimbus.alive(), nimbus.log_text()
+        client_conf = load_config(overrides={"nimbus.seeds": [f"127.0.0.1:{port}"]})
+        topology = tmp_path / "topology"
+        topology.mkdir()
+        (topology / "topology.yaml").write_text('command: ["sleep", "3600"]\n')
+        topology_id = NimbusClient(client_conf).submit(
+            "guarded", pack_directory(topology),
+            {"topology.auth.token": TOPOLOGY_SECRET, "wordcount.input.dir": "/data/in"})
+        with connect(f"127.0.0.1:{port}") as raw:
+            nimbus_conf = raw.getNimbusConf()
+            topology_conf = raw.getTopologyConf(topology_id)
+        # The crashing thread and the warning have reached the log.
+        wait_for(lambda: "careless-connect" in nimbus.log_text()
+                 and "deprecated credential" in nimbus.log_text(), 30,
+                 "the plugin's thread crash and warning in the log")
+    finally:
+        nimbus.terminate()
+    assert nimbus.process.returncode == 0
+    served = json.loads(nimbus_conf)
+    assert served["nimbus.codedistributor.s3.secret.key"] == REDACTED
+    assert served["storm.zookeeper.auth.payload"] == REDACTED
+    assert served["storm.zookeeper.auth.scheme"] == "digest"
+    assert json.loads(topology_conf)["topology.auth.token"] == REDACTED
+    assert json.loads(topology_conf)["wordcount.input.dir"] == "/data/in"
+    text = nimbus.log_text()
+    for secret in (S3_SECRET, ZK_PASSWORD, TOPOLOGY_SECRET):
+        assert secret not in nimbus_conf + topology_conf
+        assert secret not in text, f"{secret!r} leaked into the nimbus's log"
+    # Each place a secret was put into the log is there, masked.
+    configuration = [line for line in text.splitlines()
+                     if "configuration, keys that differ from the defaults" in line]
+    assert len(configuration) == 1
+    logged = json.loads(configuration[0].split("(secrets redacted): ", 1)[1])
+    assert logged["nimbus.codedistributor.s3.secret.key"] == REDACTED
+    assert logged["storm.zookeeper.auth.payload"] == REDACTED
+    assert logged["nimbus.thrift.port"] == port
+    assert f"'nimbus.codedistributor.s3.secret.key': '{REDACTED}'" in text  # the plugin's
+    assert f"PermissionError: the store refused key {REDACTED}" in text
+    assert f"deprecated credential {REDACTED}" in text
+    assert "uncaught exception in thread careless-connect" in text
+    assert f"ConnectionError: connect as nimbus with password {REDACTED} refused" in text

@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from kazoo.exceptions import KazooException
@@ -33,6 +34,31 @@ from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CodeCheck:
+    """One reading of whether this host holds every live topology's code: the live ids
+    read from ZooKeeper and, of those, the ones found on disk right after.
+
+    True when nothing is missing. The elector grants leadership on such a reading and logs
+    this very reading (``str()``), so the log shows the evidence the decision used, not a
+    second look taken afterwards.
+    """
+
+    live: frozenset[str]
+    held: frozenset[str]
+
+    @property
+    def missing(self) -> frozenset[str]:
+        return self.live - self.held
+
+    def __bool__(self) -> bool:
+        return not self.missing
+
+    def __str__(self) -> str:
+        return (f"held {len(self.held)} of {len(self.live)} live topologies "
+                f"[{','.join(sorted(self.live))}]")
 
 
 class CodeSync:
@@ -92,19 +118,18 @@ class CodeSync:
         if self._cluster_id is not None:
             self._state.check_cluster(self._cluster_id)
 
-    def missing(self) -> set[str]:
-        """Topologies under /storms whose code this host lacks.
+    def check_code(self) -> CodeCheck:
+        """Read the live topologies once, then which of them this host holds.
 
         Raises LayoutMissingError when that cannot be known (see the module docstring).
         """
         self._check_cluster()
-        return {t for t in self._state.active_storms() if not self._store.has(t)}
+        live = frozenset(self._state.active_storms())
+        return CodeCheck(live=live, held=frozenset(t for t in live if self._store.has(t)))
 
-    def code_report(self) -> str:
-        """``held N of M live topologies [ids]``, read now (logged when a nimbus leads)."""
-        live = self._state.active_storms()
-        held = [t for t in live if self._store.has(t)]
-        return f"held {len(held)} of {len(live)} live topologies [{','.join(live)}]"
+    def missing(self) -> set[str]:
+        """Topologies under /storms whose code this host lacks (see :meth:`check_code`)."""
+        return set(self.check_code().missing)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -11,6 +11,7 @@ every leader write is fenced, so the rule is simply to do nothing until reconnec
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -133,9 +134,8 @@ class NimbusDaemon:
                              on_fetch=self.metrics.on_code_fetch)
         self.elector = LeaderElector(
             self.zk, self.state, self.address,
-            has_all_code=lambda: not self.sync.missing(),
-            request_sync=self.sync.wake, on_change=self._on_leadership,
-            code_report=self.sync.code_report)
+            has_all_code=self.sync.check_code,
+            request_sync=self.sync.wake, on_change=self._on_leadership)
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
                                            self.elector, self.address)
         self.scheduler = Scheduler(conf, self.state)
@@ -154,7 +154,8 @@ class NimbusDaemon:
                 conf["nimbus.thrift.port"],
                 max_frame_bytes=conf["nimbus.thrift.max_buffer_size"],
                 max_connections=conf["nimbus.thrift.threads"],
-                advertised_host=conf["nimbus.host"], ssl_context=self._tls)
+                advertised_host=conf["nimbus.host"], ssl_context=self._tls,
+                downloads=self.transfers)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot serve Thrift on {conf['nimbus.thrift.bind.address']}:"
                           f"{conf['nimbus.thrift.port']}: {exc.strerror} (is another "
@@ -196,6 +197,9 @@ class NimbusDaemon:
         self.metrics.on_queued()
         self.elector.add_to_leader_lock_queue()
         log.info("nimbus %s started (distributor %s)", self.address, self.distributor.name)
+        log.info("nimbus %s configuration, keys that differ from the defaults (secrets "
+                 "redacted): %s", self.address,
+                 json.dumps(self.conf.redacted_changes(), sort_keys=True, default=str))
 
     def _start_ui(self) -> None:
         """With ``nimbus.ui.enabled``, serve the web UI from this nimbus (``ui.host``,

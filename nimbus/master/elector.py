@@ -9,9 +9,15 @@ is built directly on kazoo's primitives and runs as one named thread:
 * ``is_leader()`` is true only while this nimbus holds the lowest node *and* the
   connection is CONNECTED; a SUSPENDED or LOST connection turns it false at once.
 * After a LOST session the node is gone; the thread re-queues when the client reconnects.
+* Every SUSPENDED or LOST advances a connection epoch, under the same lock that sets the
+  leader. A step claims leadership only if no such change happened since it began, so a
+  connection lost while a step runs can never be followed by a claim on a node that
+  died with the session.
 * At the head of the queue the nimbus checks ``has_all_code()``; if any topology's code
   is missing it deletes its node, asks for a code sync, and re-queues as soon as
-  :meth:`wake` is called by the sync and the code is complete.
+  :meth:`wake` is called by the sync and the code is complete. The check's own result
+  (a :class:`~nimbus.master.code_sync.CodeCheck`: the live ids it read, those held) is
+  what the "gained leadership" line logs: the evidence the lock was taken on.
 * Node names carry a per-process id, so a node whose create reply was lost, or whose
   delete failed, is recognised as ours on the next step and adopted or removed: it can
   never block the queue while this process lives.
@@ -26,6 +32,7 @@ import posixpath
 import threading
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
@@ -57,21 +64,28 @@ class LeaderElector:
         zk: KazooClient,
         state: StormClusterState,
         address: str,
-        has_all_code: Callable[[], bool],
+        has_all_code: Callable[[], Any],
         request_sync: Callable[[], None] = lambda: None,
         on_change: Callable[[bool], None] = lambda leader: None,
-        code_report: Callable[[], str] = lambda: "",
     ):
+        """``has_all_code()`` returns a value that is true when this host holds every
+        live topology's code; its ``str()`` (say, a CodeCheck's) is logged as the evidence
+        when that value grants the lock, so a plain bool logs "(not reported)".
+
+        ``on_change`` runs under a lock that kazoo's event thread also takes: it must
+        return quickly and never wait for ZooKeeper."""
         self._zk = zk
         self._state = state
         self._address = address
         self._has_all_code = has_all_code
         self._request_sync = request_sync
         self._on_change = on_change
-        self._code_report = code_report
         self._lock = threading.RLock()      # held by every queue decision (_evaluate)
-        self._leader_lock = threading.RLock()  # guards _leader_node and its callback
-        self._session_lost = False          # set on kazoo's thread, consumed under _lock
+        # Guards _leader_node, its callback, _epoch and _session_lost: kazoo's thread and
+        # the election thread both change them.
+        self._leader_lock = threading.RLock()
+        self._epoch = 0                     # advanced by every SUSPENDED or LOST
+        self._session_lost = False          # set on kazoo's thread, consumed by _evaluate
         self._layout_error = ""             # logged once per distinct problem
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -143,21 +157,31 @@ class LeaderElector:
     def _on_connection_state(self, state: str) -> None:
         # Runs on kazoo's event thread: only flip flags, never call ZooKeeper here, and
         # never touch _node (the election thread reads it under _lock): the LOST flag is
-        # consumed there instead.
+        # consumed there instead. The epoch makes a step that began before this change
+        # unable to claim leadership afterwards (see _set_leader).
         if state in (KazooState.SUSPENDED, KazooState.LOST):
-            self._set_leader(None)
-            if state == KazooState.LOST:
-                self._session_lost = True  # the ephemeral node died with the session
+            with self._leader_lock:
+                self._epoch += 1
+                if state == KazooState.LOST:
+                    self._session_lost = True  # the ephemeral node died with the session
+                self._set_leader(None)
         self._wake.set()
 
-    def _set_leader(self, head: str | None, code: str = "") -> None:
+    def _set_leader(self, head: str | None, code: str = "", epoch: int | None = None) -> None:
         """Lead with ``head`` (the node verified at the head of the queue), or not.
 
         Called from the election thread and kazoo's event thread: the read-modify-write
         and the callback run under one lock so that two changes cannot interleave.
-        ``code`` describes the code this nimbus was verified to hold just before.
+        ``code`` is the evidence of the code check that granted the lock. ``epoch`` is the
+        connection epoch the deciding step began in: if the connection was SUSPENDED or
+        LOST since, the claim is refused (the listener has already woken the thread for
+        another step).
         """
         with self._leader_lock:
+            if head and epoch is not None and epoch != self._epoch:
+                log.info("%s not claiming leadership as %s: the ZooKeeper connection "
+                         "changed while it was verified", self._address, head)
+                return
             was = self._leader_node is not None
             if head and not was:
                 # Logged before it takes effect, so whoever sees this nimbus lead can
@@ -220,8 +244,10 @@ class LeaderElector:
                 and posixpath.join(self._state.leader_lock_path, n) != self._node]
 
     def _evaluate(self) -> None:
-        if self._session_lost:
-            self._session_lost = False
+        with self._leader_lock:
+            epoch = self._epoch  # a claim of this step is valid only in this epoch
+            lost, self._session_lost = self._session_lost, False
+        if lost:
             self._node = None
         if self._zk.state != KazooState.CONNECTED:
             self._set_leader(None)
@@ -259,9 +285,11 @@ class LeaderElector:
             return
         index = nodes.index(mine)
         if index == 0:
-            if self._has_all_code():
+            check = self._has_all_code()  # the evidence the lock is taken on
+            if check:
                 if self._leader_node != self._node:  # report only when taking over
-                    self._set_leader(self._node, self._code_report())
+                    evidence = "" if isinstance(check, bool) else str(check)
+                    self._set_leader(self._node, evidence, epoch)
             else:
                 log.info("%s won the lock but lacks topology code: giving it up to sync",
                          self._address)
