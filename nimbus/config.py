@@ -259,6 +259,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
             f"key 'nimbus.thrift.max_buffer_size' must be at most {MAX_FRAME_BYTES} (larger "
             "frame lengths are reserved for the code stream), got "
             f"{values['nimbus.thrift.max_buffer_size']}")
+    grace = values["nimbus.code.lost.grace.secs"]
+    if grace < 0 and grace != -1:
+        raise ConfigError("key 'nimbus.code.lost.grace.secs' must be >= 0 or -1 (never)")
     if values["nimbus.thrift.threads"] < 1:
         raise ConfigError("key 'nimbus.thrift.threads' must be at least 1")
     for key in ("nimbus.metrics.port", "supervisor.metrics.port"):

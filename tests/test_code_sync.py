@@ -244,3 +244,68 @@ def test_abandoned_submission_of_a_deposed_leader_keeps_shared_code(setup):
     assert RecordingDistributor.cleaned == [TOPOLOGY]
     assert not store.has(TOPOLOGY)
     assert state.zk.exists(state.code_path(TOPOLOGY)) is not None, "left to the duties"
+
+
+class CountedDistributor(RecordingDistributor):
+    """Replication counts set by the test."""
+
+    name = "counted"
+    counts: dict[str, int] = {}
+
+    @hookimpl
+    def get_replication_count(self, topology_id):
+        return CountedDistributor.counts.get(topology_id, 0)
+
+
+def live_storm(state: StormClusterState, topology_id: str) -> None:
+    state.zk.create(state.storm_path(topology_id),
+                    StormBase(storm_name=topology_id, launch_time_secs=1, status=ACTIVE).encode())
+
+
+def test_code_on_no_source_counts_as_lost_only_after_the_grace(setup, monkeypatch):
+    """STORM-3664: missing code with no replica anywhere is lost once the grace has run,
+    and a reading with only lost code missing lets a nimbus lead, marked degraded."""
+    state, store, _ = setup
+    clock = [1000.0]
+    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: clock[0])
+    CountedDistributor.counts = {"gone-2-2": 0, "served-3-3": 1}
+    live_storm(state, TOPOLOGY)        # held on disk (the fixture made it)
+    live_storm(state, "gone-2-2")      # on no nimbus, in no store
+    sync = CodeSync(state, store, CodeDistributor(CountedDistributor), period_s=3600,
+                    lost_grace_s=10)
+    first = sync.check_code()
+    assert (first.missing, first.lost, bool(first)) == ({"gone-2-2"}, frozenset(), False)
+    clock[0] += 9.9
+    assert not sync.check_code() and sync.lost_topologies() == frozenset()
+    clock[0] += 0.1
+    check = sync.check_code()
+    assert (check.lost, bool(check), check.degraded) == ({"gone-2-2"}, True, True)
+    assert sync.lost_topologies() == {"gone-2-2"}
+    assert str(check).endswith("; DEGRADED, code lost on every nimbus: [gone-2-2]")
+    # Code that some nimbus still serves is never lost: the sync fetches it instead.
+    live_storm(state, "served-3-3")
+    clock[0] += 100
+    check = sync.check_code()
+    assert (check.missing, check.lost, bool(check)) == (
+        {"gone-2-2", "served-3-3"}, {"gone-2-2"}, False)
+    # A replica of the lost code appears: it is no longer lost, and its clock restarts.
+    CountedDistributor.counts["gone-2-2"] = 1
+    assert sync.check_code().lost == frozenset()
+    CountedDistributor.counts["gone-2-2"] = 0
+    clock[0] += 5
+    assert sync.check_code().lost == frozenset()
+
+
+def test_without_a_grace_code_is_never_lost(setup, monkeypatch):
+    """nimbus.code.lost.grace.secs: -1 (None here) keeps Storm's rule."""
+    state, store, _ = setup
+    clock = [0.0]
+    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: clock[0])
+    CountedDistributor.counts = {}
+    live_storm(state, "gone-2-2")
+    sync = CodeSync(state, store, CodeDistributor(CountedDistributor), period_s=3600)
+    for _ in range(3):
+        clock[0] += 10**6
+        check = sync.check_code()
+        assert (check.lost, bool(check)) == (frozenset(), False)
+    assert sync.lost_topologies() == frozenset()

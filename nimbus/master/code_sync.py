@@ -48,17 +48,29 @@ class CodeCheck:
 
     live: frozenset[str]
     held: frozenset[str]
+    # Missing topologies whose code no nimbus or store has offered for the grace period
+    # (nimbus.code.lost.grace.secs): leading without them is allowed, degraded.
+    lost: frozenset[str] = frozenset()
 
     @property
     def missing(self) -> frozenset[str]:
         return self.live - self.held
 
+    @property
+    def degraded(self) -> bool:
+        """True when leading on this reading means leading without some code."""
+        return bool(self.missing & self.lost)
+
     def __bool__(self) -> bool:
-        return not self.missing
+        return not (self.missing - self.lost)
 
     def __str__(self) -> str:
-        return (f"held {len(self.held)} of {len(self.live)} live topologies "
+        text = (f"held {len(self.held)} of {len(self.live)} live topologies "
                 f"[{','.join(sorted(self.live))}]")
+        if self.degraded:
+            text += (f"; DEGRADED, code lost on every nimbus: "
+                     f"[{','.join(sorted(self.missing & self.lost))}]")
+        return text
 
 
 class CodeSync:
@@ -77,6 +89,7 @@ class CodeSync:
         cleanup_blocked: str = "",
         cluster_id: str | None = None,
         on_fetch: Callable[[str, float, Path | None], None] | None = None,
+        lost_grace_s: float | None = None,
     ):
         self._state = state
         self._store = store
@@ -88,6 +101,12 @@ class CodeSync:
         self._cluster_id = cluster_id
         # (topology id, seconds, code dir or None if it failed) after each download: metrics.
         self._on_fetch = on_fetch
+        # STORM-3664: how long a live topology's code may be on no nimbus and in no store
+        # before it counts as lost and a nimbus may lead without it (None: never).
+        self._lost_grace_s = lost_grace_s
+        self._unavailable_since: dict[str, float] = {}  # guarded by _lost_lock
+        self._reported_lost: frozenset[str] = frozenset()  # guarded by _lost_lock
+        self._lost_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._retry_at: dict[str, float] = {}
@@ -125,7 +144,50 @@ class CodeSync:
         """
         self._check_cluster()
         live = frozenset(self._state.active_storms())
-        return CodeCheck(live=live, held=frozenset(t for t in live if self._store.has(t)))
+        held = frozenset(t for t in live if self._store.has(t))
+        return CodeCheck(live=live, held=held, lost=self._note_unavailable(live - held))
+
+    def _note_unavailable(self, missing: frozenset[str]) -> frozenset[str]:
+        """Of ``missing``, those no source has offered for the grace period.
+
+        A topology with a replica anywhere (``get_replication_count`` > 0) is never lost:
+        the sync fetches it. Its clock restarts whenever a replica appears.
+        """
+        if self._lost_grace_s is None or not missing:
+            with self._lost_lock:
+                self._unavailable_since.clear()
+                self._reported_lost = frozenset()
+            return frozenset()
+        sources = {t: self._distributor.get_replication_count(t) for t in missing}
+        now = time.monotonic()
+        with self._lost_lock:
+            for topology_id in list(self._unavailable_since):
+                if topology_id not in missing or sources[topology_id] > 0:
+                    del self._unavailable_since[topology_id]
+            for topology_id, count in sources.items():
+                if count == 0:
+                    self._unavailable_since.setdefault(topology_id, now)
+            lost = frozenset(t for t, since in self._unavailable_since.items()
+                             if now - since >= self._lost_grace_s)
+            changed, self._reported_lost = lost != self._reported_lost, lost
+        if changed and lost:
+            log.error("the code of %d live topologies has been on no nimbus and in no store "
+                      "for %.0fs: counted as lost [%s]. A nimbus may now lead without it, "
+                      "degraded: no submissions until the code returns (restore a nimbus's "
+                      "storm.local.dir or the store) or those topologies are killed",
+                      len(lost), self._lost_grace_s, ",".join(sorted(lost)))
+        return lost
+
+    def lost_topologies(self) -> frozenset[str]:
+        """Live topologies whose code this host lacks and that counted as lost at the
+        last check (see :meth:`check_code`): while any are, the leader is degraded."""
+        if self._lost_grace_s is None:
+            return frozenset()
+        now = time.monotonic()
+        with self._lost_lock:
+            candidates = [t for t, since in self._unavailable_since.items()
+                          if now - since >= self._lost_grace_s]
+        return frozenset(t for t in candidates if not self._store.has(t))
 
     def missing(self) -> set[str]:
         """Topologies under /storms whose code this host lacks (see :meth:`check_code`)."""

@@ -131,13 +131,16 @@ class NimbusDaemon:
                              protected=lambda: self.lifecycle.pending_ids(),
                              on_synced=lambda: self.elector.wake(),
                              cleanup_blocked=cleanup_blocked, cluster_id=cluster_id,
-                             on_fetch=self.metrics.on_code_fetch)
+                             on_fetch=self.metrics.on_code_fetch,
+                             lost_grace_s=None if conf["nimbus.code.lost.grace.secs"] < 0
+                             else conf["nimbus.code.lost.grace.secs"])
         self.elector = LeaderElector(
             self.zk, self.state, self.address,
             has_all_code=self.sync.check_code,
             request_sync=self.sync.wake, on_change=self._on_leadership)
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
-                                           self.elector, self.address)
+                                           self.elector, self.address,
+                                           code_lost=self.sync.lost_topologies)
         self.scheduler = Scheduler(conf, self.state)
         self.cache = ClusterSummaryCache(self.state, self.distributor)
         self.transfers = FileTransfers(conf.local_dir, self.store,

@@ -16,6 +16,7 @@ import secrets
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,12 @@ class TopologyLifecycle:
     """The leader's actions on topologies; each checks leadership and is fenced."""
 
     def __init__(self, conf: Config, state: StormClusterState, store: LocalCodeStore,
-                 distributor: CodeDistributor, elector: LeaderElector, address: str):
+                 distributor: CodeDistributor, elector: LeaderElector, address: str,
+                 code_lost: Callable[[], frozenset[str]] = frozenset):
         self.conf = conf
+        # Live topologies whose code is lost everywhere (CodeSync.lost_topologies): a
+        # leader that leads without them accepts no submissions (STORM-3664).
+        self._code_lost = code_lost
         self.state = state
         self.store = store
         self.distributor = distributor
@@ -102,6 +107,13 @@ class TopologyLifecycle:
         """Distribute a bundle, wait for replication, then create the topology atomically."""
         fence = self.elector.fence()
         check_topology_name(name)
+        lost = self._code_lost()
+        if lost:
+            raise InvalidTopologyError(
+                f"this leader runs degraded and accepts no submissions: the code of "
+                f"{len(lost)} live topologies is on no nimbus and in no store "
+                f"[{','.join(sorted(lost))}]; restore a nimbus's storm.local.dir (or the "
+                "store) that holds it, or kill them")
         try:
             topo_conf = json.loads(json_conf or "{}")
         except json.JSONDecodeError as exc:
