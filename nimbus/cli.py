@@ -525,23 +525,35 @@ def secure_zookeeper(config_path: str | None, overrides: tuple[str, ...]) -> Non
 
 
 @main.command()
-@click.option("--port", type=int, default=2181, show_default=True)
+@click.option("--port", type=int, default=2181, show_default=True,
+              help="Client port (of the first server, with --ensemble; the others follow).")
 @click.option("--dir", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("zookeeper-data"), show_default=True)
+@click.option("--ensemble", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run this many servers as one ensemble (3 tolerates one failure).")
 @_fail_cleanly
-def zookeeper(port: int, data_dir: Path) -> None:
-    """Run a real ZooKeeper server on 127.0.0.1 for development (foreground)."""
-    from nimbus.state.zkserver import ZooKeeperServer, ZooKeeperUnavailableError
+def zookeeper(port: int, data_dir: Path, ensemble: int) -> None:
+    """Run a real ZooKeeper server (or ensemble) on 127.0.0.1 for development (foreground)."""
+    from nimbus.state.zkserver import (
+        ZooKeeperEnsemble,
+        ZooKeeperServer,
+        ZooKeeperUnavailableError,
+    )
 
-    server = ZooKeeperServer(data_dir, port=port)
+    server: ZooKeeperServer | ZooKeeperEnsemble = (
+        ZooKeeperServer(data_dir, port=port) if ensemble == 1 else
+        ZooKeeperEnsemble(data_dir, size=ensemble, ports=[port + i for i in range(ensemble)]))
     try:
         server.start()
     except ZooKeeperUnavailableError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"ZooKeeper listening on {server.hosts} (data in {data_dir}); Ctrl-C stops it")
+    processes = [server.process] if isinstance(server, ZooKeeperServer) else \
+        [member.process for member in server.servers]
     try:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        server.process.wait()
+        for process in processes:
+            process.wait()
     except (KeyboardInterrupt, SystemExit):
         pass
     finally:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 MAIN_CLASS = "org.apache.zookeeper.server.ZooKeeperServerMain"
+QUORUM_MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"  # ensemble members
 DEBIAN_JAR = "/usr/share/java/zookeeper.jar"
 
 
@@ -58,13 +59,35 @@ def ruok(port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
+def server_mode(port: int, timeout_s: float = 1.0) -> str | None:
+    """The ``Mode:`` a server reports through ``srvr`` (standalone, leader, follower), or
+    None when it does not serve (down, or a member outside any quorum)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+            sock.sendall(b"srvr")
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+    except OSError:
+        return None
+    for line in reply.decode(errors="replace").splitlines():
+        if line.startswith("Mode:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 class ZooKeeperServer:
     """A standalone ZooKeeper server process listening on 127.0.0.1:``port`` only."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, tick_ms: int = 200):
+    def __init__(self, data_dir: Path, port: int | None = None, tick_ms: int = 200,
+                 quorum: dict[int, tuple[int, int]] | None = None, server_id: int = 0):
+        """``quorum`` (ensemble members only): server id -> (peer port, election port) of
+        every member, all on 127.0.0.1; ``server_id`` is this member's id."""
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.tick_ms = tick_ms
+        self.quorum = quorum or {}
+        self.server_id = server_id
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -72,6 +95,14 @@ class ZooKeeperServer:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ZooKeeperServer:
+        """Start the server; returns once it serves requests."""
+        self.start_process()
+        self.wait_serving(timeout_s)
+        return self
+
+    def start_process(self) -> None:
+        """Launch the JVM without waiting (ensemble members must all be launched before
+        any of them can serve)."""
         if shutil.which("java") is None:
             raise ZooKeeperUnavailableError("java is not on PATH (apt-get install default-jre)")
         classpath = find_classpath()
@@ -88,25 +119,55 @@ class ZooKeeperServer:
             f"minSessionTimeout={2 * self.tick_ms}",
             "maxSessionTimeout=60000",
             "maxClientCnxns=0",
+            *self._quorum_lines(),
         ]) + "\n")
         log = open(self.data_dir / "zookeeper.out", "ab")
         self.process = subprocess.Popen(
             ["java", "-Xmx256m", f"-Dzookeeper.log.dir={self.data_dir}",
-             "-Dzookeeper.admin.enableServer=false", "-cp", classpath, MAIN_CLASS, str(cfg)],
+             "-Dzookeeper.admin.enableServer=false", "-cp", classpath,
+             QUORUM_MAIN_CLASS if self.quorum else MAIN_CLASS, str(cfg)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True)
         log.close()
+
+    def serving(self) -> bool:
+        """True when the server answers requests (a member: while it is in a quorum)."""
+        if not self.quorum:
+            return ruok(self.port)
+        return server_mode(self.port) in ("leader", "follower")
+
+    def wait_serving(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
                 raise ZooKeeperUnavailableError(
-                    f"ZooKeeper exited with {self.process.returncode}; see "
-                    f"{self.data_dir / 'zookeeper.out'}")
-            if ruok(self.port):
-                return self
+                    f"ZooKeeper exited with {code}; see {self.data_dir / 'zookeeper.out'}")
+            if self.serving():
+                return
             time.sleep(0.1)  # polling a starting JVM; there is nothing to wait on
         self.stop()
         raise ZooKeeperUnavailableError(f"ZooKeeper did not answer on {self.hosts}")
+
+    def _quorum_lines(self) -> list[str]:
+        if not self.quorum:
+            return []
+        (self.data_dir / "data").mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "data" / "myid").write_text(f"{self.server_id}\n")
+        return ["initLimit=10", "syncLimit=5",
+                *(f"server.{sid}=127.0.0.1:{peer}:{election}"
+                  for sid, (peer, election) in sorted(self.quorum.items()))]
+
+    def kill9(self) -> None:
+        """SIGKILL the server (a crash); :meth:`start` brings it back on its data."""
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -119,6 +180,50 @@ class ZooKeeperServer:
         self.process = None
 
     def __enter__(self) -> ZooKeeperServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class ZooKeeperEnsemble:
+    """``size`` ZooKeeper servers forming one ensemble on 127.0.0.1 (a quorum of
+    ``size // 2 + 1``). Members can be killed and restarted one by one."""
+
+    def __init__(self, data_dir: Path, size: int = 3, tick_ms: int = 200,
+                 ports: list[int] | None = None):
+        if size < 1:
+            raise ValueError("an ensemble needs at least one server")
+        quorum = {sid: (free_port(), free_port()) for sid in range(1, size + 1)}
+        client_ports = ports or [free_port() for _ in range(size)]
+        self.servers = [
+            ZooKeeperServer(Path(data_dir) / f"server-{sid}", port=client_ports[sid - 1],
+                            tick_ms=tick_ms, quorum=quorum, server_id=sid)
+            for sid in range(1, size + 1)]
+
+    @property
+    def hosts(self) -> str:
+        """The connection string naming every member."""
+        return ",".join(server.hosts for server in self.servers)
+
+    def start(self, timeout_s: float = 60.0) -> ZooKeeperEnsemble:
+        """Start every member; returns once each answers (a member answers ``ruok`` only
+        while it is part of a quorum, so this waits for the ensemble to form)."""
+        try:
+            for server in self.servers:
+                server.start_process()
+            for server in self.servers:
+                server.wait_serving(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> ZooKeeperEnsemble:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
