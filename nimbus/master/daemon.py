@@ -107,7 +107,9 @@ class NimbusDaemon:
             raise
 
     def _wire(self, conf: Config) -> None:
-        self.state = StormClusterState(self.zk, conf.zk_root)
+        self.state = StormClusterState(
+            self.zk, conf.zk_root,
+            audit_writer=self.address if conf["nimbus.audit.leader.writes"] else "")
         cluster_id = self.state.setup()
         self.store = LocalCodeStore(conf.local_dir)
         foreign = self.store.claim(cluster_id)

@@ -35,6 +35,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from nimbus.state import leader_audit
 from nimbus.state.records import (
     Assignment,
     CodeMeta,
@@ -79,9 +80,12 @@ class StormClusterState:
     SUBTREES = ("storms", "assignments", "workerbeats", "errors", "supervisors",
                 "code-distributor", "nimbuses", "leader-lock")
 
-    def __init__(self, zk: KazooClient, root: str = "/storm"):
+    def __init__(self, zk: KazooClient, root: str = "/storm", audit_writer: str = ""):
+        """``audit_writer`` (this nimbus's address) turns on the audit trail of leader
+        writes (:mod:`nimbus.state.leader_audit`, ``nimbus.audit.leader.writes``)."""
         self.zk = zk
         self.root = "/" + root.strip("/")
+        self.audit_writer = audit_writer
 
     # -- paths -------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -107,6 +111,8 @@ class StormClusterState:
         self.zk.retry(self.zk.ensure_path, self.root)
         for sub in self.SUBTREES:
             self.zk.retry(self.zk.ensure_path, self.path(sub))
+        if self.audit_writer:
+            self.zk.retry(self.zk.ensure_path, self.path(leader_audit.AUDIT_DIR))
         return self.cluster_id()
 
     def check_cluster(self, expected: str) -> None:
@@ -179,6 +185,8 @@ class StormClusterState:
         txn = self.zk.transaction()
         txn.check(fence.lock_path, 0)
         build(txn)
+        if self.audit_writer:  # last: the caller's results keep their positions
+            leader_audit.add_audit(txn, self.root, fence.lock_path, self.audit_writer)
         results = txn.commit()
         if isinstance(results[0], Exception) and not isinstance(results[0], RolledBackError):
             raise NotLeaderError(
@@ -187,7 +195,7 @@ class StormClusterState:
         for res in results[1:]:
             if isinstance(res, Exception) and not isinstance(res, RolledBackError):
                 raise ConcurrentChangeError(f"cluster state changed concurrently: {res!r}")
-        return results[1:]
+        return results[1:-1] if self.audit_writer else results[1:]
 
     # -- topologies --------------------------------------------------------------------
     def active_storms(self, watch: Watch = None) -> list[str]:
