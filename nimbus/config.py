@@ -139,8 +139,11 @@ class Config(Mapping[str, Any]):
     # Typed views of the keys the core uses, so callers do not repeat conversions.
     @property
     def zk_hosts(self) -> str:
+        """The kazoo connection string. A ``host:port`` entry in storm.zookeeper.servers
+        keeps its own port (an ensemble on one host); others get storm.zookeeper.port."""
         port = self["storm.zookeeper.port"]
-        return ",".join(f"{h}:{port}" for h in self["storm.zookeeper.servers"])
+        return ",".join(str(h) if _has_port(str(h)) else f"{h}:{port}"
+                        for h in self["storm.zookeeper.servers"])
 
     @property
     def zk_root(self) -> str:
@@ -165,6 +168,11 @@ class Config(Mapping[str, Any]):
     @property
     def local_dir(self) -> Path:
         return Path(self["storm.local.dir"]).expanduser().absolute()
+
+
+def _has_port(server: str) -> bool:
+    host, sep, port = server.rpartition(":")
+    return bool(sep) and port.isdigit() and ":" not in host  # not a bare IPv6 address
 
 
 def load_config(

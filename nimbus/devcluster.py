@@ -144,22 +144,40 @@ class SupervisorProcess(DaemonProcess):
             self.process.wait(timeout=10)
 
 
+class ExternalZooKeeper:
+    """ZooKeeper servers that the caller runs (an ensemble, or proxies in front of one)."""
+
+    def __init__(self, servers: list[str]):
+        self.servers = list(servers)
+        self.hosts = ",".join(self.servers)
+        self.port = int(self.servers[0].rpartition(":")[2])
+
+    def start(self) -> None:
+        pass  # the caller's
+
+    def stop(self) -> None:
+        pass
+
+
 class LocalCluster:
     """ZooKeeper plus ``n`` nimbuses under ``work_dir``; use as a context manager."""
 
     def __init__(self, work_dir: Path, nimbuses: int = 3, base_port: int | None = None,
                  conf: dict[str, Any] | None = None, zk_port: int | None = None,
                  supervisors: int = 0, slots_per_supervisor: int = 2,
-                 metrics: bool = False):
+                 metrics: bool = False, zk_servers: list[str] | None = None):
         """With ``metrics``, every daemon serves /metrics on a free port of its own
         (its ``metrics_port``): one shared ``conf`` cannot give each process its own."""
         self.metrics = metrics
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.zk = ZooKeeperServer(self.work_dir / "zookeeper", port=zk_port)
+        # zk_servers ("host:port" each): an ensemble, or proxies, run by the caller.
+        self.zk: ZooKeeperServer | ExternalZooKeeper = (
+            ExternalZooKeeper(zk_servers) if zk_servers else
+            ZooKeeperServer(self.work_dir / "zookeeper", port=zk_port))
         ports = [base_port + i if base_port else free_port() for i in range(nimbuses)]
         self.conf_values: dict[str, Any] = {
-            "storm.zookeeper.servers": ["127.0.0.1"],
+            "storm.zookeeper.servers": list(zk_servers) if zk_servers else ["127.0.0.1"],
             "storm.zookeeper.port": self.zk.port,
             "storm.zookeeper.session.timeout": 4000,
             "nimbus.seeds": [f"127.0.0.1:{p}" for p in ports],
