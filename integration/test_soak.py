@@ -14,7 +14,11 @@ from soak import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
+# Four Spark pipelines starting on 2 cores, then 20 faults and the drain.
+SOAK_TIMEOUT_S = 1500
 
+
+@pytest.mark.timeout(SOAK_TIMEOUT_S)
 def test_twenty_random_faults_lose_nothing(tmp_path):
     report = run(tmp_path / "soak", faults=20, seed=20, pipelines=4)
     print(json.dumps(report, indent=2))
