@@ -402,21 +402,24 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
         ends = [(t, "kill") for t in kills.get(nimbus.index, [])]
         ends += [(f.stopped, "freeze") for f in freezes if f.index == nimbus.index]
         thaws = [f.resumed for f in freezes if f.index == nimbus.index]
-        start = None
+        start, cut_by_freeze = None, False
         events = sorted([(t, "gain" if g else "lost") for t, g in
                          _log_events(nimbus.log_text())] + ends)
         for stamp, kind in events:
-            if kind == "gain" and start is None:
-                start = stamp
-            elif kind in ("lost", "kill", "freeze") and start is not None:
+            if kind == "gain":
+                cut_by_freeze = False
+                if start is None:
+                    start = stamp
+                continue
+            if kind == "lost" and cut_by_freeze:
+                # Thawed while still believing it led, until it noticed: measured apart.
+                thawed = [t for t in thaws if t <= stamp]
+                if thawed:
+                    after_thaw = max(after_thaw, stamp - thawed[-1])
+            cut_by_freeze = kind == "freeze" and start is not None
+            if start is not None:
                 intervals.append((start, stamp, nimbus.index))
                 start = None
-                if kind == "lost":
-                    # A loss logged after a thaw: the claim ran on since that thaw.
-                    thawed = [t for t in thaws if t <= stamp]
-                    if thawed and not any(thawed[-1] <= s <= stamp for s, k in events
-                                          if k == "gain"):
-                        after_thaw = max(after_thaw, stamp - thawed[-1])
         if start is not None:
             intervals.append((start, ended, nimbus.index))
     intervals.sort()
