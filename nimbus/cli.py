@@ -483,7 +483,9 @@ def top(interval_s: float, once: bool, config_path: str | None,
 def ui(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Serve the Storm UI REST API and the dashboard on ui.host:ui.port (Storm's
     `storm ui`). Any host may run it: it reads ZooKeeper and sends actions to the
-    leader. SIGTERM or Ctrl-C stops it."""
+    leader. With storm.thrift.transport: tls it serves HTTPS, requires a client
+    certificate of the cluster's CA and applies nimbus.authorizer's rules to it
+    (docs/security.md). SIGTERM or Ctrl-C stops it."""
     from nimbus.ui.server import UIServer
 
     server = UIServer(_conf(config_path, overrides))

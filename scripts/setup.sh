@@ -13,6 +13,7 @@ command -v thrift >/dev/null 2>&1 || need_apt+=(thrift-compiler)
 # Headless browser for the dashboard tests (integration/test_ui.py, via Selenium).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+command -v pk12util >/dev/null 2>&1 || need_apt+=(libnss3-tools)  # client certificates for chromium
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

@@ -113,7 +113,7 @@ def test_killed_topology_is_409(ui):
     (storm.NotAliveException(msg="gone"), 404),
     (storm.InvalidTopologyException(msg="topology 'x' is being killed"), 409),
     (storm.InvalidTopologyException(msg="bad value"), 400),
-    (storm.AuthorizationException(msg="no"), 502),
+    (storm.AuthorizationException(msg="no"), 403),  # the leader refused the UI itself
 ])
 def test_leader_failures_map_to_statuses(ui, failure, status):
     ui.leader.fail = failure

@@ -21,7 +21,7 @@ from kazoo.exceptions import KazooException
 from kazoo.retry import KazooRetry
 
 from nimbus import __version__
-from nimbus.config import Config
+from nimbus.config import Config, ConfigError
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.file_transfer import FileTransfers
 from nimbus.distribution.hookspecs import DistributorContext
@@ -214,9 +214,17 @@ class NimbusDaemon:
             return
         from nimbus.ui.server import UIServer
 
-        ui = UIServer(self.conf, zk=self.zk)
+        try:
+            ui = UIServer(self.conf, zk=self.zk)
+        except ConfigError:  # unusable HTTPS settings: nothing of the UI started yet
+            self._release()
+            raise
         try:
             self.ui = ui.start()
+        except ConfigError:
+            ui.stop()
+            self._release()
+            raise
         except OSError as exc:
             ui.stop()
             self._release()

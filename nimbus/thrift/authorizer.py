@@ -10,11 +10,17 @@ Then kill, activate, deactivate and rebalance of a topology are allowed to
 
 anyone else gets ``AuthorizationException``. Every other call (submit, listing, code
 downloads) is open to any client the TLS handshake let in, as in Storm.
+
+The web UI (nimbus/ui) applies the same rules with the same code, for the identity of
+the client certificate its HTTPS caller presented: :meth:`SimpleAclAuthorizer.permit`
+for the actions, and :meth:`SimpleAclAuthorizer.permit_read` for a topology's own page
+(Storm's ``topoReadOnlyCommands``: also ``topology.readonly.users``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from nimbus.config import Config, ConfigError
 from nimbus.thrift.tls import TRANSPORT_KEY, tls_enabled
@@ -23,6 +29,27 @@ AUTHORIZER_KEY = "nimbus.authorizer"
 SIMPLE_ACL = ("org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer",
               "simple-acl")
 TOPOLOGY_OPERATIONS = ("kill", "activate", "deactivate", "rebalance")
+USERS_KEY = "topology.users"
+READONLY_USERS_KEY = "topology.readonly.users"
+
+
+def topology_users(topo_conf: Mapping[str, Any], key: str = USERS_KEY) -> list[Any]:
+    """``topo_conf[key]`` when it is a list, else [] (what the Thrift handler checks)."""
+    users = topo_conf.get(key) or []
+    return users if isinstance(users, list) else []
+
+
+def refusal(identity: str | None, operation: str, name: str) -> str:
+    """The message of a refused ``operation`` (Thrift's AuthorizationException and the
+    UI's 403 say the same)."""
+    return (f"{identity or 'an unauthenticated client'} may not {operation} {name}: "
+            "not its submitter, not in its topology.users, not in nimbus.admins")
+
+
+def read_refusal(identity: str | None, name: str) -> str:
+    return (f"{identity or 'an unauthenticated client'} may not read {name}: not its "
+            "submitter, not in its topology.users or topology.readonly.users, not in "
+            "nimbus.admins")
 
 
 class SimpleAclAuthorizer:
@@ -35,6 +62,17 @@ class SimpleAclAuthorizer:
         if not identity:
             return False
         return identity in self.admins or identity == owner or identity in set(users)
+
+    def permit_read(self, identity: str | None, owner: str, users: Iterable[str],
+                    readonly_users: Iterable[str]) -> bool:
+        """May ``identity`` read a topology's own details (its page, configuration,
+        errors)? Storm's read-only topology operations: whoever may change it, and every
+        identity in its ``topology.readonly.users``."""
+        return self.permit(identity, owner, users) or (
+            bool(identity) and identity in set(readonly_users))
+
+    def is_admin(self, identity: str | None) -> bool:
+        return bool(identity) and identity in self.admins
 
 
 def authorizer_from_conf(conf: Config) -> SimpleAclAuthorizer | None:

@@ -32,14 +32,20 @@ def not_found(topology_id: str) -> ApiError:
     return ApiError(404, "Not Found", f"no topology with id {topology_id!r}")
 
 
+def forbidden(message: str) -> ApiError:
+    return ApiError(403, "Forbidden", message)
+
+
 def no_leader(detail: str) -> ApiError:
     return ApiError(503, "Service Unavailable", f"no nimbus leader reachable: {detail}")
 
 
 def run_action(client: NimbusClient, action: str, name: str, status: str,
-               wait_secs: int | None = None, num_workers: int | None = None) -> None:
+               wait_secs: int | None = None, num_workers: int | None = None,
+               own_identity: str | None = None) -> None:
     """Send ``action`` for topology ``name`` (now in ``status``) to the leader; raises
-    :class:`ApiError` for anything but success."""
+    :class:`ApiError` for anything but success. ``own_identity`` (the UI's certificate)
+    only words the answer when the leader refuses the UI itself."""
     if status == KILLED:
         raise ApiError(409, "Conflict", f"topology {name!r} is being killed")
     try:
@@ -57,6 +63,12 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
         raise no_leader(mask(str(exc))) from None
     except CONNECTION_ERRORS as exc:
         raise no_leader(mask(str(exc) or type(exc).__name__)) from None
+    except storm.AuthorizationException as exc:
+        # The caller passed the UI's check; the leader refused the UI's own certificate.
+        raise forbidden(mask(f"the leader refused the UI's own identity "
+                             f"({own_identity or 'its storm.thrift.tls.cert.file'}): "
+                             f"{exc.msg}; put it in nimbus.admins (docs/security.md)")) \
+            from None
     except storm.NotAliveException as exc:
         raise ApiError(404, "Not Found", mask(exc.msg or f"no topology named {name!r}")) \
             from None

@@ -6,6 +6,13 @@ fits; nothing a client sends yields a 500. Bodies are limited to :data:`MAX_BODY
 A POST that a browser sends from another origin is refused (cross-site request forgery:
 a page elsewhere must not kill topologies through an operator's browser); scripts and
 curl send no ``Origin`` and are not affected.
+
+Who may do what (docs/security.md, "The web UI"): with ``nimbus.authorizer`` set, the
+caller's identity (its client certificate's common name, see nimbus/ui/https.py) is
+checked with the Thrift handler's own rules (nimbus/thrift/authorizer.py) before the UI
+forwards an action: the summaries and the cluster configuration (secrets redacted) are
+open to every caller the handshake let in, a topology's page to those who may read it,
+an action to those who may change it; anyone else gets 403.
 """
 
 from __future__ import annotations
@@ -26,11 +33,21 @@ from werkzeug.wrappers import Request, Response
 
 from nimbus.config import Config
 from nimbus.master import runtime_view
+from nimbus.redaction import mask
 from nimbus.state.cluster_state import LayoutMissingError
+from nimbus.state.records import StormBase
+from nimbus.thrift.authorizer import (
+    READONLY_USERS_KEY,
+    authorizer_from_conf,
+    read_refusal,
+    refusal,
+    topology_users,
+)
 from nimbus.thrift.client import NimbusClient
 from nimbus.ui import storm_json
-from nimbus.ui.actions import ApiError, not_found, run_action
-from nimbus.ui.dashboard import dashboard_data
+from nimbus.ui.actions import ApiError, forbidden, not_found, run_action
+from nimbus.ui.dashboard import dashboard_data, restrict_topology
+from nimbus.ui.https import IDENTITY_KEY
 from nimbus.ui.openapi import openapi_document
 from nimbus.ui.view import ClusterView, ViewUnavailableError
 
@@ -44,6 +61,7 @@ TOPOLOGY_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 ACTIONS = ("activate", "deactivate")
+DASHBOARD_CACHE_USERS = 256
 
 URLS = Map([
     Rule("/", endpoint="index", methods=["GET"]),
@@ -88,13 +106,18 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
 class UIApp:
     """The WSGI callable; ``view`` must be started, ``client`` reaches the leader."""
 
-    def __init__(self, conf: Config, view: ClusterView, client: NimbusClient):
+    def __init__(self, conf: Config, view: ClusterView, client: NimbusClient,
+                 own_identity: str | None = None):
         self.conf = conf
         self.view = view
         self.client = client
+        self.authorizer = authorizer_from_conf(conf)
+        self.own_identity = own_identity  # the UI's certificate, for the leader's refusals
         self.static = _static_files()
         self._openapi = json.dumps(openapi_document(), separators=(",", ":"))
-        self._dashboard_cache: tuple[Any, bytes] | None = None
+        self._dashboard_data: tuple[Any, dict[str, Any], dict[str, StormBase]] | None = None
+        # identity -> (key, body): each caller's view serialised once per change.
+        self._dashboard_cache: dict[str | None, tuple[Any, bytes]] = {}
 
     def __call__(self, environ: dict[str, Any],
                  start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -158,10 +181,18 @@ class UIApp:
     def on_topology(self, request: Request, topology_id: str) -> Response:
         snap = self.view.snapshot()
         self._check_id(topology_id)
+        if self.authorizer is not None:
+            base = self.view.state.storm_base(topology_id)
+            if base is None:
+                raise not_found(topology_id)
+            self._check_read(request, topology_id, base)
         # One topology: read now (beats and errors are not in the snapshot).
         info = runtime_view.topology_info(self.view.state, topology_id)
         if info is None:
             raise not_found(topology_id)
+        for errors in info["errors"].values():  # worker text: mask the cluster's secrets
+            for error in errors:
+                error["error"] = mask(str(error.get("error", "")))
         return json_response(storm_json.topology_detail(
             snap, info, self.view.fetch_topology_conf(topology_id),
             int(self.conf["topology.message.timeout.secs"])))
@@ -171,14 +202,94 @@ class UIApp:
         snap = self.view.snapshot()
         now = int(time.time())
         key = (snap.version, self.view.live_version, now)
-        cached = self._dashboard_cache
+        data = self._dashboard_data
+        if data is None or data[0] != key:
+            data = self._dashboard_data = (key, dashboard_data(self.view, snap, self.conf, now),
+                                           snap.storms)
+        who = self._identity(request)
+        cached = self._dashboard_cache.get(who)
         if cached is None or cached[0] != key:
-            # Serialised once per change (or second): a poller per open page costs little.
-            body = json.dumps(dashboard_data(self.view, snap, self.conf, now),
+            # Serialised once per change (or second) and caller: a poller per open page
+            # costs little.
+            body = json.dumps(self._dashboard_for(who, data[1], data[2]),
                               separators=(",", ":")).encode()
-            cached = self._dashboard_cache = (key, body)
+            if len(self._dashboard_cache) >= DASHBOARD_CACHE_USERS:
+                self._dashboard_cache.clear()
+            cached = self._dashboard_cache[who] = (key, body)
         return Response(cached[1], mimetype="application/json",
                         headers={"Cache-Control": "no-store"})
+
+    def _dashboard_for(self, who: str | None, data: dict[str, Any],
+                       storms: dict[str, StormBase]) -> dict[str, Any]:
+        """The dashboard as ``who`` may see it: a topology's own numbers and errors only
+        where it may read the topology, its buttons only where it may change it."""
+        topologies = []
+        for entry in data["topologies"]:
+            base = storms.get(entry["id"])
+            may_read, may_change = self._rights(who, entry["id"], base)
+            topologies.append(restrict_topology(entry, may_read, may_change))
+        return {**data, "user": who, "topologies": topologies}
+
+    # -- authorisation ------------------------------------------------------------------
+    @staticmethod
+    def _identity(request: Request) -> str | None:
+        """The caller's certificate common name (HTTPS only; no header can set it)."""
+        return request.environ.get(IDENTITY_KEY) or None
+
+    def _rights(self, who: str | None, topology_id: str,
+                base: StormBase | None) -> tuple[bool, bool]:
+        """(may read, may change) the topology, from what the view holds (the dashboard
+        must not wait for a nimbus; a configuration not fetched yet counts as empty)."""
+        if self.authorizer is None:
+            return True, True
+        if base is None or not who:
+            return False, False
+        if self.authorizer.permit(who, base.owner, ()):
+            return True, True
+        conf = self.view.topology_conf(topology_id) or {}
+        users = topology_users(conf)
+        may_change = self.authorizer.permit(who, base.owner, users)
+        return may_change or self.authorizer.permit_read(
+            who, base.owner, users, topology_users(conf, READONLY_USERS_KEY)), may_change
+
+    def _acl_conf(self, topology_id: str, name: str) -> dict[str, Any]:
+        conf = self.view.try_fetch_topology_conf(topology_id)
+        if conf is None:
+            raise ApiError(503, "Service Unavailable",
+                           f"cannot check who may use {name}: no nimbus answered "
+                           "getTopologyConf")
+        return conf
+
+    def _check_read(self, request: Request, topology_id: str, base: StormBase) -> None:
+        """403 unless the caller may read the topology (Storm's read-only topology
+        operations: admins, its submitter, topology.users, topology.readonly.users)."""
+        if self.authorizer is None:
+            return
+        who = self._identity(request)
+        if who and self.authorizer.permit(who, base.owner, ()):
+            return
+        if who:
+            conf = self._acl_conf(topology_id, base.storm_name)
+            if self.authorizer.permit_read(who, base.owner, topology_users(conf),
+                                           topology_users(conf, READONLY_USERS_KEY)):
+                return
+        raise forbidden(read_refusal(who, base.storm_name))
+
+    def _check_change(self, request: Request, action: str, topology_id: str,
+                      base: StormBase) -> None:
+        """403 unless the caller may ``action`` the topology: the leader's own decision
+        (nimbus/thrift/handler.py), made here for the caller, since the leader sees the
+        UI's certificate."""
+        if self.authorizer is None:
+            return
+        who = self._identity(request)
+        if who and self.authorizer.permit(who, base.owner, ()):
+            return
+        if who:
+            conf = self._acl_conf(topology_id, base.storm_name)
+            if self.authorizer.permit(who, base.owner, topology_users(conf)):
+                return
+        raise forbidden(refusal(who, action, base.storm_name))
 
     # -- Storm UI's POSTs ---------------------------------------------------------------
     def on_action(self, request: Request, topology_id: str, action: str,
@@ -197,7 +308,9 @@ class UIApp:
         base = self.view.state.storm_base(topology_id)
         if base is None:
             raise not_found(topology_id)
-        run_action(self.client, action, base.storm_name, base.status, wait_secs, num_workers)
+        self._check_change(request, action, topology_id, base)
+        run_action(self.client, action, base.storm_name, base.status, wait_secs, num_workers,
+                   self.own_identity)
         self.view.refresh_now()
         return json_response(storm_json.operation(action, topology_id))
 

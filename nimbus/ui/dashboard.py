@@ -9,11 +9,25 @@ from __future__ import annotations
 from typing import Any
 
 from nimbus.config import Config
+from nimbus.redaction import mask
 from nimbus.state.records import KILLED
 from nimbus.ui import storm_json
 from nimbus.ui.view import ClusterView, Snapshot
 
 TIMELINE_SHOWN = 50
+# A topology's own numbers (Storm's getTopologyPageInfo): shown only to who may read it.
+PRIVATE_FIELDS = {"workersAlive": None, "recordsPerSecond": None, "history": [],
+                  "restarts": None, "newestError": None, "errorCount": 0}
+
+
+def restrict_topology(entry: dict[str, Any], may_read: bool,
+                      may_change: bool) -> dict[str, Any]:
+    """A dashboard topology row for one caller: its summary (Storm's getClusterInfo,
+    open to every caller) always, its own numbers and errors only if ``may_read``."""
+    out = {**entry, "mayRead": may_read, "mayChange": may_change}
+    if not may_read:
+        out.update(PRIVATE_FIELDS)
+    return out
 
 
 def code_completeness(snap: Snapshot) -> dict[str, tuple[int, int]]:
@@ -44,6 +58,9 @@ def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config,
     for entry in storm_json.topology_summary(snap, now)["topologies"]:
         topology_id = entry["id"]
         live = view.live(topology_id)
+        newest = live.newest_error
+        if newest is not None and "error" in newest:  # worker text: mask known secrets
+            newest = {**newest, "error": mask(str(newest["error"]))}
         topologies.append({
             "id": topology_id, "name": entry["name"], "status": entry["status"],
             "uptime": entry["uptime"], "workersTotal": entry["workersTotal"],
@@ -52,7 +69,7 @@ def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config,
             "replicationCount": entry["replicationCount"],
             "replicationMin": view.min_replication(topology_id),
             "recordsPerSecond": live.records_per_second, "history": list(live.history),
-            "restarts": live.restarts, "newestError": live.newest_error,
+            "restarts": live.restarts, "newestError": newest,
             "errorCount": live.error_count})
     events = view.timeline.events()[-TIMELINE_SHOWN:]
     return {"generatedAt": now, "leader": snap.leader,

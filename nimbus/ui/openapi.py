@@ -19,7 +19,10 @@ def _ok(description: str, schema_ref: str | None = None) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    reasons = {400: "Bad input", 403: "Cross-origin POST", 404: "Unknown topology",
+    reasons = {400: "Bad input",
+               403: "Not allowed: nimbus.authorizer's rules refuse the caller (its client "
+                    "certificate's common name), or a cross-origin POST",
+               404: "Unknown topology",
                405: "Wrong method", 409: "Wrong state (the topology is being killed)",
                413: "Body larger than 1 MiB",
                503: "No leader reachable, or ZooKeeper unreachable"}
@@ -65,7 +68,7 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/supervisor/summary": _get("Every supervisor and its slots"),
             "/api/v1/topology/summary": _get("Every topology"),
             "/api/v1/topology/{id}": _get("One topology: workers, components (bolts), "
-                                          "errors, replication count", None, 404,
+                                          "errors, replication count", None, 403, 404,
                                           params=[_ID]),
             "/api/v1/topology/{id}/activate": _post("Activate", [_ID]),
             "/api/v1/topology/{id}/deactivate": _post("Deactivate", [_ID]),

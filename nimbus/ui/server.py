@@ -3,6 +3,9 @@
 :class:`UIServer` owns everything the UI runs: its ZooKeeper client, the
 :class:`ClusterView` threads, the leader client and the HTTP server; ``stop`` ends and
 joins them all. It binds only ``ui.host`` (default 127.0.0.1).
+
+With ``storm.thrift.transport: tls`` it serves HTTPS and requires client certificates
+of the cluster's CA (nimbus/ui/https.py); plain HTTP then needs ``ui.insecure.allow``.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from cheroot import wsgi
 from kazoo.client import KazooClient
 
 from nimbus.config import Config
+from nimbus.thrift.authorizer import authorizer_from_conf
 from nimbus.thrift.client import NimbusClient, connect
+from nimbus.thrift.tls import tls_enabled
 from nimbus.ui.app import MAX_BODY_BYTES, UIApp
+from nimbus.ui.https import ClientCertAdapter, own_identity, server_context, ui_transport
 from nimbus.ui.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -77,6 +83,7 @@ class UIServer:
         self._http: wsgi.Server | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self.scheme = "http"
 
     @property
     def port(self) -> int:
@@ -86,10 +93,16 @@ class UIServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def start(self, wait_ready_s: float = 15.0) -> UIServer:
-        """Connect to ZooKeeper, read the cluster once, then listen."""
+        """Check the security settings (ConfigError before anything starts), connect to
+        ZooKeeper, read the cluster once, then listen."""
+        self.scheme = ui_transport(self.conf)
+        context = server_context(self.conf) if self.scheme == "https" else None
+        authorizer = authorizer_from_conf(self.conf)
+        me = own_identity(self.conf)
+        self._warn_about(authorizer, me)
         if self.zk is None:
             from nimbus.master.daemon import make_zk_client
 
@@ -98,9 +111,11 @@ class UIServer:
                                 replica_count_fetcher(self.conf))
         self.view.start()
         self.view.wait_ready(wait_ready_s)
-        app = UIApp(self.conf, self.view, ui_client(self.conf))
+        app = UIApp(self.conf, self.view, ui_client(self.conf), own_identity=me)
         self._http = wsgi.Server((self.host, self._port), app, numthreads=HTTP_THREADS,
                                  server_name="nimbus-ha-ui", shutdown_timeout=2)
+        if context is not None:
+            self._http.ssl_adapter = ClientCertAdapter(context)
         # The app answers 413 (in JSON) past MAX_BODY_BYTES without reading the body;
         # this larger cap only bounds what cheroot itself would buffer.
         self._http.max_request_body_size = 16 * MAX_BODY_BYTES
@@ -110,6 +125,19 @@ class UIServer:
         self._thread.start()
         log.info("UI serving on %s", self.url)
         return self
+
+    def _warn_about(self, authorizer: object, me: str | None) -> None:
+        if self.scheme == "http" and tls_enabled(self.conf):  # ui.insecure.allow: true
+            log.warning("ui.insecure.allow: the UI serves plain HTTP without client "
+                        "certificates on %s:%s; %s", self.host, self._port,
+                        "its callers have no identity, so they may read the summaries "
+                        "only (no topology page, no action)" if authorizer is not None
+                        else "anyone who reaches it may change every topology")
+        if authorizer is not None and me is not None and me not in (
+                self.conf["nimbus.admins"] or []):
+            log.warning("the UI calls the leader as %r, which is not in nimbus.admins: the "
+                        "leader will refuse its actions on topologies %r neither submitted "
+                        "nor is in the topology.users of (docs/security.md)", me, me)
 
     def stop(self) -> None:
         """Stop serving, stop the view's threads and join every thread started here."""

@@ -215,6 +215,14 @@ class ClusterView:
             return known or {}
         return self._fetch_one(topology_id) or {}
 
+    def try_fetch_topology_conf(self, topology_id: str) -> dict[str, Any] | None:
+        """The configuration now (cached, else asked of a nimbus); None if none answers
+        (the UI's authorisation then refuses to guess)."""
+        known = self.topology_conf(topology_id)
+        if known is not None or self._fetch_conf is None:
+            return known
+        return self._fetch_one(topology_id)
+
     def min_replication(self, topology_id: str) -> int:
         conf = self.topology_conf(topology_id) or {}
         value = conf.get("topology.min.replication.count")

@@ -98,8 +98,12 @@ async function act(topology, action) {
 
 function actionButtons(t) {
   const killed = t.status === "KILLED";
+  // mayChange: the UI's authorizer lets this caller change it (the server checks again).
+  const refused = t.mayChange === false;
   const button = (action, label, disabled) =>
-    h("button", {"data-action": action, "data-topology": t.id, disabled: disabled || killed,
+    h("button", {"data-action": action, "data-topology": t.id,
+                 disabled: disabled || killed || refused,
+                 title: refused ? "you may not change this topology" : null,
                  onclick: () => act(t, action)}, label);
   return [button("activate", "Activate", t.status === "ACTIVE"),
           button("deactivate", "Deactivate", t.status === "INACTIVE"),
@@ -111,14 +115,19 @@ function drawTopologies(topologies) {
   replace(document.querySelector("#topologies tbody"), topologies.map((t) => {
     const low = t.status !== "KILLED" && t.replicationCount < t.replicationMin;
     const err = t.newestError;
-    return h("tr", {"data-topology": t.id},
+    // A topology this caller may not read (nimbus.authorizer) comes without its numbers.
+    const hidden = t.mayRead === false;
+    const dash = () => h("span", {class: "muted", title: "you may not read this topology"}, "—");
+    return h("tr", {"data-topology": t.id, class: hidden ? "unreadable" : null},
       h("td", {}, h("strong", {}, t.name), h("br"), h("small", {class: "muted"}, t.id)),
       h("td", {}, h("span", {class: `badge status ${t.status}`}, t.status)),
-      h("td", {class: "num"}, `${t.workersAlive} / ${t.workersTotal} / ${t.workersWanted}`),
+      h("td", {class: "num"},
+        `${hidden ? "—" : t.workersAlive} / ${t.workersTotal} / ${t.workersWanted}`),
       h("td", {class: "num" + (low ? " low" : ""), title: low ? "below the minimum" : null},
         `${t.replicationCount} / ${t.replicationMin}`),
-      h("td", {class: "num"}, t.recordsPerSecond.toFixed(1), sparkline(t.history)),
-      h("td", {class: "num"}, t.restarts),
+      h("td", {class: "num"}, hidden ? dash()
+        : [t.recordsPerSecond.toFixed(1), sparkline(t.history)]),
+      h("td", {class: "num"}, hidden ? dash() : t.restarts),
       h("td", {class: "error", title: err ? err.error : null},
         err ? `${err.component}: ${err.error.split("\n")[0]}` : h("span", {class: "muted"}, "—"),
         t.errorCount > 1 ? h("small", {class: "muted"}, ` (+${t.errorCount - 1})`) : null),
@@ -158,6 +167,9 @@ function drawTimeline(events) {
 }
 
 function draw(data) {
+  const user = document.getElementById("user");
+  user.textContent = data.user ? `signed in as ${data.user}` : "";
+  user.hidden = !data.user;
   const leader = document.getElementById("leader");
   leader.textContent = data.leader || "none";
   leader.className = data.leader ? "" : "low";
