@@ -3,6 +3,7 @@ against real nimbus daemons and a real ZooKeeper (storm.thrift.transport: tls)."
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import subprocess
@@ -130,6 +131,39 @@ def test_only_submitter_users_and_admins_change_a_topology(tls_nimbus, tmp_path,
     statuses = {t.name: t.status for t in client_as(conf, bob).cluster_info().topologies}
     assert statuses == {"alices": "ACTIVE"}, "reading is open to every authenticated client"
     client_as(conf, ops).kill("alices", 0)
+
+
+def test_only_owner_users_readonly_users_and_admins_read_a_topology(tls_nimbus, tmp_path, ca):
+    """Storm's read-only topology operations: getTopologyInfo, getTopologyConf and
+    getTopology need the same rights as a change, or topology.readonly.users."""
+    from nimbus.thrift.client import connect
+
+    _, conf = tls_nimbus
+    alice, bob, carol, dave, ops = (ca.issue(n) for n in ("alice", "bob", "carol", "dave",
+                                                            "ops"))
+    topology_id = client_as(conf, alice).submit("alices", bundle(tmp_path), {
+        "topology.users": ["carol"], "topology.readonly.users": ["dave"]})
+    seed = conf["nimbus.seeds"][0]
+
+    def reads(identity):
+        client_as(conf, identity)  # this process's client certificate
+        with connect(seed) as client:
+            return (client.getTopologyInfo(topology_id).id,
+                    json.loads(client.getTopologyConf(topology_id))["topology.users"],
+                    type(client.getTopology(topology_id)).__name__)
+
+    for reader in (alice, carol, dave, ops):
+        assert reads(reader) == (topology_id, ["carol"], "StormTopology")
+    client_as(conf, bob)
+    with connect(seed) as client:
+        for call in (client.getTopologyInfo, client.getTopologyConf, client.getTopology):
+            with pytest.raises(storm.AuthorizationException) as refused:
+                call(topology_id)
+            assert refused.value.msg == (
+                "bob may not read alices: not its submitter, not in its topology.users or "
+                "topology.readonly.users, not in nimbus.admins")
+    with pytest.raises(storm.AuthorizationException):
+        client_as(conf, dave).deactivate("alices")  # read-only means read only
 
 
 def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):

@@ -44,7 +44,12 @@ from nimbus.state.cluster_state import (
 )
 from nimbus.state.records import ACTIVE, INACTIVE, Assignment, StormBase
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
-from nimbus.thrift.authorizer import authorizer_from_conf
+from nimbus.thrift.authorizer import (
+    READONLY_USERS_KEY,
+    authorizer_from_conf,
+    read_refusal,
+    topology_users,
+)
 from nimbus.thrift.tls import caller
 
 log = logging.getLogger(__name__)
@@ -301,6 +306,25 @@ class NimbusHandler:
             raise storm.NotAliveException(msg=f"no live topology with id {topology_id!r}")
         return base
 
+    def _authorize_read(self, topology_id: str) -> None:
+        """Storm's read-only topology operations (its info, configuration and topology):
+        with nimbus.authorizer, only whoever may change it and its
+        ``topology.readonly.users`` may read them."""
+        if self.authorizer is None:
+            return
+        base = self._known(topology_id)
+        try:
+            topo_conf = json.loads(self._code_file(topology_id, CONF_FILE).decode())
+        except (storm.NotAliveException, ValueError):
+            topo_conf = {}
+        if not isinstance(topo_conf, dict):
+            topo_conf = {}
+        who = caller()
+        if not self.authorizer.permit_read(
+                who, base.owner, topology_users(topo_conf),
+                topology_users(topo_conf, READONLY_USERS_KEY)):
+            raise storm.AuthorizationException(msg=read_refusal(who, base.storm_name))
+
     def getTopologyInfo(self, id: str) -> Any:  # noqa: A002
         """One ExecutorSummary per worker and component it reports (``task_start`` =
         ``task_end`` = worker index + 1), and each component's kept errors, newest first.
@@ -308,6 +332,7 @@ class NimbusHandler:
         A worker whose beat names no component yet (just placed, or not started) shows
         as Storm's ``__system`` component, so that its host and port are still listed.
         """
+        self._authorize_read(id)
         # One topology: read fresh (cheap), unlike the cached cluster-wide summary.
         info = runtime_view.topology_info(self.lifecycle.state, id)
         if info is None:
@@ -338,11 +363,13 @@ class NimbusHandler:
                 msg=f"this nimbus holds no code of {topology_id!r} yet; ask the leader") from None
 
     def getTopologyConf(self, id: str) -> str:  # noqa: A002
+        self._authorize_read(id)
         # A topology's own conf may carry credentials too: never hand them out.
         topo_conf = json.loads(self._code_file(id, CONF_FILE).decode())
         return json.dumps(redact(topo_conf), sort_keys=True)
 
     def getTopology(self, id: str) -> Any:  # noqa: A002
+        self._authorize_read(id)
         data = self._code_file(id, TOPOLOGY_FILE)
         if not data:
             return storm.StormTopology(spouts={}, bolts={}, state_spouts={})
