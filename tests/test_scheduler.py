@@ -7,6 +7,8 @@ leader's clock is a fake one, so that timeouts are exact and nothing sleeps.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nimbus.config import load_config
@@ -91,6 +93,23 @@ def test_a_pass_with_nothing_to_change_writes_nothing(cluster):
     sched = scheduler()
     assert set(sched.schedule(elector.fence())) == {"a-1-1"}
     assert sched.schedule(elector.fence()) == {}
+
+
+def test_each_pass_logs_its_size_and_duration(cluster, caplog, monkeypatch):
+    # The timing line integration/bench_scale.py reads: DEBUG, INFO once a pass is slow.
+    _, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    sched = scheduler()
+    with caplog.at_level("DEBUG", logger="nimbus.master.scheduler"):
+        sched.schedule(elector.fence())
+        monkeypatch.setattr(Scheduler, "SLOW_PASS_S", 0.0)
+        sched.schedule(elector.fence())
+    passes = [r for r in caplog.records if "scheduler pass:" in r.getMessage()]
+    assert [r.levelname for r in passes] == ["DEBUG", "INFO"]
+    assert re.fullmatch(r"scheduler pass: 1 topologies, 1 supervisors, 1 assignments written "
+                        r"in [\d.]+ ms", passes[0].getMessage())
+    assert "0 assignments written" in passes[1].getMessage()
 
 
 def test_workers_of_an_ended_session_move_and_the_others_stay(cluster, zk_server):
