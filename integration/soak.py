@@ -87,6 +87,7 @@ class Pipeline:
     committed: int = 0
     last_progress: float = field(default_factory=time.time)
     longest_stall_s: float = 0.0
+    longest_stall_since: float = 0.0  # when that stall began (wall clock)
     # CommittedOutput caches what it parsed: one reader at a time.
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -208,7 +209,9 @@ class Soak:
                     if committed > pipe.committed or committed >= len(pipe.feed.fed):
                         pipe.committed = committed
                         pipe.last_progress = now
-                    pipe.longest_stall_s = max(pipe.longest_stall_s, now - pipe.last_progress)
+                    if now - pipe.last_progress > pipe.longest_stall_s:
+                        pipe.longest_stall_s = now - pipe.last_progress
+                        pipe.longest_stall_since = pipe.last_progress
 
     def wait_all_committed(self, timeout_s: float, what: str) -> None:
         targets = {p.name: list(p.feed.fed) for p in self.pipelines}
@@ -368,6 +371,9 @@ class Soak:
                                              2),
             "longest_no_progress_s": {p.name: round(p.longest_stall_s, 1)
                                       for p in self.pipelines},
+            "longest_no_progress_from": {
+                p.name: f"{datetime.fromtimestamp(p.longest_stall_since):%H:%M:%S}"
+                for p in self.pipelines},
             "longest_no_progress_ratio": round(max(p.longest_stall_s for p in self.pipelines)
                                                / self.session_s, 2),
         }
