@@ -13,7 +13,10 @@ The metafile is that manifest: size and sha256 of every file.
   calls after its fenced removal of the topology, deletes the objects.
 
 A subclass provides ``name``, ``PREFIX``, ``config_defaults`` and :meth:`connect`, which
-returns an fsspec filesystem and the root path; it may refine :meth:`explain`.
+returns an fsspec filesystem and the root path; it may refine :meth:`explain`, and replace
+the streaming copy of one file (:meth:`_store_file`, :meth:`_fetch_file`) with its store's
+own transfer, as the s3 plugin does with concurrent parts and ranges. Either way the base
+checks every downloaded file's size and sha256 against the manifest.
 """
 
 from __future__ import annotations
@@ -125,9 +128,16 @@ class ManifestStoreDistributor:
         return metafile
 
     def _put(self, local: Path, rel: str, topology_id: str, meter: TransferMeter) -> dict:
+        size, sha256 = self._store_file(local, self._key(topology_id, rel), meter)
+        return {"path": rel, "size": size, "sha256": sha256}
+
+    def _store_file(self, local: Path, key: str, meter: TransferMeter) -> tuple[int, str]:
+        """Copy ``local`` to ``key``; return the size and sha256 (hex) of the bytes sent.
+
+        The default streams through the fsspec file system in :data:`STREAM_BLOCK` blocks;
+        a subclass may replace it with its store's own (e.g. concurrent) transfer."""
         digest = hashlib.sha256()
         size = 0
-        key = self._key(topology_id, rel)
         # File systems with real directories (HDFS) need the parent; S3 ignores this.
         self.fs.makedirs(key.rsplit("/", 1)[0], exist_ok=True)
         with open(local, "rb") as src, self.fs.open(key, "wb") as dst:
@@ -136,7 +146,7 @@ class ManifestStoreDistributor:
                 digest.update(block)
                 size += len(block)
                 meter.advance(len(block))
-        return {"path": rel, "size": size, "sha256": digest.hexdigest()}
+        return size, digest.hexdigest()
 
     @hookimpl
     def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
@@ -161,21 +171,31 @@ class ManifestStoreDistributor:
     def _get(self, entry: dict, topology_id: str, root: Path, meter: TransferMeter) -> None:
         target = safe_join(root, entry["path"])
         target.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
-        size = 0
-        with self.fs.open(self._key(topology_id, entry["path"]), "rb") as src, \
-                open(target, "wb") as dst:
-            for block in iter(lambda: src.read(STREAM_BLOCK), b""):
-                dst.write(block)
-                digest.update(block)
-                size += len(block)
-                meter.advance(len(block))
-        if size != entry["size"] or digest.hexdigest() != entry["sha256"]:
+        size, sha256 = self._fetch_file(self._key(topology_id, entry["path"]), target,
+                                        entry["size"], meter)
+        if size != entry["size"] or sha256 != entry["sha256"]:
             raise StoreVerificationError(
                 f"{topology_id}/{entry['path']}: the stored file in {self.name}:{self.root} "
                 f"does not match its manifest ({size} bytes, sha256 "
-                f"{digest.hexdigest()[:12]}...; expected {entry['size']} bytes, sha256 "
+                f"{sha256[:12]}...; expected {entry['size']} bytes, sha256 "
                 f"{entry['sha256'][:12]}...); refusing the copy")
+
+    def _fetch_file(self, key: str, target: Path, size: int,
+                    meter: TransferMeter) -> tuple[int, str]:
+        """Copy ``key`` (which the manifest says holds ``size`` bytes) to ``target``;
+        return the size and sha256 (hex) of what was written, for the caller to verify.
+
+        The default streams through the fsspec file system in :data:`STREAM_BLOCK`
+        blocks; a subclass may replace it with its store's own transfer."""
+        digest = hashlib.sha256()
+        written = 0
+        with self.fs.open(key, "rb") as src, open(target, "wb") as dst:
+            for block in iter(lambda: src.read(STREAM_BLOCK), b""):
+                dst.write(block)
+                digest.update(block)
+                written += len(block)
+                meter.advance(len(block))
+        return written, digest.hexdigest()
 
     def _read_manifest(self, metafile: Path, topology_id: str) -> list[dict]:
         try:

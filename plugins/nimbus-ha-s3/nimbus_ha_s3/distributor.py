@@ -1,19 +1,30 @@
 """Code distributor that keeps topology code in S3 or any S3-compatible store (s3fs).
 
 The layout, manifest and verification are the core's ``ManifestStoreDistributor``; this
-module supplies the settings, the s3fs connection (multipart above the part size) and
-error messages that name the setting to check.
+module supplies the settings, the s3fs connection, error messages that name the setting to
+check, and the data path of :mod:`nimbus_ha_s3.transfer`: multipart uploads and ranged GETs,
+``transfer.concurrency`` at a time, ``multipart.chunk.mb`` each, hashed with sha256 as
+they go (memory about ``transfer.concurrency × multipart.chunk.mb``, whatever the size).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from nimbus.distribution.hookspecs import hookimpl
-from nimbus.distribution.manifest_store import ManifestStoreDistributor, StoreCodeError
+from nimbus.distribution.manifest_store import (
+    ManifestStoreDistributor,
+    StoreCodeError,
+    StoreVerificationError,
+)
+from nimbus.distribution.transfer_meter import TransferMeter
+from nimbus_ha_s3.transfer import MIN_PART_SIZE, ObjectMismatch, download_file, upload_file
 
 PREFIX = "nimbus.codedistributor.s3."
 S3CodeError = StoreCodeError
+MB = 1024 * 1024
+MAX_CONCURRENCY = 64
 
 
 class S3CodeDistributor(ManifestStoreDistributor):
@@ -31,7 +42,8 @@ class S3CodeDistributor(ManifestStoreDistributor):
             PREFIX + "prefix": "nimbus-ha/code",
             PREFIX + "access.key": "",        # "" = AWS_ACCESS_KEY_ID / AWS profile
             PREFIX + "secret.key": "",        # "" = AWS_SECRET_ACCESS_KEY / AWS profile
-            PREFIX + "multipart.chunk.mb": 16,
+            PREFIX + "multipart.chunk.mb": 8,     # part size of uploads and ranged GETs
+            PREFIX + "transfer.concurrency": 4,   # parts / ranges of one file in flight
             PREFIX + "replication.count": 3,
             PREFIX + "connect.timeout.secs": 5,
         }
@@ -42,6 +54,7 @@ class S3CodeDistributor(ManifestStoreDistributor):
         bucket = self.setting("bucket")
         if not bucket:
             raise StoreCodeError(f"set {PREFIX}bucket to the bucket that holds topology code")
+        self._check_transfer_settings()
         client_kwargs: dict[str, Any] = {}
         if self.setting("endpoint"):
             client_kwargs["endpoint_url"] = self.setting("endpoint")
@@ -52,7 +65,8 @@ class S3CodeDistributor(ManifestStoreDistributor):
             secret=self.setting("secret.key") or None,
             client_kwargs=client_kwargs,
             config_kwargs={"connect_timeout": self.setting("connect.timeout.secs"),
-                           "read_timeout": 60, "retries": {"max_attempts": 2}},
+                           "read_timeout": 60, "retries": {"max_attempts": 2},
+                           "max_pool_connections": max(10, self.concurrency())},
             default_block_size=self.setting("multipart.chunk.mb") * 1024 * 1024,
             skip_instance_cache=True, use_listings_cache=False)
         fs.retries = 2  # s3fs's own retry count (not a constructor argument)
@@ -61,6 +75,38 @@ class S3CodeDistributor(ManifestStoreDistributor):
         except Exception as exc:
             raise self.explain(exc, "bucket") from None
         return fs, f"{bucket}/{self.setting('prefix').strip('/')}".rstrip("/")
+
+    def part_size(self) -> int:
+        """Bytes per multipart part and per ranged GET."""
+        return int(self.setting("multipart.chunk.mb")) * MB
+
+    def concurrency(self) -> int:
+        """Parts or ranges of one file in flight at once."""
+        return int(self.setting("transfer.concurrency"))
+
+    def _check_transfer_settings(self) -> None:
+        for key, low, high in (("multipart.chunk.mb", MIN_PART_SIZE // MB, 5 * 1024),
+                               ("transfer.concurrency", 1, MAX_CONCURRENCY)):
+            value = self.setting(key)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise StoreCodeError(f"{PREFIX}{key} must be an integer from {low} to {high}, "
+                                     f"not {value!r}")
+
+    def _store_file(self, local: Path, key: str, meter: TransferMeter) -> tuple[int, str]:
+        result = upload_file(self.fs, key, local, self.part_size(), self.concurrency(),
+                             meter.advance)
+        return result.size, result.sha256
+
+    def _fetch_file(self, key: str, target: Path, size: int,
+                    meter: TransferMeter) -> tuple[int, str]:
+        try:
+            result = download_file(self.fs, key, target, size, self.part_size(),
+                                   self.concurrency(), meter.advance)
+        except ObjectMismatch as exc:
+            raise StoreVerificationError(
+                f"{key}: the stored object in {self.name}:{self.root} does not match its "
+                f"manifest ({exc}; expected {size} bytes); refusing the copy") from None
+        return result.size, result.sha256
 
     def explain(self, exc: BaseException, what: str) -> StoreCodeError:
         endpoint = self.setting("endpoint") or "AWS default endpoint"

@@ -165,3 +165,165 @@ def test_download_cut_off_half_way_leaves_nothing(tmp_path, monkeypatch):
         assert not list(dest.parent.glob(".incoming-*"))
     finally:
         server.stop()
+
+
+# -- the concurrent data path (nimbus_ha_s3.transfer) ---------------------------------------
+MiB = 1024 * 1024
+PART_MB = 5  # s3_conf's multipart.chunk.mb, S3's smallest part
+
+
+def _bundle(root: Path, topology_id: str, files: dict[str, bytes]) -> Path:
+    code = root / "code" / topology_id
+    for rel, data in files.items():
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_bytes(data)
+    return code
+
+
+def _object_key(conf: dict, topology_id: str, rel: str) -> str:
+    return f"{BUCKET}/{conf[PREFIX + 'prefix']}/{topology_id}/{rel}"
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_multi_part_bundle_round_trips_verified(s3, tmp_path, concurrency):
+    """Sizes around the part boundary, parts and ranges in flight together: byte-exact."""
+    import hashlib
+    import os
+
+    conf = s3_conf(s3, **{PREFIX + "transfer.concurrency": concurrency})
+    source, target = make_distributor(conf, tmp_path / "a"), make_distributor(conf, tmp_path / "b")
+    files = {"stormjar.jar": os.urandom(4 * PART_MB * MiB + 12345),   # 5 parts, short last
+             "lib/exact.bin": os.urandom(PART_MB * MiB),              # one PutObject
+             "lib/one-more.bin": os.urandom(PART_MB * MiB + 1),       # 2 parts, 1-byte last
+             "empty.txt": b""}
+    metafile = source.upload(_bundle(tmp_path / "a", "mp-1-1", files), "mp-1-1")
+    manifest = {e["path"]: e for e in json.loads(metafile.read_text())["files"]}
+    fs = s3.filesystem()
+    for rel, data in files.items():
+        assert manifest[rel]["size"] == len(data)
+        assert manifest[rel]["sha256"] == hashlib.sha256(data).hexdigest()
+        assert fs.cat_file(_object_key(conf, "mp-1-1", rel)) == data
+    assert fs.info(_object_key(conf, "mp-1-1", "stormjar.jar"))["ETag"].endswith('-5"')
+    dest = tmp_path / "b" / "code" / "mp-1-1"
+    target.download(dest, "mp-1-1", metafile)
+    for rel, data in files.items():
+        assert (dest / rel).read_bytes() == data
+
+
+def test_corrupted_part_is_detected(s3, tmp_path):
+    """One flipped byte in the fourth of five ranges: refused, nothing left behind."""
+    import os
+
+    conf = s3_conf(s3, **{PREFIX + "transfer.concurrency": 3})
+    source, target = make_distributor(conf, tmp_path / "a"), make_distributor(conf, tmp_path / "b")
+    data = bytearray(os.urandom(4 * PART_MB * MiB + 999))
+    metafile = source.upload(_bundle(tmp_path / "a", "bad-1-1", {"stormjar.jar": bytes(data)}),
+                             "bad-1-1")
+    data[3 * PART_MB * MiB + 77] ^= 0x01
+    s3.filesystem().pipe_file(_object_key(conf, "bad-1-1", "stormjar.jar"), bytes(data))
+    dest = tmp_path / "b" / "code" / "bad-1-1"
+    with pytest.raises(S3CodeError, match="does not match its manifest"):
+        target.download(dest, "bad-1-1", metafile)
+    assert not dest.exists() and not list(dest.parent.glob(".incoming-*"))
+
+
+@pytest.mark.parametrize("change", [-1, +1])
+def test_object_of_another_size_is_refused(s3, tmp_path, change):
+    """A stored object a byte shorter or longer than its manifest says: refused."""
+    import os
+
+    conf = s3_conf(s3, **{PREFIX + "transfer.concurrency": 2})
+    source, target = make_distributor(conf, tmp_path / "a"), make_distributor(conf, tmp_path / "b")
+    data = os.urandom(2 * PART_MB * MiB + 10)
+    metafile = source.upload(_bundle(tmp_path / "a", "size-1-1", {"stormjar.jar": data}),
+                             "size-1-1")
+    stored = data[:change] if change < 0 else data + b"!"
+    s3.filesystem().pipe_file(_object_key(conf, "size-1-1", "stormjar.jar"), stored)
+    dest = tmp_path / "b" / "code" / "size-1-1"
+    with pytest.raises(S3CodeError, match="does not match its manifest"):
+        target.download(dest, "size-1-1", metafile)
+    assert not dest.exists()
+
+
+def test_parts_and_ranges_in_flight_never_exceed_the_concurrency(s3, tmp_path, monkeypatch):
+    """Memory is bounded by transfer.concurrency × part size: count the calls in flight."""
+    import os
+    import threading
+
+    import nimbus_ha_s3.transfer as transfer
+    import s3fs
+
+    conf = s3_conf(s3, **{PREFIX + "transfer.concurrency": 2})
+    source, target = make_distributor(conf, tmp_path / "a"), make_distributor(conf, tmp_path / "b")
+    lock = threading.Lock()
+    counts = {"now": 0, "most": 0, "calls": 0}
+
+    def counted(function):
+        def wrapper(*args, **kwargs):
+            with lock:
+                counts["now"] += 1
+                counts["calls"] += 1
+                counts["most"] = max(counts["most"], counts["now"])
+            try:
+                return function(*args, **kwargs)
+            finally:
+                with lock:
+                    counts["now"] -= 1
+        return wrapper
+
+    real_sync = transfer.sync
+    monkeypatch.setattr(transfer, "sync", counted(real_sync))  # one call per range
+    real_call = s3fs.S3FileSystem.call_s3
+
+    def call_s3(self, method, *args, **kwargs):
+        if method == "upload_part":
+            return counted(real_call)(self, method, *args, **kwargs)
+        return real_call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "call_s3", call_s3)
+    data = os.urandom(6 * PART_MB * MiB + 5)
+    metafile = source.upload(_bundle(tmp_path / "a", "cap-1-1", {"stormjar.jar": data}),
+                             "cap-1-1")
+    assert counts["calls"] == 7 and counts["most"] <= 2
+    counts.update(most=0, calls=0)
+    target.download(tmp_path / "b" / "code" / "cap-1-1", "cap-1-1", metafile)
+    assert counts["calls"] == 7 and counts["most"] <= 2
+
+
+def _pending_uploads(server: SeaweedS3Server, prefix: str) -> list[dict]:
+    fs = server.filesystem()
+    return fs.call_s3("list_multipart_uploads", Bucket=BUCKET,
+                      Prefix=prefix).get("Uploads", [])
+
+
+def test_failed_upload_aborts_its_multipart_upload(s3, tmp_path, monkeypatch):
+    """The local file fails to read mid-way: an error, no manifest, no pending upload."""
+    import os
+
+    import nimbus_ha_s3.transfer as transfer
+
+    conf = s3_conf(s3, **{PREFIX + "transfer.concurrency": 2})
+    source = make_distributor(conf, tmp_path / "a")
+    code = _bundle(tmp_path / "a", "abort-1-1", {"stormjar.jar": os.urandom(5 * PART_MB * MiB)})
+    real_read, reads = transfer._read_full, []
+
+    def failing_read(src, view):
+        reads.append(len(view))
+        if len(reads) == 3:
+            raise OSError("disk read error (injected)")
+        return real_read(src, view)
+
+    monkeypatch.setattr(transfer, "_read_full", failing_read)
+    with pytest.raises(S3CodeError, match="upload of abort-1-1.*injected"):
+        source.upload(code, "abort-1-1")
+    prefix = f"{conf[PREFIX + 'prefix']}/abort-1-1/"
+    assert _pending_uploads(s3, prefix) == []
+    assert not s3.filesystem().exists(_object_key(conf, "abort-1-1", ".manifest.json"))
+
+
+@pytest.mark.parametrize("key, value", [("transfer.concurrency", 0),
+                                        ("transfer.concurrency", "4"),
+                                        ("multipart.chunk.mb", 4)])
+def test_bad_transfer_settings_fail_at_prepare_naming_the_setting(s3, tmp_path, key, value):
+    with pytest.raises(DistributorError, match=f"{PREFIX}{key} must be an integer"):
+        make_distributor(s3_conf(s3, **{PREFIX + key: value}), tmp_path)
