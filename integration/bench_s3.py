@@ -19,7 +19,7 @@ s3fs baseline's ``put_file`` / ``get_file``, for comparison). ``--set key=value`
 ``nimbus.codedistributor.s3.<key>`` (repeatable), e.g. ``--set transfer.concurrency=2``.
 
     .venv/bin/python integration/bench_s3.py [--megabytes 256] [--trials 3] [--profile] \
-        [--rss-megabytes 2048] [--set transfer.part.mb=8]
+        [--rss-megabytes 2048] [--set multipart.chunk.mb=8]
 """
 
 from __future__ import annotations
