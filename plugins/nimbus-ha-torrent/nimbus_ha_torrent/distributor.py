@@ -4,14 +4,19 @@
   chosen from the bundle's size), starts seeding it and registers this host with its
   BitTorrent endpoint under ``<root>/code-distributor/<id>/<host:port>``. The .torrent is
   the metafile, published by the leader in ZooKeeper.
-* ``download`` joins the swarm with the peers registered in ZooKeeper (and any that
-  register meanwhile), waits until libtorrent has every piece verified, moves the copy
-  into place, keeps seeding it and registers. It fails if no verified data arrives for
-  ``stall.timeout.secs`` (a tampered piece is never accepted; the sender is banned), or
-  after ``download.timeout.secs``.
+* ``download`` joins the swarm with the peers registered in ZooKeeper and the hosts
+  downloading the same code (and any that appear meanwhile; see ``members``), waits until
+  libtorrent has every piece verified, moves the copy into place, keeps seeding it and
+  registers. It fails if no verified data arrives for ``stall.timeout.secs`` (a tampered
+  piece is never accepted; the sender is banned), or after ``download.timeout.secs``.
 * ``get_replication_count`` counts hosts that completed (the registrations).
-* A copy is seeded (and registered) only after libtorrent's full hash check passes, at
-  upload, after a download and for copies found on disk at start-up.
+* A copy is seeded (and registered) only once every piece is verified against the
+  .torrent's SHA-1 hashes: by libtorrent's full hash check at upload and for copies found
+  on disk at start-up; after a download, as each piece arrived (libtorrent's resume data
+  carries that verified bitfield over to the seeding torrent, without re-reading the copy).
+* ``upload.rate.limit.bytes`` / ``download.rate.limit.bytes`` cap this host's BitTorrent
+  traffic over all its torrents (bytes/s, 0 = unlimited), loopback and local-network
+  peers included.
 * Errors are ``nimbus.distribution.distributors.DistributorError``: ``TorrentMetafileError`` (a
   ``MetafileError``) for a metafile that is not a .torrent of the topology,
   ``TorrentVerificationError`` (a ``CodeVerificationError``) when the download stalled
@@ -41,6 +46,7 @@ from nimbus.distribution.local_code import (
 )
 from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus.master.replicas import ReplicaRegistry
+from nimbus_ha_torrent.members import SwarmMembers
 from nimbus_ha_torrent.swarm import Swarm
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,15 @@ def make_torrent(code_dir: Path, piece_size: int = 0) -> bytes:
     return lt.bencode(creator.generate())
 
 
+def rate_limit(conf: dict[str, Any], key: str) -> int:
+    """The rate limit ``PREFIX + key`` in bytes/s (0: unlimited)."""
+    value = conf[PREFIX + key]
+    if value < 0:
+        raise TorrentCodeError(f"{PREFIX + key} must be 0 (unlimited) or a rate in bytes/s, "
+                               f"got {value}")
+    return value
+
+
 def read_torrent(data: bytes, topology_id: str) -> Any:
     """Parse and check a .torrent for ``topology_id``; raises TorrentCodeError."""
     try:
@@ -120,6 +135,11 @@ def _files_of_pieces(handle: Any, pieces: list[int]) -> list[str]:
     return names
 
 
+def _address(endpoint: str) -> tuple[str, int]:
+    address, _, port = endpoint.rpartition(":")
+    return address, int(port)
+
+
 class TorrentCodeDistributor:
     """Topology code shared by BitTorrent between nimbus hosts; see module docstring."""
 
@@ -130,6 +150,7 @@ class TorrentCodeDistributor:
         self._conf: dict[str, Any] = {}
         self._swarm: Swarm | None = None
         self._replicas: ReplicaRegistry | None = None
+        self._members: SwarmMembers | None = None
         self._seeding: dict[str, str] = {}  # info hash -> topology id
         # _seeding and the replica registration that goes with each entry change together,
         # from hook threads and from the swarm's alert thread (_on_corrupt_seed).
@@ -143,6 +164,8 @@ class TorrentCodeDistributor:
             PREFIX + "piece.size.kb": 0,             # 0: chosen from the bundle's size
             PREFIX + "stall.timeout.secs": 60,
             PREFIX + "download.timeout.secs": 900,
+            PREFIX + "upload.rate.limit.bytes": 0,   # bytes/s, 0: unlimited
+            PREFIX + "download.rate.limit.bytes": 0,  # bytes/s, 0: unlimited
         }
 
     @hookimpl
@@ -153,10 +176,13 @@ class TorrentCodeDistributor:
         context.local_dir.mkdir(parents=True, exist_ok=True)
         self._swarm = Swarm(self._conf[PREFIX + "listen.interface"],
                             self._conf[PREFIX + "listen.port"],
-                            on_corrupt_seed=self._on_corrupt_seed)
+                            on_corrupt_seed=self._on_corrupt_seed,
+                            upload_rate=rate_limit(self._conf, "upload.rate.limit.bytes"),
+                            download_rate=rate_limit(self._conf, "download.rate.limit.bytes"))
         if context.zk is not None:
             self._replicas = ReplicaRegistry(context.zk, context.zk_root, context.address,
                                              name="torrent")
+            self._members = SwarmMembers(context.zk, context.zk_root, context.address)
         self._adopt_existing_copies()
 
     # -- hooks ----------------------------------------------------------------------------
@@ -178,13 +204,26 @@ class TorrentCodeDistributor:
         swarm = self._require_swarm()
         torrent = Path(metafile).read_bytes()
         info = read_torrent(torrent, topology_id)
+        if self._members is not None:
+            self._members.join(topology_id, swarm.endpoint)
+        try:
+            return self._download(swarm, torrent, info, dest_dir, topology_id)
+        finally:
+            # Now a registered replica, or failed: no longer a downloader either way.
+            if self._members is not None:
+                self._members.leave(topology_id)
+
+    def _download(self, swarm: Swarm, torrent: bytes, info: Any, dest_dir: Path,
+                  topology_id: str) -> list[Path]:
         with atomic_dir(dest_dir) as tmp:
             with TransferMeter(f"download {topology_id} by BitTorrent",
                                info.total_size()) as meter:
                 handle, state = self._fetch(torrent, str(tmp), topology_id, meter)
             try:
                 # Pieces count as finished once verified in memory: flush before moving.
-                swarm.flush(handle, state)
+                # The resume data lists the verified pieces, so that seeding the copy
+                # does not read it all back to hash it again.
+                resume = swarm.resume_data(handle, state)
             finally:
                 swarm.remove(handle)
             # The torrent's root directory is the topology id: lift its content up.
@@ -196,7 +235,7 @@ class TorrentCodeDistributor:
             staged.rmdir()
             # Before the copy is committed: a committed copy always has its .torrent.
             self._metafile(topology_id).write_bytes(torrent)
-        if not self._seed(torrent, topology_id, dest_dir.parent):
+        if not self._seed(torrent, topology_id, dest_dir.parent, resume):
             discard_copy(self._metafile(topology_id), dest_dir)
             raise TorrentVerificationError(
                 f"the downloaded copy of {topology_id} failed libtorrent's hash check")
@@ -219,6 +258,8 @@ class TorrentCodeDistributor:
                     self._seeding.pop(info_hash, None)
             if self._replicas is not None:
                 self._replicas.unregister(topology_id)
+        if self._members is not None:
+            self._members.forget(topology_id)
         self._metafile(topology_id).unlink(missing_ok=True)
 
     @hookimpl
@@ -237,15 +278,21 @@ class TorrentCodeDistributor:
     def _metafile(self, topology_id: str) -> Path:
         return self._ctx.local_dir / f"{check_topology_id(topology_id)}.torrent"
 
-    def _seed(self, torrent: bytes, topology_id: str, save_path: Path) -> bool:
-        """Seed a copy once libtorrent's full hash check passes; register it then.
+    def _seed(self, torrent: bytes, topology_id: str, save_path: Path,
+              resume: bytes | None = None) -> bool:
+        """Seed a copy once every piece is verified; register it then.
+
+        Without ``resume`` libtorrent hash-checks the files in full. With the resume data
+        of the download that just verified every piece as it arrived, it only checks the
+        files' sizes (a mismatch makes it reject the resume data and check in full): a
+        second pass would re-read, from the page cache, the bytes it has just written.
 
         seed_mode (trust the files, verify each piece when first sent) is not used: a
         request that arrives while such a piece is being verified is rejected, and the
         downloader then takes the seeder for one lacking that piece and stalls.
         """
         swarm = self._require_swarm()
-        handle, state = swarm.add(torrent, str(save_path))
+        handle, state = swarm.add(torrent, str(save_path), resume)
         state.checked.wait(self._conf[PREFIX + "download.timeout.secs"])
         if state.error or not handle.status().is_seeding:
             log.warning("copy of %s fails libtorrent's check (%s): not seeding it",
@@ -260,15 +307,24 @@ class TorrentCodeDistributor:
                 self._replicas.register(topology_id, swarm.endpoint)
         return True
 
+    def _peer_endpoints(self, topology_id: str) -> list[str]:
+        """The BitTorrent endpoints (``address:port``) of the other hosts that hold a copy
+        (registered replicas) or are downloading one."""
+        peers: dict[str, str] = {}
+        if self._members is not None:
+            peers.update(self._members.endpoints(topology_id))
+        if self._replicas is not None:
+            peers.update(self._replicas.peers(topology_id))
+        peers.pop(self._ctx.address, None)
+        return sorted(set(peers.values()))
+
     def _connect_peers(self, handle: Any, topology_id: str, known: set[str]) -> None:
-        if self._replicas is None:
-            return
-        for host, endpoint in self._replicas.peers(topology_id).items():
-            if host == self._ctx.address or endpoint in known:
-                continue
-            address, _, port = endpoint.rpartition(":")
-            handle.connect_peer((address, int(port)))
-            known.add(endpoint)
+        for endpoint in self._peer_endpoints(topology_id):
+            if endpoint not in known:
+                # As from a tracker: ZooKeeper still lists the peer, so libtorrent forgives
+                # one earlier failure to reach it (e.g. while it re-added its torrent).
+                handle.connect_peer(_address(endpoint), lt.peer_info.tracker)
+                known.add(endpoint)
 
     def _fetch(self, torrent: bytes, save_path: str, topology_id: str,
                meter: TransferMeter) -> tuple[Any, Any]:
@@ -280,7 +336,10 @@ class TorrentCodeDistributor:
         pieces) with a fresh peer list, at most MAX_RESTARTS times.
         """
         swarm = self._require_swarm()
-        handle, state = swarm.add(torrent, save_path)
+        # save_path is a new, empty directory: the torrent connects to the peers known
+        # now as soon as it is added (later ones are offered below).
+        handle, state = swarm.add(torrent, save_path, empty=True, peers=[
+            _address(endpoint) for endpoint in self._peer_endpoints(topology_id)])
         try:
             stall_s = self._conf[PREFIX + "stall.timeout.secs"]
             restart_s = min(RESTART_AFTER_S, stall_s / 2)

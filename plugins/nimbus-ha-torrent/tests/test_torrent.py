@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import libtorrent as lt
 import pytest
 from nimbus_ha_torrent.distributor import PREFIX, TorrentCodeDistributor, TorrentCodeError
 
-from nimbus.distribution.distributors import CodeVerificationError, resolve_distributor_class
+from nimbus.distribution.distributors import (
+    CodeVerificationError,
+    DistributorError,
+    resolve_distributor_class,
+)
 from nimbus.testing.conformance import (
     PER_HOST,
     ConformanceHost,
@@ -155,3 +160,110 @@ def test_download_cut_off_half_way_leaves_nothing(hosts, tmp_path, monkeypatch):
     assert not isinstance(err.value, CodeVerificationError)
     assert not dest.exists() and not list(dest.parent.glob(".incoming-*"))
     assert closed.is_set() and target.distributor.get_replication_count(TOPOLOGY) == 0
+
+
+CAP = 2 * 1024 * 1024  # bytes/s
+
+
+def _capped_hosts(hosts, direction: str) -> tuple[ConformanceHost, ConformanceHost]:
+    """A seeder and a downloader, the cap set on the side that ``direction`` names."""
+    capped = {PREFIX + f"{direction}.rate.limit.bytes": CAP}
+    (source,) = hosts(1, capped if direction == "upload" else {})
+    (target,) = hosts(1, capped if direction == "download" else {})
+    return source, target
+
+
+def _payload(host: ConformanceHost, direction: str) -> int:
+    """Payload bytes the host's torrent (its only one) has sent or received so far."""
+    torrents = plugin(host)._swarm.session.get_torrents()
+    if not torrents:
+        return 0
+    status = torrents[0].status()
+    return status.total_payload_upload if direction == "upload" else \
+        status.total_payload_download
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_rate_cap_holds_for_loopback_peers(hosts, tmp_path, direction):
+    """libtorrent exempts local-network peers from rate limits unless told otherwise.
+
+    Over a window that starts with the first payload byte, the capped side moves at most
+    the cap's worth of bytes (plus one tick's burst), and the bundle, six seconds' worth
+    at the cap, is not through by the window's end. Without the cap in force on
+    127.0.0.1 the whole bundle moves in a fraction of a second and both fail. A slow
+    machine can only move fewer bytes. The cap is then lifted and the copy completes.
+    """
+    source, target = _capped_hosts(hosts, direction)
+    digests, meta = upload(source, tmp_path, big_bytes=6 * CAP)
+    measured = source if direction == "upload" else target
+    errors: list[Exception] = []
+    stop = threading.Event()
+
+    def fetch() -> None:
+        try:
+            target.distributor.download(target.code_dir / TOPOLOGY, TOPOLOGY, meta)
+        except Exception as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=fetch, name="capped-download")
+    thread.start()
+    try:
+        while _payload(measured, direction) == 0 and thread.is_alive():
+            stop.wait(0.005)
+        started, first = time.monotonic(), _payload(measured, direction)
+        stop.wait(1.5)
+        moved = _payload(measured, direction) - first
+        window = time.monotonic() - started
+        still_going = thread.is_alive()
+    finally:
+        plugin(measured)._swarm.set_rate_limits(0, 0)
+        thread.join(timeout=120)
+    assert not errors and not thread.is_alive()
+    assert _digests(target.code_dir / TOPOLOGY) == digests
+    assert moved <= CAP * window * 1.1 + CAP // 4, (moved, window)
+    assert still_going
+
+
+def test_rate_limits_are_session_settings(hosts):
+    (host,) = hosts(1, {PREFIX + "upload.rate.limit.bytes": 3_000_000,
+                        PREFIX + "download.rate.limit.bytes": 5_000_000})
+    settings = plugin(host)._swarm.session.get_settings()
+    assert (settings["upload_rate_limit"], settings["download_rate_limit"]) == \
+        (3_000_000, 5_000_000)
+    assert settings["ignore_limits_on_local_network"] is False
+    with pytest.raises(DistributorError, match="upload.rate.limit.bytes must be 0"):
+        hosts(1, {PREFIX + "upload.rate.limit.bytes": -1})
+
+
+def test_downloaders_trade_pieces_with_each_other(hosts, tmp_path, zk_root):
+    """Hosts downloading at once find each other (``torrent-swarm/<id>`` in ZooKeeper).
+
+    Replicas register only once complete, so without that announcement each downloader
+    pulls the whole bundle from the seeder, which sends it exactly twice (measured: 2.00).
+    Trading pieces, the downloaders need 1.4 to 1.65 times the bundle from it (measured;
+    the rest of the second copy they send each other).
+    """
+    (source,) = hosts(1, {PREFIX + "upload.rate.limit.bytes": CAP})
+    downloaders = hosts(2)
+    digests, meta = upload(source, tmp_path, big_bytes=3 * CAP)
+    errors: list[Exception] = []
+
+    def fetch(peer: ConformanceHost) -> None:
+        try:
+            peer.distributor.download(peer.code_dir / TOPOLOGY, TOPOLOGY, meta)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fetch, args=(p,), name=f"trading-peer-{i}")
+               for i, p in enumerate(downloaders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert all(_digests(p.code_dir / TOPOLOGY) == digests for p in downloaders)
+    bundle = sum(f.stat().st_size for f in (source.code_dir / TOPOLOGY).rglob("*"))
+    (seeded,) = plugin(source)._swarm.session.get_torrents()
+    assert seeded.status().total_payload_upload < 1.9 * bundle
+    # Every announcement is withdrawn, with the topology's directory.
+    assert plugin(source)._ctx.zk.exists(f"{zk_root}/torrent-swarm/{TOPOLOGY}") is None

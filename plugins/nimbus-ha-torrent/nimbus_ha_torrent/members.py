@@ -1,0 +1,91 @@
+"""Hosts still downloading a topology's code, so that downloaders find each other.
+
+A complete copy is announced in the core's replica registry (whose count is the
+replication count). If a downloader only looked there, hosts fetching the same bundle at
+the same time would each pull all of it from the seeders and never trade pieces with one
+another: client-server, not a swarm (a private torrent has no peer exchange). So while it
+downloads, a host also announces its BitTorrent endpoint with an ephemeral node
+``<root>/torrent-swarm/<topology-id>/<nimbus host:port>``, removed when the download ends
+(the host is then a registered replica, or it failed).
+
+This is a hint for finding peers, never a replica: a failure to write or read it is logged
+and the download goes on with the registered replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+
+log = logging.getLogger(__name__)
+
+SUBTREE = "torrent-swarm"
+
+
+class SwarmMembers:
+    """This host's in-progress announcements, and the other hosts' ones."""
+
+    def __init__(self, zk: KazooClient, zk_root: str, host: str):
+        self._zk = zk
+        self._root = posixpath.join("/" + zk_root.strip("/"), SUBTREE)
+        self._host = host
+
+    def _dir(self, topology_id: str) -> str:
+        return posixpath.join(self._root, topology_id)
+
+    def join(self, topology_id: str, endpoint: str) -> None:
+        """Announce that this host is downloading ``topology_id`` at ``endpoint``."""
+        path = posixpath.join(self._dir(topology_id), self._host)
+        reason = "its directory kept disappearing"
+        for _ in range(3):  # another host may remove the empty directory in between
+            try:
+                self._zk.retry(self._zk.create, path, endpoint.encode(), ephemeral=True,
+                               makepath=True)
+                return
+            except NodeExistsError:  # left by this host's previous session: make it ours
+                self._remove(path)
+            except NoNodeError:
+                continue
+            except KazooException as exc:
+                reason = str(exc) or type(exc).__name__
+                break
+        log.warning("cannot announce the download of %s to other downloaders: %s",
+                    topology_id, reason)
+
+    def leave(self, topology_id: str) -> None:
+        """Withdraw this host's announcement, and the topology's directory once empty."""
+        self._remove(posixpath.join(self._dir(topology_id), self._host))
+        self.forget(topology_id)
+
+    def forget(self, topology_id: str) -> None:
+        """Remove the topology's directory if no download is announced in it."""
+        self._remove(self._dir(topology_id))
+
+    def endpoints(self, topology_id: str) -> dict[str, str]:
+        """host -> BitTorrent endpoint of every host announced as downloading."""
+        directory = self._dir(topology_id)
+        out: dict[str, str] = {}
+        try:
+            for host in self._zk.retry(self._zk.get_children, directory):
+                try:
+                    data, _ = self._zk.retry(self._zk.get, posixpath.join(directory, host))
+                except NoNodeError:  # that download just ended
+                    continue
+                if data:
+                    out[host] = data.decode("utf-8", "replace")
+        except NoNodeError:
+            pass
+        except KazooException as exc:
+            log.warning("cannot list the other downloaders of %s: %s", topology_id, exc)
+        return out
+
+    def _remove(self, path: str) -> None:
+        try:
+            self._zk.retry(self._zk.delete, path)
+        except (NoNodeError, NotEmptyError):
+            pass
+        except KazooException as exc:  # an ephemeral node goes with the session anyway
+            log.debug("could not remove %s: %s", path, exc)
