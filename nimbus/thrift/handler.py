@@ -225,10 +225,13 @@ class NimbusHandler:
         snap = self.cache.snapshot
         now = time.time()
         out = []
+        # This nimbus's own leadership is known now; the cache's idea of the leader may
+        # be one reload old (right after a failover it still names the dead leader).
+        leading = self.elector.is_leader()
         for info in snap.nimbuses:
             address = f"{info.host}:{info.port}"
-            is_leader = (self.elector.is_leader() if address == self.address
-                         else address == snap.leader)
+            is_leader = leading if address == self.address else (
+                not leading and address == snap.leader)
             out.append(storm.NimbusSummary(
                 host=info.host, port=info.port, uptime_secs=int(now - info.start_time_secs),
                 isLeader=is_leader, version=info.version))
