@@ -65,9 +65,10 @@ def test_selected_by_entry_point_name():
     assert resolve_distributor_class("torrent") is TorrentCodeDistributor
 
 
-def test_eight_peers_complete_and_count_as_replicas(hosts, tmp_path):
-    source, *peers = hosts(9)
-    digests, meta = upload(source, tmp_path)
+
+def fetch_together(peers: list[ConformanceHost], meta, name: str) -> list[Exception]:
+    """Every peer downloads the topology at once, each in its own named thread; returns
+    the errors (a thread still running after 120 s is one too)."""
     errors: list[Exception] = []
 
     def fetch(peer: ConformanceHost) -> None:
@@ -76,13 +77,19 @@ def test_eight_peers_complete_and_count_as_replicas(hosts, tmp_path):
         except Exception as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=fetch, args=(p,), name=f"peer-{i}")
+    threads = [threading.Thread(target=fetch, args=(p,), name=f"{name}-{i}")
                for i, p in enumerate(peers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert not errors
+    errors += [TimeoutError(f"{t.name} still downloading") for t in threads if t.is_alive()]
+    return errors
+
+def test_eight_peers_complete_and_count_as_replicas(hosts, tmp_path):
+    source, *peers = hosts(9)
+    digests, meta = upload(source, tmp_path)
+    assert fetch_together(peers, meta, "peer") == []
     assert all(_digests(p.code_dir / TOPOLOGY) == digests for p in peers)
     assert source.distributor.get_replication_count(TOPOLOGY) == 9
 
@@ -246,21 +253,7 @@ def test_downloaders_trade_pieces_with_each_other(hosts, tmp_path, zk_root):
     (source,) = hosts(1, {PREFIX + "upload.rate.limit.bytes": CAP})
     downloaders = hosts(2)
     digests, meta = upload(source, tmp_path, big_bytes=3 * CAP)
-    errors: list[Exception] = []
-
-    def fetch(peer: ConformanceHost) -> None:
-        try:
-            peer.distributor.download(peer.code_dir / TOPOLOGY, TOPOLOGY, meta)
-        except Exception as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=fetch, args=(p,), name=f"trading-peer-{i}")
-               for i, p in enumerate(downloaders)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors and not any(t.is_alive() for t in threads)
+    assert fetch_together(downloaders, meta, "trading-peer") == []
     assert all(_digests(p.code_dir / TOPOLOGY) == digests for p in downloaders)
     bundle = sum(f.stat().st_size for f in (source.code_dir / TOPOLOGY).rglob("*"))
     (seeded,) = plugin(source)._swarm.session.get_torrents()
