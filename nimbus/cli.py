@@ -47,13 +47,15 @@ def _fail_cleanly(func: Any) -> Any:
     from thriftpy2.thrift import TApplicationException, TException
 
     from nimbus.distribution.distributors import DistributorError
+    from nimbus.state.cluster_state import LayoutMissingError
     from nimbus.thrift.client import NimbusUnavailableError
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except (NimbusUnavailableError, DistributorError, ConfigError, OSError) as exc:
+        except (NimbusUnavailableError, DistributorError, ConfigError, OSError,
+                LayoutMissingError) as exc:
             raise click.ClickException(mask(str(exc))) from None
         except TApplicationException as exc:
             raise click.ClickException(mask(exc.message or str(exc))) from None

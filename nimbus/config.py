@@ -1,8 +1,16 @@
 """Configuration: Storm's key names in YAML, layered defaults < file < ``--set``.
 
 Every key must be known (listed in ``defaults.yaml`` or declared by an installed code
-distributor plugin) and every value must have the type of its default; anything else is a
+distributor plugin) and every value must have the type of its default (a list's items
+too; a built-in key whose default is null takes a string or null); anything else is a
 :class:`ConfigError` that names the key and where it came from.
+
+Whatever the input (a file that is not UTF-8, YAML that does not parse, an alias bomb or
+an alias that contains itself, a document nested thousands deep, a 5000-digit number),
+loading ends quickly with a ConfigError and never another exception: a file is read only
+up to ``MAX_CONFIG_BYTES``, and a document is walked once, counting each value as often
+as aliases repeat it, and refused beyond ``MAX_YAML_VALUES`` values or ``MAX_YAML_DEPTH``
+levels before anything else looks at it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,18 @@ DEFAULTS_SOURCE = "defaults.yaml (built in)"
 # nimbus must accept a frame of this size (nimbus.thrift.max_buffer_size).
 UPLOAD_CHUNK_BYTES = 512 * 1024
 UPLOAD_FRAME_OVERHEAD_BYTES = 4096
+# Bounds on configuration input (see the module docstring). A storm.yaml is a few KiB.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+# The item types of list keys whose (empty) default cannot show them, and the value types
+# of mapping keys.
+LIST_ITEM_TYPES: dict[str, type] = {"nimbus.admins": str, "topology.users": str,
+                                    "drpc.servers": str}
+MAPPING_VALUE_TYPES: dict[str, tuple[type, ...]] = {
+    "topology.spark.conf": (str, int, float, bool)}
+# Keys whose value is a port number.
+PORT_KEYS = ("storm.zookeeper.port", "nimbus.thrift.port", "ui.port")
 
 
 class ConfigError(ValueError):
@@ -53,18 +73,65 @@ class HostPort:
         return cls(host, int(port))
 
 
-def _load_yaml(text: str, source: str) -> dict[str, Any]:
+def _safe_load(text: str, source: str) -> Any:
+    """``yaml.safe_load``, with every failure a ConfigError naming ``source``."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: malformed YAML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: malformed YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # e.g. an integer of 5000 digits
+        raise ConfigError(f"{source}: malformed YAML: {exc}") from None
+
+
+def _check_bounded(document: Any, source: str) -> None:
+    """Raise ConfigError if ``document`` holds more than MAX_YAML_VALUES values (counting
+    each as often as aliases repeat it), nests deeper than MAX_YAML_DEPTH, or contains
+    itself; the error names the top-level key where that happens. Nothing else may walk
+    a loaded document before this passed."""
+    seen = 0
+    inside: set[int] = set()
+
+    def walk(item: Any, depth: int, where: str) -> None:
+        nonlocal seen
+        seen += 1
+        if seen > MAX_YAML_VALUES:
+            raise ConfigError(f"{where}: the document expands to more than "
+                              f"{MAX_YAML_VALUES} values (aliases of aliases?)")
+        if not isinstance(item, (list, dict, set, tuple)):
+            return
+        if id(item) in inside:
+            raise ConfigError(f"{where}: a value contains itself (a recursive alias)")
+        if depth >= MAX_YAML_DEPTH:
+            raise ConfigError(f"{where}: nested more than {MAX_YAML_DEPTH} levels deep")
+        inside.add(id(item))
+        for child in (item.items() if isinstance(item, dict) else item):
+            if isinstance(item, dict):
+                walk(child[0], depth + 1, where)
+                walk(child[1], depth + 1, where)
+            else:
+                walk(child, depth + 1, where)
+        inside.discard(id(item))
+
+    if isinstance(document, dict):
+        for key, value in document.items():
+            if isinstance(key, str):
+                walk(value, 1, f"{source}: key {key[:100]!r}")
+    else:
+        walk(document, 0, source)
+
+
+def _load_yaml(text: str, source: str) -> dict[str, Any]:
+    data = _safe_load(text, source)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of Storm keys, got {type(data).__name__}")
     for key in data:
         if not isinstance(key, str):
-            raise ConfigError(f"{source}: key {key!r} is not a string")
+            raise ConfigError(f"{source}: key {key!r:.80} is not a string")
+    _check_bounded(data, source)
     return data
 
 
@@ -91,16 +158,43 @@ def _type_name(value: Any) -> str:
             list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
 
 
+_TYPE_PLURALS = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+
+
+def _value_problem(key: str, default: Any, value: Any, nullable_strings: bool) -> str | None:
+    """Why ``value`` does not fit key ``key`` (whose default is ``default``), or None.
+
+    ``nullable_strings``: a null default means "a string or null" (the built-in keys)."""
+    if default is None:
+        if not nullable_strings or value is None or isinstance(value, str):
+            return None
+        return f"must be a string or null, got {_type_name(value)}"
+    if not _type_ok(default, value):
+        return f"must be {_type_name(default)}, got {_type_name(value)}"
+    if isinstance(default, list):
+        kinds = {type(item) for item in default}
+        item_type = LIST_ITEM_TYPES.get(key) or (kinds.pop() if len(kinds) == 1 else None)
+        if item_type is not None:
+            for i, item in enumerate(value):
+                if not _type_ok(item_type(), item):
+                    return (f"must be a list of {_TYPE_PLURALS.get(item_type, 'values')}, "
+                            f"got {_type_name(item)} at [{i}]")
+    if isinstance(default, dict) and key in MAPPING_VALUE_TYPES:
+        for name, item in value.items():
+            if not isinstance(name, str) or not isinstance(item, MAPPING_VALUE_TYPES[key]):
+                return (f"must map strings to strings, numbers or booleans, got "
+                        f"{_type_name(name)} -> {_type_name(item)}")
+    return None
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """Parse one ``--set key=value``; the value is read as a YAML scalar or list."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--set {text!r}: expected key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--set {key}: value is not valid YAML: {exc}") from None
+    value = _safe_load(raw, f"--set {key}") if raw.strip() else ""
+    _check_bounded(value, f"--set {key}")
     return key, value
 
 
@@ -191,6 +285,7 @@ def load_config(
     ``extra_defaults`` is omitted they come from the installed plugins too.
     """
     defaults = builtin_defaults()
+    nullable_strings = {key for key, value in defaults.items() if value is None}
     if extra_defaults is None:
         from nimbus.distribution.distributors import plugin_settings
 
@@ -205,11 +300,20 @@ def load_config(
     if path is not None:
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            with open(p, "rb") as f:
+                data = f.read(MAX_CONFIG_BYTES + 1)
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read configuration file: {exc.strerror}") from None
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{p}: larger than {MAX_CONFIG_BYTES} bytes; not a "
+                              "configuration file?")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start})") from None
         layers.append((str(p), _load_yaml(text, str(p))))
     if isinstance(overrides, Mapping):
+        _check_bounded(dict(overrides), "overrides")
         layers.append(("overrides", overrides))
     else:
         for item in overrides:
@@ -228,11 +332,10 @@ def load_config(
                 hint = _closest(key, defaults)
                 suggestion = f" (did you mean {hint!r}?)" if hint else ""
                 raise ConfigError(f"{source}: unknown key {key!r}{suggestion}")
-            if not _type_ok(defaults[key], value):
-                raise ConfigError(
-                    f"{source}: key {key!r} must be {_type_name(defaults[key])}, "
-                    f"got {_type_name(value)} {redact_value(key, value)!r}"
-                )
+            problem = _value_problem(key, defaults[key], value, key in nullable_strings)
+            if problem:
+                raise ConfigError(f"{source}: key {key!r} {problem} "
+                                  f"{redact_value(key, value)!r:.200}")
             values[key] = value
     _check_semantics(values)
     return Config(values)
@@ -276,6 +379,13 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
         if not 0 <= values[key] < 65536:
             raise ConfigError(f"key {key!r} must be a port (1-65535), or 0 for no "
                               f"/metrics, got {values[key]}")
+    for key in PORT_KEYS:
+        if not 0 <= values[key] < 65536:
+            raise ConfigError(f"key {key!r} must be a port (0-65535), got {values[key]}")
+    for port in values["supervisor.slots.ports"]:
+        if not 0 < port < 65536:
+            raise ConfigError(f"key 'supervisor.slots.ports' must list ports (1-65535), "
+                              f"got {port}")
     if not str(values["storm.zookeeper.root"]).strip("/"):
         raise ConfigError("key 'storm.zookeeper.root' must name a znode, e.g. /storm")
 

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from nimbus.master import runtime_view
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.records import RecordError
 
 COLUMNS = ("topology", "id", "status", "workers", "restarts", "input rows/s",
            "processed rows/s", "last batch", "newest error")
@@ -33,7 +34,10 @@ def topology_rows(state: StormClusterState) -> list[dict[str, Any]]:
     the first batch) and ``newest_error`` ("component: first line", or "")."""
     rows = []
     for topology_id in state.active_storms():
-        info = runtime_view.topology_info(state, topology_id)
+        try:
+            info = runtime_view.topology_info(state, topology_id)
+        except RecordError:
+            continue  # a StormBase this release cannot read: the state logs it
         if info is None:  # removed since the listing
             continue
         components = info["components"].values()

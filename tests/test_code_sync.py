@@ -11,6 +11,7 @@ from nimbus.distribution.hookspecs import hookimpl
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.code_sync import CodeSync
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import ACTIVE, StormBase
 
 pytestmark = pytest.mark.integration
@@ -64,7 +65,16 @@ def setup(make_zk, zk_root, tmp_path):
     return state, store, CodeDistributor(RecordingDistributor)
 
 
-def test_submission_finishing_during_a_run_keeps_its_code(setup):
+@pytest.fixture
+def view(setup):
+    """The in-memory view a sync pass reads (started on the test's state)."""
+    made = ClusterView(setup[0], name="sync-test")
+    made.start()
+    yield made
+    made.close()
+
+
+def test_submission_finishing_during_a_run_keeps_its_code(setup, view):
     """The leader's fresh code is on disk and pending when the run starts; the submission
     completes (pending cleared, storm created) while the run reads. It must survive."""
     state, store, distributor = setup
@@ -78,15 +88,15 @@ def test_submission_finishing_during_a_run_keeps_its_code(setup):
                         StormBase(storm_name="fresh", launch_time_secs=1, status=ACTIVE).encode())
         return set(pending)
 
-    sync = CodeSync(state, store, distributor, period_s=3600, protected=protected)
+    sync = CodeSync(state, store, distributor, period_s=3600, view=view, protected=protected)
     sync.sync_once()
     assert store.has(TOPOLOGY)
     assert RecordingDistributor.cleaned == []
 
 
-def test_code_of_a_removed_topology_is_cleaned_up(setup):
+def test_code_of_a_removed_topology_is_cleaned_up(setup, view):
     state, store, distributor = setup
-    sync = CodeSync(state, store, distributor, period_s=3600)
+    sync = CodeSync(state, store, distributor, period_s=3600, view=view)
     sync.sync_once()
     assert not store.has(TOPOLOGY)
     assert RecordingDistributor.cleaned == [TOPOLOGY]
@@ -94,14 +104,14 @@ def test_code_of_a_removed_topology_is_cleaned_up(setup):
     assert RecordingDistributor.shared_deleted == []
 
 
-def test_absent_storms_directory_is_not_read_as_no_live_topology(setup):
+def test_absent_storms_directory_is_not_read_as_no_live_topology(setup, view):
     """A wrong root, or a wiped or half-restored ZooKeeper: nothing may be removed."""
     state, store, distributor = setup
     state.zk.create(state.storm_path(TOPOLOGY),
                     StormBase(storm_name="fresh", launch_time_secs=1, status=ACTIVE).encode())
     store.path("other-2-2").mkdir()  # a copy of a topology that is not live any more
     state.zk.delete(state.path("storms"), recursive=True)
-    sync = CodeSync(state, store, distributor, period_s=3600)
+    sync = CodeSync(state, store, distributor, period_s=3600, view=view)
     with pytest.raises(LayoutMissingError, match=r"/storms does not exist"):
         sync.sync_once()
     assert store.topologies() == {TOPOLOGY, "other-2-2"}
@@ -110,9 +120,9 @@ def test_absent_storms_directory_is_not_read_as_no_live_topology(setup):
         sync.missing()
 
 
-def test_store_of_another_cluster_is_never_cleaned(setup):
+def test_store_of_another_cluster_is_never_cleaned(setup, view):
     state, store, distributor = setup
-    sync = CodeSync(state, store, distributor, period_s=3600,
+    sync = CodeSync(state, store, distributor, period_s=3600, view=view,
                     cleanup_blocked="holds code of cluster abc")
     sync.sync_once()
     assert store.has(TOPOLOGY)
@@ -132,7 +142,7 @@ def test_cluster_id_is_made_once_and_a_foreign_store_is_reported(setup, tmp_path
     assert empty.claim(cluster) is None, "an empty store simply changes hands"
 
 
-def test_replica_change_during_a_failing_download_retries_at_once(setup, monkeypatch):
+def test_replica_change_during_a_failing_download_retries_at_once(setup, view, monkeypatch):
     """A replica that registers while a download fails must not wait for the backoff."""
     state, store, distributor = setup
     state.zk.create(state.storm_path("wanted-3-3"),
@@ -142,7 +152,7 @@ def test_replica_change_during_a_failing_download_retries_at_once(setup, monkeyp
     state.zk.create(state.code_path("wanted-3-3"), CodeMeta(
         distributor="recording", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
         created_secs=1).encode())
-    sync = CodeSync(state, store, distributor, period_s=3600)
+    sync = CodeSync(state, store, distributor, period_s=3600, view=view)
     attempts = []
 
     def download(dest_dir, topology_id, metafile):
@@ -180,7 +190,7 @@ class SteppedSync(CodeSync):
         self.__dict__["_flag"] = value
 
 
-def test_replica_change_while_the_sync_takes_the_retry_flag_is_not_lost(setup, monkeypatch):
+def test_replica_change_while_the_sync_takes_the_retry_flag_is_not_lost(setup, view, monkeypatch):
     """Two replicas register in a row: the sync thread takes the flag of the first while
     kazoo's thread raises it for the second. The second must still retry at once."""
     from nimbus.state.records import CodeMeta
@@ -192,7 +202,7 @@ def test_replica_change_while_the_sync_takes_the_retry_flag_is_not_lost(setup, m
     state.zk.create(state.code_path("wanted-3-3"), CodeMeta(
         distributor="recording", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
         created_secs=1).encode())
-    sync = SteppedSync(state, store, distributor, period_s=3600)
+    sync = SteppedSync(state, store, distributor, period_s=3600, view=view)
     sync._retry_lock = ObservedLock(threading.Lock())  # a no-op for a sync without it
     sync._failures["wanted-3-3"] = 10  # each failure now pauses 30 s: only a flag retries
     attempts = []

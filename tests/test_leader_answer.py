@@ -33,3 +33,30 @@ def test_a_follower_names_the_leader_its_cache_knows():
     follower = handler(leading=False, cached_leader="127.0.0.1:7001")
     assert [(s.port, s.isLeader) for s in follower._nimbus_summaries()] == [
         (7001, True), (7002, False)]
+
+
+def test_zookeeper_failing_under_a_leader_call_redirects_the_client():
+    """A connection loss or expired session in the middle of a leader call is answered
+    with the "not a leader" redirect (the client then asks whoever leads now), never
+    with a plain internal error the client would give up on."""
+    import pytest
+    from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+    from thriftpy2.thrift import TApplicationException
+
+    from nimbus.thrift import NOT_LEADER_PREFIX
+
+    for leading, failure, named in ((True, ConnectionLoss(), "127.0.0.1:7002"),
+                                    (False, SessionExpiredError(), "127.0.0.1:7002")):
+        state = {"leading": True}
+
+        def fail(failure=failure, leading=leading):
+            state["leading"] = leading  # what the elector knows once the call failed
+            raise failure
+
+        made = handler(leading=True, cached_leader="127.0.0.1:7002")
+        made.elector = SimpleNamespace(is_leader=lambda: state["leading"],
+                                       get_leader_address=lambda: "127.0.0.1:7002")
+        made.cache = SimpleNamespace(wake=lambda: None)
+        with pytest.raises(TApplicationException) as raised:
+            made._leader_call(fail)
+        assert raised.value.message == f"{NOT_LEADER_PREFIX}{named}"

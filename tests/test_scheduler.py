@@ -16,6 +16,7 @@ from nimbus.devcluster import wait_for
 from nimbus.master.elector import LeaderElector
 from nimbus.master.scheduler import Scheduler
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
+from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
 from nimbus.testing.faults import expire_session
 
@@ -43,9 +44,11 @@ def cluster(make_zk, zk_root):
                                   "nimbus.task.launch.secs": LAUNCH_S}, extra_defaults={})
     clock = FakeClock()
     supervisors = {}
+    view = ClusterView(state)
+    view.start()
 
     def scheduler() -> Scheduler:
-        return Scheduler(conf, state, clock=clock)
+        return Scheduler(conf, state, view, clock=clock)
 
     def add_supervisor(sid: str, ports: list[int]) -> StormClusterState:
         own = StormClusterState(make_zk(), zk_root)
@@ -65,6 +68,7 @@ def cluster(make_zk, zk_root):
 
     yield state, elector, clock, scheduler, add_supervisor, add_topology, beat
     elector.stop()
+    view.close()
 
 
 def slots(state: StormClusterState, topology_id: str) -> dict[str, tuple[str, int]]:

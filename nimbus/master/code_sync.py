@@ -14,7 +14,8 @@ live topologies and this one is not among them: an absent ``storms`` directory, 
 root that now holds another cluster's id (:class:`LayoutMissingError`), stops the pass
 before anything is removed, and a store that holds another cluster's code
 (``cleanup_blocked``) is never cleaned. Removal here only drops *this host's* copy (the
-``cleanup`` hook); shared storage is the leader's to delete.
+``cleanup`` hook); shared storage is the leader's to delete. A code node whose metafile
+this release cannot read (``RecordError``) fetches nothing but keeps the copy held here.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from kazoo.exceptions import KazooException
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.records import RecordError
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,7 @@ class CodeSync:
     """Download missing code and remove code of removed topologies; see module doc."""
 
     MAX_RETRY_PAUSE_S = 30.0
+    READS = ("storms", "code-distributor")
 
     def __init__(
         self,
@@ -90,8 +94,12 @@ class CodeSync:
         cluster_id: str | None = None,
         on_fetch: Callable[[str, float, Path | None], None] | None = None,
         lost_grace_s: float | None = None,
+        view: ClusterView | None = None,
     ):
+        """``view`` is where a sync pass reads storms and code nodes; only
+        :meth:`check_code` may be used without one."""
         self._state = state
+        self._view = view
         self._store = store
         self._distributor = distributor
         self._period_s = period_s
@@ -121,6 +129,8 @@ class CodeSync:
         self.runs = 0
 
     def start(self) -> None:
+        if self._view is not None:
+            self._view.listen(self._on_view_change)
         self._thread.start()
 
     def stop(self) -> None:
@@ -128,6 +138,12 @@ class CodeSync:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+
+    def _on_view_change(self, directory: str, _topology_id: str) -> None:
+        if directory == "code-distributor":
+            self._on_replica_change(None)  # maybe a new place to fetch from
+        elif directory == "storms":
+            self._wake.set()
 
     def wake(self, _event: object = None) -> None:
         """Ask for a run soon; also the callback of every watch this sync leaves."""
@@ -213,7 +229,7 @@ class CodeSync:
                     log.error("code sync stopped, nothing fetched or removed: %s", exc)
                 self._layout_error = str(exc)
                 pause = min(pause, 5.0)
-            except KazooException as exc:
+            except (KazooException, ViewNotLoadedError) as exc:
                 log.warning("code sync could not read cluster state: %s", exc)
                 pause = min(pause, 1.0)
             except Exception:
@@ -241,13 +257,22 @@ class CodeSync:
         self._check_cluster()
         if self._take_retry_now():
             self._retry_at = dict.fromkeys(self._retry_at, 0.0)
-        live = set(self._state.active_storms(watch=self.wake))
+        view = self._view
+        if view is None:
+            raise RuntimeError("CodeSync.sync_once needs a ClusterView")
+        # A constant number of round trips; the listing and the metafiles come from memory.
+        view.barrier(directories=self.READS)
+        live = set(view.active_storms())
         wanted = set(live)
         published: dict[str, bytes] = {}
-        for topology_id in self._state.code_topologies(watch=self.wake):
-            meta = self._state.code_meta(topology_id, watch=self.wake)
-            # A new replica is a new place to fetch from: retry failures at once.
-            self._state.replica_hosts(topology_id, watch=self._on_replica_change)
+        for topology_id in view.code_topologies():
+            try:
+                meta = view.code_meta(topology_id)
+            except RecordError:
+                # Logged by the state. Nothing to fetch from, but a copy held here is
+                # kept: an unreadable node (say, a newer release's) is not a removal.
+                wanted.add(topology_id)
+                continue
             if meta is not None:
                 published[topology_id] = meta.metafile
                 wanted.add(topology_id)
@@ -258,6 +283,8 @@ class CodeSync:
             if self._cleanup_blocked:
                 log.error("not removing code of %s: %s", topology_id, self._cleanup_blocked)
                 continue
+            if self._still_there(topology_id):
+                continue  # the view trailed ZooKeeper; the next pass sees it
             log.info("removing code of %s: the topology is gone", topology_id)
             try:
                 self._distributor.cleanup(topology_id)
@@ -268,6 +295,13 @@ class CodeSync:
                 self._retry_at.pop(topology_id, None)
                 self._failures.pop(topology_id, None)
         self._report_completeness(live, held)
+
+    def _still_there(self, topology_id: str) -> bool:
+        """Read ZooKeeper itself before removing anything: the topology or its code node
+        still exists (two round trips, for removals only)."""
+        zk = self._state.zk
+        return any(zk.retry(zk.exists, path) is not None for path in (
+            self._state.storm_path(topology_id), self._state.code_path(topology_id)))
 
     def _report_completeness(self, live: set[str], held_before: set[str]) -> None:
         # Logged when it changes, and after a pass that fetched missing code, so that an

@@ -33,7 +33,8 @@ from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
-from nimbus.state.records import NimbusInfo
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.records import NimbusInfo, RecordError
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import zk_security
 from nimbus.thrift.authorizer import authorizer_from_conf
@@ -83,6 +84,8 @@ class NimbusDaemon:
         self._stopping = False
         self._stopping_lock = threading.Lock()
         self._duties_wake = threading.Event()
+        self._duties_error = ""  # the RecordError that last stopped the duties, if any
+        self.cycles = 0  # duty cycles completed (tests wait on it)
 
         # Fail fast on bad security settings, before anything is started.
         configure_clients(conf)  # peer code downloads present this nimbus's certificate
@@ -128,7 +131,10 @@ class NimbusDaemon:
             zk=self.zk, zk_root=conf.zk_root, address=self.address,
             local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
             code_dir=self.store.root, fetch_file=fetch_file))
-        self.sync = CodeSync(self.state, self.store, self.distributor,
+        # What the summary, the scheduler, the code sync and submit read: in memory,
+        # kept current by watches (loaded in start()).
+        self.view = ClusterView(self.state, name="nimbus")
+        self.sync = CodeSync(self.state, self.store, self.distributor, view=self.view,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),
                              on_synced=lambda: self.elector.wake(),
@@ -142,9 +148,10 @@ class NimbusDaemon:
             request_sync=self.sync.wake, on_change=self._on_leadership)
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
                                            self.elector, self.address,
-                                           code_lost=self.sync.lost_topologies)
-        self.scheduler = Scheduler(conf, self.state)
-        self.cache = ClusterSummaryCache(self.state, self.distributor)
+                                           code_lost=self.sync.lost_topologies,
+                                           view=self.view)
+        self.scheduler = Scheduler(conf, self.state, self.view)
+        self.cache = ClusterSummaryCache(self.state, self.distributor, self.view)
         self.transfers = FileTransfers(conf.local_dir, self.store,
                                        conf["nimbus.max.topology.bytes"])
         handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
@@ -196,6 +203,7 @@ class NimbusDaemon:
         self._register()
         self._renewal = SessionRenewal(self.zk, "nimbus-registration", self._reregister)
         self.zk.add_listener(self._on_connection_state)
+        self.view.start()
         self.cache.start()
         self.sync.start()
         self._duties.start()
@@ -248,6 +256,7 @@ class NimbusDaemon:
         self.sync.stop()
         self.cache.stop()
         self._duties.join(timeout=10)
+        self.view.close()
         self.server.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
@@ -303,16 +312,38 @@ class NimbusDaemon:
 
     def run_cycle(self) -> None:
         """One pass of leader duties; a no-op on followers."""
+        try:
+            self._run_duties()
+        finally:
+            self.cycles += 1
+
+    def _run_duties(self) -> None:
         if not self.elector.is_leader():
             return
         try:
             self.lifecycle.remove_due_kills()
             self.lifecycle.remove_orphan_code()
-            self.scheduler.schedule(self.elector.fence())
+            if self.scheduler.schedule(self.elector.fence()):
+                # Read-your-writes: once a pass has moved work, the summary getClusterInfo
+                # serves shows it (one barrier, only after passes that wrote).
+                self.cache.refresh_now()
+            if self._duties_error:
+                log.info("scheduling resumed")
+                self._duties_error = ""
         except (NotLeaderError, NoLeaderError):
             log.info("duties skipped: leadership lost during the cycle")
+        except ViewNotLoadedError as exc:
+            log.warning("duties skipped, retrying next cycle: %s", exc)
         except LayoutMissingError as exc:
             log.error("duties skipped, nothing removed: %s", exc)
+        except RecordError as exc:
+            # A node the scheduler cannot read (a newer release's, or damaged): placing
+            # work without knowing where that topology runs could double-book slots, so
+            # nothing is scheduled until it is readable again. Logged once per problem.
+            if str(exc) != self._duties_error:
+                log.error("scheduling stopped, no assignment changed: %s", exc)
+            self._duties_error = str(exc)
+            return
         except KazooException as exc:
             log.warning("duties failed, retrying next cycle: %s", exc)
         except Exception:

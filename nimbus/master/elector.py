@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -38,7 +39,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.protocol.states import KazooState
 
-from nimbus.state.cluster_state import Fence, LayoutMissingError, StormClusterState
+from nimbus.state.cluster_state import (
+    Fence,
+    LayoutMissingError,
+    StormClusterState,
+    lock_sequence,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +56,10 @@ class NoLeaderError(RuntimeError):
 
 
 def _seq(node: str) -> int:
-    return int(node.rsplit("-", 1)[-1])
+    # leader_lock_nodes leaves out names without a sequence number; were one to slip
+    # through, it would queue last, never ahead of a nimbus.
+    seq = lock_sequence(node)
+    return seq if seq is not None else sys.maxsize
 
 
 class LeaderElector:

@@ -30,7 +30,15 @@ from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore, atomic_dir, sha256_file
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import ConcurrentChangeError, Fence, StormClusterState
-from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, CodeMeta, StormBase
+from nimbus.state.cluster_view import ClusterView
+from nimbus.state.records import (
+    ACTIVE,
+    INACTIVE,
+    KILLED,
+    Assignment,
+    CodeMeta,
+    StormBase,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +78,12 @@ class TopologyLifecycle:
 
     def __init__(self, conf: Config, state: StormClusterState, store: LocalCodeStore,
                  distributor: CodeDistributor, elector: LeaderElector, address: str,
-                 code_lost: Callable[[], frozenset[str]] = frozenset):
+                 code_lost: Callable[[], frozenset[str]] = frozenset,
+                 view: ClusterView | None = None):
+        """``view``: where names and due kills are looked up (every action that does so
+        needs one)."""
         self.conf = conf
+        self._view = view
         # Live topologies whose code is lost everywhere (CodeSync.lost_topologies): a
         # leader that leads without them accepts no submissions (STORM-3664).
         self._code_lost = code_lost
@@ -89,8 +101,16 @@ class TopologyLifecycle:
         with self._pending_lock:
             return set(self._pending)
 
+    def _named(self, name: str) -> tuple[str, StormBase] | None:
+        """The live topology named ``name``, from the view after a barrier: every
+        topology created before the call is seen, in a constant number of round trips."""
+        if self._view is None:
+            raise RuntimeError("TopologyLifecycle needs a ClusterView to look up names")
+        self._view.barrier(directories=("storms",))
+        return self._view.find_storm_by_name(name)
+
     def find(self, name: str) -> tuple[str, StormBase]:
-        found = self.state.find_storm_by_name(name)
+        found = self._named(name)
         if found is None:
             raise TopologyNotFoundError(f"no live topology named {name!r}")
         return found
@@ -187,7 +207,7 @@ class TopologyLifecycle:
                         self.elector.fence()  # stop waiting once no longer leading
                         continue
                     raise TopologyExistsError(f"topology {name!r} is already alive")
-                found = self.state.find_storm_by_name(name)
+                found = self._named(name)
                 if found is not None:
                     if token and found[1].submission_token == token:
                         return found[0]
@@ -373,9 +393,11 @@ class TopologyLifecycle:
         """Remove every KILLED topology whose wait has passed."""
         fence = self.elector.fence()
         now = time.time()
-        for topology_id in self.state.active_storms():
-            base = self.state.storm_base(topology_id)
-            if base is not None and base.status == KILLED and base.kill_at_secs <= now:
+        if self._view is None:
+            raise RuntimeError("TopologyLifecycle needs a ClusterView for its duties")
+        # From memory: unreadable ones are left out (logged by the state), not killed.
+        for topology_id, base in self._view.storms().items():
+            if base.status == KILLED and base.kill_at_secs <= now:
                 log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
                 self.state.remove_storm(fence, topology_id)
                 self._delete_shared(topology_id)

@@ -150,13 +150,11 @@ def topology_info(state: StormClusterState, topology_id: str,
     for worker, (supervisor_id, port) in sorted(
             assignment.executor_node_port.items(), key=lambda kv: _worker_index(kv[0])):
         supervisor_id, port = str(supervisor_id), int(port)
-        raw = state.get_worker_heartbeat(topology_id, supervisor_id, port)
-        beat = None
-        if raw is not None:
-            try:
-                beat = WorkerBeat.decode(raw)
-            except UNREADABLE:
-                pass  # present (so alive) but unreadable: no numbers to show
+        try:
+            beat: WorkerBeat | None = state.worker_beat(topology_id, supervisor_id, port)
+            beating = beat is not None
+        except UNREADABLE:
+            beat, beating = None, True  # present (so alive) but unreadable: no numbers
         started = assignment.executor_start_time_secs.get(worker)
         reported = beat.components if beat and isinstance(beat.components, dict) else {}
         workers.append({
@@ -164,7 +162,7 @@ def topology_info(state: StormClusterState, topology_id: str,
             "supervisor_id": supervisor_id,
             "host": assignment.node_host.get(supervisor_id, supervisor_id), "port": port,
             "uptime_secs": max(0, int(now - started)) if started is not None else 0,
-            "alive": raw is not None,
+            "alive": beating,
             "restarts": _number(beat.restarts, int) if beat else 0,
             "components": {str(name): _component_stats(stats)
                            for name, stats in sorted(reported.items())}})

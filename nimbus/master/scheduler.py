@@ -1,7 +1,9 @@
 """The leader's scheduler: give every live topology its workers on supervisor slots.
 
 A duty of the leader only; every assignment it writes is fenced by the leader lock. One
-pass (:meth:`Scheduler.schedule`) reads the supervisors and the topologies, keeps every
+pass (:meth:`Scheduler.schedule`) reads the supervisors and the topologies (from the
+in-memory :class:`ClusterView`, after a barrier so that it sees every change made before
+the pass, its own last writes and a predecessor's included), keeps every
 worker that is alive where it is, moves the others to free slots, and writes each
 Assignment that changed. A worker is one slot (``supervisor id``, port); its executor
 key in the Assignment is ``worker-<i>``.
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 
 from nimbus.config import Config
 from nimbus.state.cluster_state import Fence, StormClusterState
+from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import ACTIVE, Assignment, StormBase, SupervisorInfo
 
 log = logging.getLogger(__name__)
@@ -103,9 +106,13 @@ class Scheduler:
     # A pass slower than this is logged at INFO (issue 9's target for one pass).
     SLOW_PASS_S = 0.2
 
-    def __init__(self, conf: Config, state: StormClusterState,
+    # The directories a pass reads.
+    READS = ("storms", "assignments", "supervisors", "workerbeats")
+
+    def __init__(self, conf: Config, state: StormClusterState, view: ClusterView,
                  clock: Callable[[], float] = time.monotonic):
         self._state = state
+        self._view = view
         self._timeout_s = conf["nimbus.task.timeout.secs"]
         self._launch_s = conf["nimbus.task.launch.secs"]
         self._observer = HeartbeatObserver(clock)
@@ -136,10 +143,12 @@ class Scheduler:
         if self._fresh:
             self._fresh = False
             self._observer.reset()
-        supervisors = self._live_supervisors()
+        # A constant number of round trips, whatever the cluster's size; then memory only.
+        self._view.barrier(directories=self.READS)
+        supervisors = self._view.supervisors()
         topologies = self._topologies()
         counts.update(topologies=len(topologies), supervisors=len(supervisors))
-        current = {t: self._state.assignment_info(t) for t in topologies}
+        current = {t: self._assignment_of(t) for t in topologies}
         silent: set[Slot] = set()
         kept = {t: self._keep_alive_workers(t, current[t], supervisors, silent)
                 for t in topologies if current[t] is not None}
@@ -165,7 +174,7 @@ class Scheduler:
                                  free, used)
             placed = [s for e, s in workers.items() if before[topology_id].get(e) != s]
             if placed:
-                beats = self._state.worker_beat_versions(topology_id)
+                beats = self._view.worker_beat_versions(topology_id)
                 for slot in placed:
                     self._observer.placed(topology_id, slot.beat_name, beats.get(slot.beat_name))
             observed |= {(topology_id, s.beat_name) for s in workers.values()}
@@ -178,18 +187,16 @@ class Scheduler:
         return written
 
     # -- reading ----------------------------------------------------------------------------
-    def _live_supervisors(self) -> dict[str, SupervisorInfo]:
-        live = {}
-        for supervisor_id in self._state.supervisors():
-            info = self._state.supervisor_info(supervisor_id)
-            if info is not None:
-                live[supervisor_id] = info
-        return live
+    def _assignment_of(self, topology_id: str) -> Assignment | None:
+        """The topology's Assignment; RecordError if unreadable (the pass then stops:
+        placing work without knowing where that topology runs could double-book)."""
+        found = self._view.assignment(topology_id)
+        return found[0] if found is not None else None
 
     def _topologies(self) -> dict[str, StormBase]:
         found = {}
-        for topology_id in self._state.active_storms():
-            base = self._state.storm_base(topology_id)
+        for topology_id in self._view.active_storms():
+            base = self._view.storm_base(topology_id)
             if base is not None:
                 found[topology_id] = base
         # Oldest first: when slots run short, the longest-running topologies keep theirs.
@@ -205,7 +212,7 @@ class Scheduler:
                             silent: set[Slot]) -> dict[str, Slot]:
         """The workers of ``assignment`` that stay where they are; adds the slots of
         workers that went silent to ``silent``."""
-        beats = self._state.worker_beat_versions(topology_id)
+        beats = self._view.worker_beat_versions(topology_id)
         kept: dict[str, Slot] = {}
         for executor, (supervisor_id, port) in sorted(assignment.executor_node_port.items()):
             slot = Slot(supervisor_id, int(port))

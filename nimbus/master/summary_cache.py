@@ -1,9 +1,13 @@
 """The cluster summary every nimbus serves from memory, kept current by ZooKeeper watches.
 
-A named thread re-reads nimbuses, the leader queue, storms, supervisors and replica
-registrations whenever a watch on any of them fires (and every few seconds as a safety
-net, which also refreshes replication counts of stores without watches, like S3).
-getClusterInfo then never touches ZooKeeper.
+A named thread rebuilds the snapshot whenever something it shows changes: storms,
+assignments and supervisors come from the in-memory :class:`ClusterView` (no round trip),
+nimbuses and the leader queue (a handful of nodes) are read with watches. Replication
+counts are asked of the distributor only for topologies whose replica registrations
+changed, and for a few more on each safety-net pass (for stores without watches, like
+S3), so a submission costs the same round trips at 100 topologies as at 5,000.
+getClusterInfo then never touches ZooKeeper. A topology whose StormBase this release
+cannot read is left out (the state logs the node once); the others are still listed.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from kazoo.exceptions import KazooException
 
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.state.records import NimbusInfo, StormBase, SupervisorInfo
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.records import Assignment, NimbusInfo, StormBase, SupervisorInfo
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +36,7 @@ class ClusterSnapshot:
     storms: dict[str, StormBase] = field(default_factory=dict)
     replication: dict[str, int] = field(default_factory=dict)
     supervisors: dict[str, SupervisorInfo] = field(default_factory=dict)
+    assignments: dict[str, Assignment] = field(default_factory=dict)
     taken_at: float = 0.0
 
 
@@ -38,11 +44,19 @@ class ClusterSummaryCache:
     """Holds the latest :class:`ClusterSnapshot`; see the module docstring."""
 
     SAFETY_INTERVAL_S = 5.0
+    # Replication counts refreshed per safety-net pass beyond those known to have changed.
+    SWEEP_PER_PASS = 50
 
-    def __init__(self, state: StormClusterState, distributor: CodeDistributor):
+    def __init__(self, state: StormClusterState, distributor: CodeDistributor,
+                 view: ClusterView):
         self._state = state
         self._distributor = distributor
+        self._view = view
         self._snapshot = ClusterSnapshot()
+        self._replication: dict[str, int] = {}
+        self._stale_replication: set[str] = set()  # replica registrations changed
+        self._stale_lock = threading.Lock()
+        self._sweep_from = ""  # the safety net's place in the id order
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._fresh = threading.Condition()
@@ -51,6 +65,7 @@ class ClusterSummaryCache:
         self._thread = threading.Thread(target=self._run, name="cluster-summary", daemon=True)
 
     def start(self) -> None:
+        self._view.listen(self._on_view_change)
         self._thread.start()
 
     def stop(self) -> None:
@@ -60,6 +75,14 @@ class ClusterSummaryCache:
             self._thread.join(timeout=10)
 
     def wake(self, _event: object = None) -> None:
+        self._wake.set()
+
+    def _on_view_change(self, directory: str, topology_id: str) -> None:
+        if directory == "workerbeats":
+            return  # heartbeats: nothing the summary shows
+        if directory == "code-distributor":
+            with self._stale_lock:
+                self._stale_replication.add(topology_id)
         self._wake.set()
 
     @property
@@ -80,11 +103,13 @@ class ClusterSummaryCache:
         return self._snapshot
 
     def _run(self) -> None:
+        timed_out = True  # the first load counts every topology's replicas anyway
         while not self._stop.is_set():
             with self._fresh:
                 generation = self._requested
+                asked = generation > self._loaded
             try:
-                snapshot = self._load()
+                snapshot = self._load(barrier=asked, sweep=timed_out)
                 with self._fresh:
                     self._snapshot = snapshot
                     self._loaded = generation
@@ -96,37 +121,48 @@ class ClusterSummaryCache:
                     self._snapshot = replace(self._snapshot, leader=None)
                 self._stop.wait(0.5)
                 self._wake.set()
-            except KazooException as exc:
+            except (KazooException, ViewNotLoadedError) as exc:
                 log.debug("cluster summary reload failed: %s", exc)
                 self._stop.wait(0.5)
                 self._wake.set()
             except Exception:
                 log.exception("cluster summary reload failed")
-            self._wake.wait(self.SAFETY_INTERVAL_S)
+            timed_out = not self._wake.wait(self.SAFETY_INTERVAL_S)
             self._wake.clear()
 
-    def _load(self) -> ClusterSnapshot:
-        state, watch = self._state, self.wake
-        nimbuses = state.nimbuses(watch=watch)
-        queue = state.leader_queue(watch=watch)
-        storms: dict[str, StormBase] = {}
-        replication: dict[str, int] = {}
-        for topology_id in state.active_storms(watch=watch):
-            base = state.storm_base(topology_id, watch=watch)
-            if base is None:
-                continue
-            storms[topology_id] = base
-            state.replica_hosts(topology_id, watch=watch)
+    def _load(self, barrier: bool, sweep: bool) -> ClusterSnapshot:
+        """A new snapshot; ``barrier``: include every change made before the call
+        (read-your-writes); ``sweep``: also recount some replicas (the safety net)."""
+        state, view = self._state, self._view
+        if barrier:
+            view.barrier()
+        nimbuses = state.nimbuses(watch=self.wake)
+        queue = state.leader_queue(watch=self.wake)
+        storms = view.storms()  # unreadable ones are left out (logged by the state)
+        assignments = {t: a for t, a in view.assignments().items() if t in storms}
+        supervisors = view.supervisors()
+        return ClusterSnapshot(nimbuses=nimbuses, leader=queue[0][1] if queue else None,
+                               storms=storms, replication=self._count_replicas(storms, sweep),
+                               supervisors=supervisors, assignments=assignments,
+                               taken_at=time.monotonic())
+
+    def _count_replicas(self, storms: dict[str, StormBase], sweep: bool) -> dict[str, int]:
+        with self._stale_lock:
+            stale, self._stale_replication = self._stale_replication, set()
+        for topology_id in [t for t in self._replication if t not in storms]:
+            del self._replication[topology_id]
+        recount = {t for t in storms if t not in self._replication or t in stale}
+        if sweep and storms:
+            ordered = sorted(storms)
+            later = [t for t in ordered if t > self._sweep_from]
+            batch = (later + ordered)[:self.SWEEP_PER_PASS]
+            self._sweep_from = batch[-1]
+            recount.update(batch)
+        for topology_id in recount:
             try:
-                replication[topology_id] = self._distributor.get_replication_count(topology_id)
+                self._replication[topology_id] = self._distributor.get_replication_count(
+                    topology_id)
             except Exception as exc:
                 log.debug("replication count of %s unavailable: %s", topology_id, exc)
-                replication[topology_id] = 0
-        supervisors = {}
-        for sid in state.supervisors(watch=watch):
-            info = state.supervisor_info(sid)
-            if info is not None:
-                supervisors[sid] = info
-        return ClusterSnapshot(nimbuses=nimbuses, leader=queue[0][1] if queue else None,
-                               storms=storms, replication=replication,
-                               supervisors=supervisors, taken_at=time.monotonic())
+                self._replication[topology_id] = 0
+        return dict(self._replication)

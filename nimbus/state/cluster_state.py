@@ -19,11 +19,15 @@ even if it has not yet noticed that it lost the lock.
 
 from __future__ import annotations
 
+import logging
 import posixpath
+import re
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
@@ -35,19 +39,46 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from nimbus.distribution.local_code import TOPOLOGY_ID_RE
 from nimbus.state import leader_audit
 from nimbus.state.records import (
     Assignment,
     CodeMeta,
     ErrorInfo,
     NimbusInfo,
+    Record,
     RecordError,
     StormBase,
     SupervisorInfo,
+    WorkerBeat,
 )
 
 MAX_ERRORS_PER_COMPONENT = 10
 Watch = Callable[[Any], None] | None
+R = TypeVar("R", bound=Record)
+log = logging.getLogger(__name__)
+
+# A node this release cannot read is logged once per problem, again after this long if
+# it persists, and again at once if it is deleted and made anew; this many are remembered.
+UNREADABLE_RELOG_S = 600.0
+UNREADABLE_REMEMBERED = 1024
+# What setup() writes into the root (a uuid4's hex); any short printable word is taken.
+CLUSTER_ID_RE = re.compile(r"^[!-~]{1,128}$")
+
+
+def lock_sequence(name: str) -> int | None:
+    """The sequence number of a leader-lock node (``nimbus-<token>-<sequence>``), or
+    None for a name that no nimbus makes."""
+    _head, sep, seq = name.rpartition("-")
+    if not sep or not seq.isascii() or not seq.isdigit():
+        return None
+    return int(seq)
+
+
+def is_topology_id(name: str) -> bool:
+    """Whether ``name`` can be a topology id (``name-counter-time``, as submit makes
+    them); any other child of a topology directory is no topology."""
+    return bool(TOPOLOGY_ID_RE.fullmatch(name)) and ".." not in name
 
 
 class NotLeaderError(RuntimeError):
@@ -65,6 +96,60 @@ class LayoutMissingError(RuntimeError):
     ZooKeeper looks the same, and acting on it as "nothing is live" would delete every
     topology's code. Callers stop and report instead.
     """
+
+
+class _UnreadableLog:
+    """Logs the nodes this release cannot read: each problem of a node once, again after
+    UNREADABLE_RELOG_S if it persists (heartbeats rewrite their nodes every few seconds),
+    and again at once once the node was readable or gone in between. Remembers at most
+    UNREADABLE_REMEMBERED nodes, indexed by directory so listings stay cheap."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # directory -> node name -> problem -> when it was last logged (monotonic)
+        self._dirs: dict[str, dict[str, dict[str, float]]] = {}
+        self._count = 0
+
+    def report(self, path: str, problem: str) -> None:
+        directory, name = posixpath.split(path)
+        now = time.monotonic()
+        with self._lock:
+            problems = self._dirs.get(directory, {}).get(name)
+            logged = problems.get(problem) if problems is not None else None
+            if logged is not None and now - logged < UNREADABLE_RELOG_S:
+                return
+            if problems is None:
+                if self._count >= UNREADABLE_REMEMBERED:
+                    self._dirs.clear()
+                    self._count = 0
+                self._count += 1
+            self._dirs.setdefault(directory, {}).setdefault(name, {})[problem] = now
+        log.error("unreadable node, left as it is: %s", problem)
+
+    def readable(self, path: str) -> None:
+        if not self._count:
+            return
+        directory, name = posixpath.split(path)
+        with self._lock:
+            names = self._dirs.get(directory)
+            if names is not None and names.pop(name, None) is not None:
+                self._count -= 1
+
+    def listed(self, directory: str, children: list[str]) -> None:
+        """``directory`` holds ``children``: forget the nodes that are gone."""
+        if directory not in self._dirs:
+            return
+        present = set(children)
+        with self._lock:
+            names = self._dirs.get(directory, {})
+            for name in [n for n in names if n not in present]:
+                del names[name]
+                self._count -= 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._dirs.clear()
+            self._count = 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +171,7 @@ class StormClusterState:
         self.zk = zk
         self.root = "/" + root.strip("/")
         self.audit_writer = audit_writer
+        self._unreadable = _UnreadableLog()
 
     # -- paths -------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -128,24 +214,35 @@ class StormClusterState:
             data = b""
         current = data.decode("utf-8", "replace")
         if current != expected:
+            shown = current if CLUSTER_ID_RE.fullmatch(current) else f"{data[:40]!r}"
             raise LayoutMissingError(
-                f"ZooKeeper root {self.root} holds cluster {current or '(none)'}, not "
+                f"ZooKeeper root {self.root} holds cluster {shown or '(none)'}, not "
                 f"cluster {expected} that this nimbus joined (ZooKeeper wiped and set up "
                 "again, or restored from elsewhere?); refusing to act on it. Restart this "
                 "nimbus to join the new cluster: its code is then kept aside, never removed"
             )
 
     def cluster_id(self) -> str:
-        """The id written into the root node by the first :meth:`setup`."""
+        """The id written into the root node by the first :meth:`setup`.
+
+        Raises LayoutMissingError when the root holds something else (not a short
+        printable word): a root of some other application, or damaged data, is not
+        adopted as a cluster."""
         data, stat = self.zk.retry(self.zk.get, self.root)
-        if data:
-            return data.decode("utf-8", "replace")
-        made = uuid.uuid4().hex
-        try:
-            self.zk.retry(self.zk.set, self.root, made.encode(), version=stat.version)
-            return made
-        except BadVersionError:  # another nimbus set it first: theirs wins
-            return self.zk.retry(self.zk.get, self.root)[0].decode("utf-8", "replace")
+        if not data:
+            made = uuid.uuid4().hex
+            try:
+                self.zk.retry(self.zk.set, self.root, made.encode(), version=stat.version)
+                return made
+            except BadVersionError:  # another nimbus set it first: theirs wins
+                data = self.zk.retry(self.zk.get, self.root)[0]
+        current = data.decode("utf-8", "replace")
+        if not CLUSTER_ID_RE.fullmatch(current):
+            raise LayoutMissingError(
+                f"ZooKeeper root {self.root} holds {data[:40]!r} ({len(data)} bytes) where "
+                "nimbus-ha keeps its cluster id: not a nimbus-ha root, or damaged; check "
+                "storm.zookeeper.root")
+        return current
 
     # -- low-level helpers ---------------------------------------------------------------
     def _children(self, path: str, watch: Watch = None, layout: bool = False) -> list[str]:
@@ -153,7 +250,9 @@ class StormClusterState:
         directory (made by :meth:`setup`, never removed): then LayoutMissingError, since
         an absent directory is not an empty one."""
         try:
-            return sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
+            children = sorted(self.zk.retry(self.zk.get_children, path, watch=watch))
+            self._unreadable.listed(path, children)
+            return children
         except NoNodeError:
             if layout:
                 raise LayoutMissingError(
@@ -165,11 +264,41 @@ class StormClusterState:
     def _layout_children(self, sub: str, watch: Watch = None) -> list[str]:
         return self._children(self.path(sub), watch, layout=True)
 
+    def _topology_children(self, sub: str, watch: Watch = None) -> list[str]:
+        """The topology ids under layout directory ``sub``. A child whose name is not a
+        topology id (``name-counter-time``, as submit makes them) is no topology: it is
+        logged once and left out, and left alone."""
+        ids = []
+        for child in self._layout_children(sub, watch):
+            if is_topology_id(child):
+                ids.append(child)
+            else:
+                path = self.path(sub, child)
+                self._unreadable.report(path, f"{path}: not a topology id "
+                                              "(name-counter-time); ignored")
+        return ids
+
     def _get(self, path: str, watch: Watch = None) -> tuple[bytes, ZnodeStat] | None:
         try:
             return self.zk.retry(self.zk.get, path, watch=watch)
         except NoNodeError:
             return None
+
+    def decode_record(self, cls: type[R], path: str, got: tuple[bytes, ZnodeStat]) -> R:
+        """Decode a node's record; a RecordError (naming ``path``) is logged (see
+        :class:`_UnreadableLog`), then raised."""
+        try:
+            record = cls.decode(got[0], source=path)
+        except RecordError as exc:
+            self._unreadable.report(path, str(exc))
+            raise
+        self._unreadable.readable(path)
+        return record
+
+    def forget_unreadable(self) -> None:
+        """Forget which unreadable nodes were logged: each is logged again when next
+        read (the fuzz campaign starts every case like this)."""
+        self._unreadable.clear()
 
     def _subtree(self, path: str) -> list[str]:
         """Every node under ``path`` and ``path`` itself, children before parents."""
@@ -200,19 +329,27 @@ class StormClusterState:
     # -- topologies --------------------------------------------------------------------
     def active_storms(self, watch: Watch = None) -> list[str]:
         """Ids of every topology under /storms (ACTIVE, INACTIVE or KILLED)."""
-        return self._layout_children("storms", watch)
+        return self._topology_children("storms", watch)
 
     def storm_base(self, topology_id: str, watch: Watch = None) -> StormBase | None:
-        got = self._get(self.storm_path(topology_id), watch)
-        return StormBase.decode(got[0]) if got else None
+        """The topology's StormBase; None if it has none. RecordError if unreadable."""
+        path = self.storm_path(topology_id)
+        got = self._get(path, watch)
+        return self.decode_record(StormBase, path, got) if got else None
 
     def storm_base_versioned(self, topology_id: str) -> tuple[StormBase, int] | None:
-        got = self._get(self.storm_path(topology_id))
-        return (StormBase.decode(got[0]), got[1].version) if got else None
+        path = self.storm_path(topology_id)
+        got = self._get(path)
+        return (self.decode_record(StormBase, path, got), got[1].version) if got else None
 
     def find_storm_by_name(self, name: str) -> tuple[str, StormBase] | None:
+        """The live topology named ``name``; one whose StormBase is unreadable has no
+        name this release can see (it is logged, and skipped)."""
         for topology_id in self.active_storms():
-            base = self.storm_base(topology_id)
+            try:
+                base = self.storm_base(topology_id)
+            except RecordError:
+                continue
             if base is not None and base.storm_name == name:
                 return topology_id, base
         return None
@@ -256,11 +393,13 @@ class StormClusterState:
 
     # -- assignments -------------------------------------------------------------------
     def assignments(self, watch: Watch = None) -> list[str]:
-        return self._layout_children("assignments", watch)
+        return self._topology_children("assignments", watch)
 
     def assignment_info(self, topology_id: str, watch: Watch = None) -> Assignment | None:
-        got = self._get(self.path("assignments", topology_id), watch)
-        return Assignment.decode(got[0]) if got else None
+        """The topology's Assignment; None if it has none. RecordError if unreadable."""
+        path = self.path("assignments", topology_id)
+        got = self._get(path, watch)
+        return self.decode_record(Assignment, path, got) if got else None
 
     def set_assignment(self, fence: Fence, topology_id: str, assignment: Assignment) -> None:
         self._commit(fence, lambda txn: txn.set_data(
@@ -271,8 +410,16 @@ class StormClusterState:
         return self._layout_children("supervisors", watch)
 
     def supervisor_info(self, supervisor_id: str) -> SupervisorInfo | None:
-        got = self._get(self.path("supervisors", supervisor_id))
-        return SupervisorInfo.decode(got[0]) if got else None
+        """A supervisor's heartbeat; None if it has none, or none this release can read
+        (a newer release's, or damaged: logged once), so it counts as not alive."""
+        path = self.path("supervisors", supervisor_id)
+        got = self._get(path)
+        if not got:
+            return None
+        try:
+            return self.decode_record(SupervisorInfo, path, got)
+        except RecordError:
+            return None
 
     def supervisor_heartbeat(self, supervisor_id: str, info: SupervisorInfo) -> None:
         path = self.path("supervisors", supervisor_id)
@@ -282,7 +429,7 @@ class StormClusterState:
             self.zk.create(path, info.encode(), ephemeral=True)
 
     def heartbeat_storms(self) -> list[str]:
-        return self._layout_children("workerbeats")
+        return self._topology_children("workerbeats")
 
     def worker_heartbeat(self, topology_id: str, node: str, port: int, info: bytes) -> None:
         path = self.path("workerbeats", topology_id, f"{node}-{port}")
@@ -312,9 +459,16 @@ class StormClusterState:
         got = self._get(self.path("workerbeats", topology_id, f"{node}-{port}"))
         return got[0] if got else None
 
+    def worker_beat(self, topology_id: str, node: str, port: int) -> WorkerBeat | None:
+        """A worker's heartbeat record; None if it has none. RecordError if unreadable
+        (the node exists: the worker beats, but its numbers cannot be read)."""
+        path = self.path("workerbeats", topology_id, f"{node}-{port}")
+        got = self._get(path)
+        return self.decode_record(WorkerBeat, path, got) if got else None
+
     # -- errors ------------------------------------------------------------------------
     def error_topologies(self) -> list[str]:
-        return self._layout_children("errors")
+        return self._topology_children("errors")
 
     def report_error(self, topology_id: str, component_id: str, error: ErrorInfo) -> bool:
         """Append an error for a component, keeping only the newest ten.
@@ -360,32 +514,35 @@ class StormClusterState:
         """A component's kept errors, oldest first (by ZooKeeper sequence number).
 
         Errors are written by supervisors of any release: one this release cannot read is
-        skipped rather than hiding the others.
+        logged once and skipped rather than hiding the others.
         """
         base = self.path("errors", topology_id, component_id)
         out = []
         for child in self._children(base):
-            got = self._get(posixpath.join(base, child))
+            path = posixpath.join(base, child)
+            got = self._get(path)
             if got:
                 try:
-                    out.append(ErrorInfo.decode(got[0]))
-                except (RecordError, TypeError):  # TypeError: a required field is missing
+                    out.append(self.decode_record(ErrorInfo, path, got))
+                except RecordError:
                     continue
         return out
 
     # -- code distribution -------------------------------------------------------------
     def code_topologies(self, watch: Watch = None) -> list[str]:
-        return self._layout_children("code-distributor", watch)
+        return self._topology_children("code-distributor", watch)
 
     def code_meta(self, topology_id: str, watch: Watch = None) -> CodeMeta | None:
-        """The published metafile, or None while the upload is still in progress."""
+        """The published metafile, or None while the upload is still in progress.
+        RecordError if the node holds something else."""
+        path = self.code_path(topology_id)
         if watch is not None:
             # exists() leaves a watch even when the node is absent, so creation wakes us.
-            self.zk.retry(self.zk.exists, self.code_path(topology_id), watch=watch)
-        got = self._get(self.code_path(topology_id), watch)
+            self.zk.retry(self.zk.exists, path, watch=watch)
+        got = self._get(path, watch)
         if not got or not got[0]:
             return None
-        return CodeMeta.decode(got[0])
+        return self.decode_record(CodeMeta, path, got)
 
     def begin_code(self, fence: Fence, topology_id: str) -> None:
         """Create a topology's code node (no metafile yet) so replicas can register."""
@@ -431,7 +588,7 @@ class StormClusterState:
         for host in self.replica_hosts(topology_id):
             got = self._get(posixpath.join(self.code_path(topology_id), host))
             if got:
-                out[host] = got[0].decode() or host
+                out[host] = got[0].decode("utf-8", "replace") or host
         return out
 
     def unregister_replica(self, topology_id: str, host: str) -> None:
@@ -450,23 +607,45 @@ class StormClusterState:
             self.zk.create(path, info.encode(), ephemeral=True)
 
     def nimbuses(self, watch: Watch = None) -> list[NimbusInfo]:
+        """Every registered nimbus; a registration this release cannot read is logged
+        once and left out."""
         out = []
         for child in self._layout_children("nimbuses", watch):
-            got = self._get(self.path("nimbuses", child))
+            path = self.path("nimbuses", child)
+            got = self._get(path)
             if got:
-                out.append(NimbusInfo.decode(got[0]))
+                try:
+                    out.append(self.decode_record(NimbusInfo, path, got))
+                except RecordError:
+                    continue
         return out
 
     def leader_lock_nodes(self, watch: Watch = None) -> list[str]:
-        """Names of the nodes queued under the leader lock (unsorted)."""
-        return self._layout_children("leader-lock", watch)
+        """Names of the nodes queued under the leader lock (unsorted). A node whose name
+        no nimbus makes (no ``-<sequence>`` at its end) is logged once and left out."""
+        nodes = []
+        for node in self._layout_children("leader-lock", watch):
+            if lock_sequence(node) is None:
+                self._unreadable.report(
+                    posixpath.join(self.leader_lock_path, node),
+                    f"{posixpath.join(self.leader_lock_path, node)}: not a leader lock node "
+                    "(nimbus-<id>-<sequence>); not counted in the queue")
+                continue
+            nodes.append(node)
+        return nodes
 
     def leader_queue(self, watch: Watch = None) -> list[tuple[str, str]]:
         """(lock node name, host:port) of every queued nimbus, the leader first."""
         out = []
-        nodes = self._layout_children("leader-lock", watch)
-        for node in sorted(nodes, key=lambda n: n.rsplit("-", 1)[-1]):
-            got = self._get(posixpath.join(self.leader_lock_path, node))
+        nodes = self.leader_lock_nodes(watch)
+        for node in sorted(nodes, key=lambda n: (lock_sequence(n), n)):
+            path = posixpath.join(self.leader_lock_path, node)
+            got = self._get(path)
             if got:
-                out.append((node, got[0].decode()))
+                address = got[0].decode("utf-8", "replace")
+                host, sep, port = address.rpartition(":")
+                if not (sep and host and port.isascii() and port.isdigit()):
+                    # Still queued (its place counts), but no nimbus wrote this.
+                    self._unreadable.report(path, f"{path}: holds {got[0][:40]!r}, not host:port")
+                out.append((node, address))
         return out

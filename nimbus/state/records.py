@@ -2,16 +2,34 @@
 
 Field meanings follow Storm's records (StormBase, Assignment, SupervisorInfo); every
 znode value is ``{"format": 1, ...fields}`` so a later release can read old data.
+
+Reading is strict about what this release relies on and lenient about what it does not
+know, as Storm's Thrift-encoded records are:
+
+* a field this release does not know (added by a newer release in the same format) is
+  ignored, so additions never need a new format number;
+* a *format* newer than :data:`FORMAT_VERSION` means a newer release changed the meaning
+  of existing fields: the record is refused, since guessing could misplace work;
+* anything else this release cannot use (not UTF-8, not JSON, not an object, no format,
+  a required field missing, a field of the wrong type) is refused too.
+
+Every refusal is a :class:`RecordError` naming the record type, the node (when the
+reader passes it) and the problem; no other exception escapes :meth:`Record.decode`.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, TypeVar
+import re
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 FORMAT_VERSION = 1
+# The executor keys of an Assignment (the scheduler's workers).
+WORKER_KEY_RE = re.compile(r"^worker-[0-9]{1,9}$")
 
 # Storm's topology statuses as TopologySummary.status reports them.
 ACTIVE, INACTIVE, KILLED = "ACTIVE", "INACTIVE", "KILLED"
@@ -20,25 +38,142 @@ R = TypeVar("R", bound="Record")
 
 
 class RecordError(ValueError):
-    """A znode holds data this release cannot read."""
+    """A znode holds data this release cannot read; the message names the record type,
+    the node (when known) and what is wrong."""
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "an integer",
+               float: "a number", bool: "a boolean", type(None): "null"}
+
+
+def _json_type(value: Any) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _preview(value: Any) -> str:
+    """The start of ``value`` as JSON, for an error message."""
+    try:
+        return json.dumps(value)[:40]
+    except (RecursionError, ValueError):
+        return "..."
+
+
+def _is_text(value: str) -> bool:
+    """False for a string JSON allows but UTF-8 cannot encode (a lone surrogate): it
+    would make any reply that carries it (say, getClusterInfo) unwritable."""
+    try:
+        value.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _mismatch(value: Any, hint: Any) -> str | None:
+    """Why ``value`` (decoded JSON) does not fit the annotation ``hint``, or None."""
+    if hint is Any:
+        return None
+    origin = typing.get_origin(hint)
+    if origin is None:
+        if hint is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, hint)
+        if not ok:
+            return (f"must be {_JSON_TYPES.get(hint, hint.__name__)}, "
+                    f"got {_json_type(value)} {_preview(value)}")
+        if hint is str and not _is_text(value):
+            return "must be text, got a string with a lone surrogate (\\ud800-\\udfff)"
+        return None
+    if origin is list:
+        if not isinstance(value, list):
+            return f"must be an array, got {_json_type(value)} {_preview(value)}"
+        (item,) = typing.get_args(hint)
+        for i, element in enumerate(value):
+            problem = _mismatch(element, item)
+            if problem:
+                return f"[{i}] {problem}"
+        return None
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"must be an object, got {_json_type(value)} {_preview(value)}"
+        _key, item = typing.get_args(hint)  # JSON object keys are always strings
+        for name, element in value.items():
+            if not _is_text(name):
+                return "has a key with a lone surrogate (\\ud800-\\udfff)"
+            problem = _mismatch(element, item)
+            if problem:
+                return f"[{name[:40]!r}] {problem}"
+        return None
+    raise TypeError(f"records.py: unsupported field annotation {hint!r}")  # a bug here
 
 
 class Record:
     """Base of the JSON records: ``encode`` and ``decode`` with a format version."""
 
+    _hints: ClassVar[dict[type, dict[str, Any]]] = {}
+
     def encode(self) -> bytes:
         return json.dumps({"format": FORMAT_VERSION, **asdict(self)}, sort_keys=True).encode()
 
     @classmethod
-    def decode(cls: type[R], data: bytes) -> R:
+    def decode(cls: type[R], data: bytes, source: str = "") -> R:
+        """The record in ``data``; ``source`` (the znode's path) goes into errors.
+
+        Raises RecordError, and nothing else, for data this release cannot read (see the
+        module docstring)."""
+        where = f"{cls.__name__} at {source}" if source else cls.__name__
+
+        def refuse(problem: str) -> RecordError:
+            return RecordError(f"{where}: {problem}")
+
+        if not isinstance(data, (bytes, bytearray)):
+            raise refuse(f"expected bytes, got {type(data).__name__}")
         try:
-            obj = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise RecordError(f"{cls.__name__}: not JSON: {exc}") from None
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT_VERSION:
-            raise RecordError(f"{cls.__name__}: unsupported format {obj!r:.80}")
-        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in obj.items() if k in known})
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise refuse(f"not UTF-8 text (byte {exc.start} of {len(data)})") from None
+        if not text.strip():
+            raise refuse("empty (a node created but never written?)")
+        try:
+            obj = json.loads(text)
+        except RecursionError:
+            raise refuse("JSON nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, or an integer of too many digits
+            raise refuse(f"not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise refuse(f"not a JSON object but {_json_type(obj)}")
+        if "format" not in obj:
+            raise refuse("no format version")
+        version = obj["format"]
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise refuse(f"format {_preview(version)} is not a version number")
+        if version > FORMAT_VERSION:
+            raise refuse(f"format {version} is newer than this release reads "
+                         f"({FORMAT_VERSION}): written by a newer nimbus-ha; upgrade this "
+                         "host")
+        hints = cls._hints.get(cls)
+        if hints is None:
+            hints = cls._hints[cls] = typing.get_type_hints(cls)
+        values = {}
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name not in obj:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    raise refuse(f"field {f.name!r} is missing")
+                continue  # a record of an earlier release: the default applies
+            problem = _mismatch(obj[f.name], hints[f.name])
+            if problem:
+                sep = "" if problem.startswith("[") else " "
+                raise refuse(f"field {f.name!r}{sep}{problem}")
+            values[f.name] = obj[f.name]
+        record = cls(**values)
+        problem = record._invalid()
+        if problem:
+            raise refuse(problem)
+        return record
+
+    def _invalid(self) -> str | None:
+        """What is wrong beyond the field types (a record type's own rules), or None."""
+        return None
 
 
 @dataclass
@@ -67,6 +202,17 @@ class Assignment(Record):
     executor_start_time_secs: dict[str, int] = field(default_factory=dict)
     # file name -> sha256 of the topology's code, so a supervisor can verify what it fetches
     code_sha256: dict[str, str] = field(default_factory=dict)
+
+    def _invalid(self) -> str | None:
+        for executor, slot in self.executor_node_port.items():
+            if not WORKER_KEY_RE.fullmatch(executor):
+                return (f"field 'executor_node_port' has key {executor[:40]!r}, not "
+                        "worker-<index>")
+            if len(slot) != 2 or not isinstance(slot[0], str) or not isinstance(
+                    slot[1], int) or isinstance(slot[1], bool):
+                return (f"field 'executor_node_port'[{executor[:40]!r}] must be "
+                        f"[supervisor id, port], got {_preview(slot)}")
+        return None
 
 
 @dataclass
@@ -133,6 +279,13 @@ class CodeMeta(Record):
     @property
     def metafile(self) -> bytes:
         return base64.b64decode(self.metafile_b64)
+
+    def _invalid(self) -> str | None:
+        try:
+            base64.b64decode(self.metafile_b64, validate=True)
+        except (binascii.Error, ValueError):
+            return "field 'metafile_b64' is not base64"
+        return None
 
     @staticmethod
     def pack(metafile: bytes) -> str:

@@ -10,9 +10,11 @@ so it exists only when complete and verified.
 from __future__ import annotations
 
 import logging
+import lzma
 import shutil
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -124,17 +126,24 @@ class CodeCache:
         except BundleError as exc:
             raise CodeVerificationError(f"{topology_id}: unsafe bundle: {exc}") from None
         dest.mkdir()
-        if zipfile.is_zipfile(bundle):
-            with zipfile.ZipFile(bundle) as zf:
-                zf.extractall(dest)
-        else:
-            with tarfile.open(bundle) as tf:
-                # check_bundle has refused everything but files and directories; the
-                # "data" filter (where Python has it) refuses them a second time.
-                if hasattr(tarfile, "data_filter"):
-                    tf.extractall(dest, filter="data")
-                else:  # pragma: no cover - Python without PEP 706
-                    tf.extractall(dest)
+        try:
+            if zipfile.is_zipfile(bundle):
+                with zipfile.ZipFile(bundle) as zf:
+                    zf.extractall(dest)
+            else:
+                with tarfile.open(bundle) as tf:
+                    # check_bundle has refused everything but files and directories; the
+                    # "data" filter (where Python has it) refuses them a second time.
+                    if hasattr(tarfile, "data_filter"):
+                        tf.extractall(dest, filter="data")
+                    else:  # pragma: no cover - Python without PEP 706
+                        tf.extractall(dest)
+        except (zipfile.BadZipFile, tarfile.TarError, zlib.error, lzma.LZMAError, EOFError,
+                OSError, NotImplementedError) as exc:
+            # Say, a zip entry that inflates beyond its declared size (its CRC fails)
+            # or a full disk; atomic_dir removes what was written.
+            raise CodeVerificationError(f"{topology_id}: cannot unpack its bundle: {exc}") \
+                from None
 
     def remove_except(self, keep: set[str]) -> list[str]:
         """Delete the code of every topology not in ``keep``; returns the ids removed."""

@@ -49,7 +49,8 @@ from nimbus.config import Config, ConfigError
 from nimbus.master.daemon import make_zk_client
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.state.records import Assignment, ErrorInfo, SupervisorInfo, WorkerBeat
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
 from nimbus.supervisor.code_cache import CONF_FILE, CodeCache, CodeUnavailableError
 from nimbus.supervisor.lease import LeaseKeeper, session_id
 from nimbus.supervisor.policy import (
@@ -168,6 +169,7 @@ class Supervisor:
         self._connected = threading.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self.passes = 0  # reconcile passes completed (tests wait on it)
         self._stopping = False
         self._stopping_lock = threading.Lock()
 
@@ -181,7 +183,11 @@ class Supervisor:
         self.node_path = self.state.path("supervisors", self.id)
         if self.zk.connected:
             self._connected.set()
-        self._watcher = self._on_watch   # one object, so kazoo keeps one watch per node
+        # Every assignment, in memory and kept current by watches: a change costs this
+        # supervisor the round trips of the nodes that changed, not one per topology.
+        self.view = ClusterView(self.state, ("assignments",), name="supervisor")
+        self.view.listen(lambda _directory, _topology: self._wake.set())
+        self._view_started = False
         self._lease = LeaseKeeper(self.zk, lambda: self.node_path, conf.session_timeout_s,
                                   self._running_handles, may_renew=self._connected.is_set)
         self._monitor = threading.Thread(target=self._monitor_loop, name="supervisor-monitor",
@@ -243,6 +249,7 @@ class Supervisor:
         self._lease.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
+        self.view.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.zk.remove_listener(self._on_connection_state)
@@ -268,9 +275,6 @@ class Supervisor:
         elif state == KazooState.CONNECTED:
             self._connected.set()
             log.info("ZooKeeper connection back (session %s)", _hex(session_id(self.zk)))
-        self._wake.set()
-
-    def _on_watch(self, _event: Any) -> None:
         self._wake.set()
 
     def _kill_all(self, reason: str) -> int:
@@ -333,10 +337,12 @@ class Supervisor:
                 self.reconcile()
             except LayoutMissingError as exc:
                 log.error("nothing started or stopped: %s", exc)
-            except KazooException as exc:
+            except (KazooException, ViewNotLoadedError) as exc:
                 log.warning("reconcile failed, retrying: %s", exc)
             except Exception:
                 log.exception("reconcile failed")
+            finally:
+                self.passes += 1
             self._wake.wait(self._next_wait())
             self._wake.clear()
 
@@ -355,30 +361,50 @@ class Supervisor:
             return
         if self._registered_session != session:
             self._register(session)   # a new session: registered before anything starts
-        assignments = self._read_assignments()
+        # Topologies whose assignment or StormBase this release cannot read (a newer
+        # release's, or damaged; the state logs the node): their workers here are neither
+        # started nor stopped and their code is kept, until the node is readable again.
+        frozen: set[str] = set()
+        assignments = self._read_assignments(frozen)
         desired = desired_workers(assignments, self.id, self.ports)
-        num_workers = self._num_workers({w.topology_id for w in desired.values()})
-        self._stop_unwanted(desired, num_workers)
+        num_workers = self._num_workers({w.topology_id for w in desired.values()}, frozen)
+        self._stop_unwanted(desired, num_workers, frozen)
         self._kill_silent()
         for _port, want in sorted(desired.items()):
             if self._stop.is_set() or not self._may_start(session):
                 return
+            if want.topology_id in frozen:
+                continue
             self._ensure_running(want, assignments[want.topology_id],
                                  num_workers.get(want.topology_id, 1), session)
-        self._clean_up(desired)
+        self._clean_up(desired, frozen)
 
-    def _read_assignments(self) -> dict[str, Assignment]:
+    def _read_assignments(self, frozen: set[str]) -> dict[str, Assignment]:
+        """Every readable assignment (from the view); adds the ids of unreadable ones to
+        ``frozen``. LayoutMissingError until a nimbus has made the layout."""
+        if not self._view_started:
+            self.view.start()  # LayoutMissingError if the directory is not there yet
+            self._view_started = True
         out = {}
-        for topology_id in self.state.assignments(watch=self._watcher):
-            assignment = self.state.assignment_info(topology_id, watch=self._watcher)
+        for topology_id in self.view.assignment_ids():
+            try:
+                found = self.view.assignment(topology_id)
+                assignment = found[0] if found is not None else None
+            except RecordError:
+                frozen.add(topology_id)
+                continue
             if assignment is not None:
                 out[topology_id] = assignment
         return out
 
-    def _num_workers(self, topology_ids: set[str]) -> dict[str, int]:
+    def _num_workers(self, topology_ids: set[str], frozen: set[str]) -> dict[str, int]:
         out = {}
         for topology_id in topology_ids:
-            base = self.state.storm_base(topology_id)
+            try:
+                base = self.state.storm_base(topology_id)
+            except RecordError:
+                frozen.add(topology_id)
+                continue
             out[topology_id] = max(1, base.num_workers) if base is not None else 1
         return out
 
@@ -414,10 +440,12 @@ class Supervisor:
                         delay)
 
     def _stop_unwanted(self, desired: dict[int, DesiredWorker],
-                       num_workers: dict[str, int]) -> None:
+                       num_workers: dict[str, int], frozen: set[str]) -> None:
         doomed = []
         with self._lock:
             for port, handle in list(self._workers.items()):
+                if handle.topology_id in frozen:
+                    continue
                 want = desired.get(port)
                 if want is None or want.topology_id != handle.topology_id:
                     why = "no longer assigned here"
@@ -522,8 +550,8 @@ class Supervisor:
         replicas = [h for h in self.state.replica_hosts(topology_id) if h in live]
         return replicas + [n for n in live if n not in replicas]
 
-    def _clean_up(self, desired: dict[int, DesiredWorker]) -> None:
-        keep = {w.topology_id for w in desired.values()}
+    def _clean_up(self, desired: dict[int, DesiredWorker], frozen: set[str]) -> None:
+        keep = {w.topology_id for w in desired.values()} | frozen
         keep |= {h.topology_id for h in self._running_handles()}
         self.code.remove_except(keep)
         for topology_id in list(self._slots):
@@ -558,11 +586,15 @@ class Supervisor:
                 or not self._connected.is_set():
             return
         components = beat.get("components")
+        # Only what WorkerBeat holds (component -> mapping): a worker's odd entry must
+        # not make the whole beat unreadable.
+        components = {str(name): stats for name, stats in components.items()
+                      if isinstance(stats, dict)} if isinstance(components, dict) else {}
         record = WorkerBeat(
             time_secs=int(time.time()), topology_id=handle.topology_id, supervisor_id=self.id,
             host=self.host, port=handle.port,
             uptime_secs=int(time.monotonic() - handle.started_at), restarts=handle.restarts,
-            components=components if isinstance(components, dict) else {})
+            components=components)
         try:
             self.state.worker_heartbeat(handle.topology_id, self.id, handle.port,
                                         record.encode())

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.exceptions import KazooException
-from kazoo.protocol.states import KazooState
 from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.utils import deserialize, serialize
@@ -24,7 +23,7 @@ from thriftpy2.utils import deserialize, serialize
 from nimbus import __version__
 from nimbus.config import Config
 from nimbus.distribution.file_transfer import FileTransfers, TransferError
-from nimbus.distribution.local_code import LocalCodeStore, UnsafePathError
+from nimbus.distribution.local_code import TOPOLOGY_ID_RE, LocalCodeStore, UnsafePathError
 from nimbus.master import runtime_view
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.master.lifecycle import (
@@ -39,10 +38,10 @@ from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.redaction import redact
 from nimbus.state.cluster_state import (
     ConcurrentChangeError,
-    LayoutMissingError,
     NotLeaderError,
 )
-from nimbus.state.records import ACTIVE, INACTIVE, Assignment, StormBase
+from nimbus.state.cluster_view import ViewNotLoadedError
+from nimbus.state.records import ACTIVE, INACTIVE, RecordError, StormBase
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
@@ -56,6 +55,27 @@ log = logging.getLogger(__name__)
 _PROTO = TBinaryProtocolFactory()
 # Storm's per-worker system component; stands for a worker that reports no component yet.
 SYSTEM_COMPONENT = "__system"
+
+
+def _i32(value: float) -> int:
+    """``value`` as a Thrift i32: numbers read from ZooKeeper (uptimes, ports) can be
+    anything, and one out of range must not make the whole reply unwritable."""
+    return max(-(2**31), min(2**31 - 1, int(value)))
+
+
+def _check_id(topology_id: str) -> None:
+    """NotAliveException for an id no topology can have (never a ZooKeeper path)."""
+    if not TOPOLOGY_ID_RE.fullmatch(topology_id) or ".." in topology_id:
+        raise storm.NotAliveException(msg=f"no live topology with id {topology_id[:200]!r}")
+
+
+def _readable(read: Callable[[], Any]) -> Any:
+    """``read()``, with a node this release cannot read reported to the client as a
+    TApplicationException naming the node (the state has logged it)."""
+    try:
+        return read()
+    except RecordError as exc:
+        raise TApplicationException(TApplicationException.INTERNAL_ERROR, str(exc)) from None
 
 
 class NimbusHandler:
@@ -89,8 +109,10 @@ class NimbusHandler:
         self._require_leader()
         try:
             return action()
-        except (NotLeaderError, NoLeaderError):
-            self._require_leader()  # lost it mid-call: redirect the client
+        except (NotLeaderError, NoLeaderError, KazooException, ViewNotLoadedError):
+            # Lost the lead mid-call, or ZooKeeper failed under it (a lost connection, an
+            # expired session): redirect the client to whoever leads now.
+            self._require_leader()
             # Leader again already (a brief suspension): redirect to ourselves, so the
             # client retries here (a retried submit is recognised by its token).
             raise TApplicationException(TApplicationException.INTERNAL_ERROR,
@@ -101,7 +123,7 @@ class NimbusHandler:
             raise storm.AlreadyAliveException(msg=str(exc)) from None
         except (InvalidTopologyError, TransferError, UnsafePathError) as exc:
             raise storm.InvalidTopologyException(msg=str(exc)) from None
-        except ConcurrentChangeError as exc:
+        except (ConcurrentChangeError, RecordError) as exc:
             raise TApplicationException(TApplicationException.INTERNAL_ERROR, str(exc)) from None
         finally:
             self.cache.wake()
@@ -208,7 +230,7 @@ class NimbusHandler:
     def beginFileDownload(self, file: str) -> str:
         try:
             return self.transfers.begin_download(file)
-        except (UnsafePathError, FileNotFoundError, TransferError) as exc:
+        except (UnsafePathError, OSError, TransferError) as exc:  # OSError: name too long
             raise storm.AuthorizationException(msg=str(exc)) from None
 
     def downloadChunk(self, id: str) -> bytes:  # noqa: A002 - Storm's argument name
@@ -233,36 +255,20 @@ class NimbusHandler:
             is_leader = leading if address == self.address else (
                 not leading and address == snap.leader)
             out.append(storm.NimbusSummary(
-                host=info.host, port=info.port, uptime_secs=int(now - info.start_time_secs),
+                host=info.host, port=_i32(info.port),
+                uptime_secs=_i32(now - info.start_time_secs),
                 isLeader=is_leader, version=info.version))
         return out
 
-    def _assignments_now(self) -> dict[str, Assignment] | None:
-        """Every topology's Assignment, read now; None while ZooKeeper is not connected.
-
-        The summary cache holds no assignments, and they change with every scheduling
-        pass; reading them costs one round trip per topology. Without a connection
-        getClusterInfo still answers from the cache alone rather than wait for one.
-        """
-        if self.lifecycle.state.zk.state != KazooState.CONNECTED:
-            return None
-        try:
-            return runtime_view.assignments(self.lifecycle.state)
-        except (KazooException, LayoutMissingError) as exc:
-            log.debug("assignments unavailable for getClusterInfo: %s", exc)
-            return None
-
     def getClusterInfo(self) -> Any:
-        snap = self.cache.snapshot
+        snap = self.cache.snapshot  # memory only: no ZooKeeper round trip per call
         now = time.time()
-        found = self._assignments_now()
+        found = snap.assignments
 
         def placed(topology_id: str, base: StormBase) -> int:
             # Workers placed by the scheduler (Storm reports assigned, not requested,
-            # workers); without assignments, the requested number. Each worker is one
-            # executor (worker-<i>) of the Assignment: there are no finer tasks.
-            if found is None:
-                return base.num_workers
+            # workers). Each worker is one executor (worker-<i>) of the Assignment:
+            # there are no finer tasks.
             assignment = found.get(topology_id)
             return len(assignment.executor_node_port) if assignment is not None else 0
 
@@ -270,18 +276,17 @@ class NimbusHandler:
         for topology_id, base in sorted(snap.storms.items()):
             workers = placed(topology_id, base)
             topologies.append(storm.TopologySummary(
-                id=topology_id, name=base.storm_name, num_tasks=workers,
-                num_executors=workers, num_workers=workers,
-                uptime_secs=int(now - base.launch_time_secs), status=base.status,
+                id=topology_id, name=base.storm_name, num_tasks=_i32(workers),
+                num_executors=_i32(workers), num_workers=_i32(workers),
+                uptime_secs=_i32(now - base.launch_time_secs), status=base.status,
                 owner=base.owner or None,
-                replication_count=snap.replication.get(topology_id, 0)))
-        used = runtime_view.used_ports_by_supervisor(found or {})
+                replication_count=_i32(snap.replication.get(topology_id, 0))))
+        used = runtime_view.used_ports_by_supervisor(found)
         supervisors = [storm.SupervisorSummary(
-            host=info.hostname, uptime_secs=info.uptime_secs, num_workers=len(info.meta),
+            host=info.hostname, uptime_secs=_i32(info.uptime_secs), num_workers=len(info.meta),
             # Used slots are the leader's assignments; the supervisor's own used_ports
-            # lags them by a heartbeat and serves only when assignments are unreadable.
-            num_used_workers=len(used.get(sid, [])) if found is not None
-            else len(info.used_ports),
+            # lags them by a heartbeat.
+            num_used_workers=len(used.get(sid, [])),
             supervisor_id=sid, version=info.version or None)
             for sid, info in sorted(snap.supervisors.items())]
         return storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
@@ -298,13 +303,18 @@ class NimbusHandler:
             raise TApplicationException(TApplicationException.INTERNAL_ERROR,
                                         "no leader: no nimbus holds the leader lock") from None
         host, _, port = leader.rpartition(":")
+        if not port.isascii() or not port.isdigit():
+            raise TApplicationException(TApplicationException.INTERNAL_ERROR,
+                                        f"the leader lock's head holds {leader[:60]!r}, not "
+                                        "host:port")
         return storm.NimbusSummary(host=host, port=int(port), uptime_secs=0, isLeader=True,
                                    version=__version__)
 
     def _known(self, topology_id: str) -> Any:
+        _check_id(topology_id)
         base = self.cache.snapshot.storms.get(topology_id)
         if base is None:
-            base = self.lifecycle.state.storm_base(topology_id)
+            base = _readable(lambda: self.lifecycle.state.storm_base(topology_id))
         if base is None:
             raise storm.NotAliveException(msg=f"no live topology with id {topology_id!r}")
         return base
@@ -337,7 +347,8 @@ class NimbusHandler:
         """
         self._authorize_read(id)
         # One topology: read fresh (cheap), unlike the cached cluster-wide summary.
-        info = runtime_view.topology_info(self.lifecycle.state, id)
+        _check_id(id)
+        info = _readable(lambda: runtime_view.topology_info(self.lifecycle.state, id))
         if info is None:
             raise storm.NotAliveException(msg=f"no live topology with id {id!r}")
         executors = []
@@ -345,15 +356,17 @@ class NimbusHandler:
             task = worker["index"] + 1
             for component in sorted(worker["components"]) or [SYSTEM_COMPONENT]:
                 executors.append(storm.ExecutorSummary(
-                    executor_info=storm.ExecutorInfo(task_start=task, task_end=task),
-                    component_id=component, host=worker["host"], port=worker["port"],
-                    uptime_secs=worker["uptime_secs"]))
-        errors = {component: [storm.ErrorInfo(error=e["error"], error_time_secs=e["time_secs"],
-                                              host=e["host"] or None, port=e["port"] or None)
+                    executor_info=storm.ExecutorInfo(task_start=_i32(task), task_end=_i32(task)),
+                    component_id=component, host=worker["host"], port=_i32(worker["port"]),
+                    uptime_secs=_i32(worker["uptime_secs"])))
+        errors = {component: [storm.ErrorInfo(error=e["error"],
+                                              error_time_secs=_i32(e["time_secs"]),
+                                              host=e["host"] or None,
+                                              port=_i32(e["port"]) or None)
                               for e in kept]
                   for component, kept in info["errors"].items()}
         return storm.TopologyInfo(
-            id=id, name=info["name"], uptime_secs=info["uptime_secs"], executors=executors,
+            id=id, name=info["name"], uptime_secs=_i32(info["uptime_secs"]), executors=executors,
             status=info["status"], errors=errors, owner=info["owner"] or None,
             replication_count=self.lifecycle.distributor.get_replication_count(id))
 

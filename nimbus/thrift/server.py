@@ -43,7 +43,7 @@ import time
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.thrift import TProcessor
+from thriftpy2.thrift import TApplicationException, TException, TProcessor, TType
 from thriftpy2.transport import (
     TBufferedTransport,
     TFramedTransport,
@@ -78,14 +78,62 @@ class BadRequestError(Exception):
     """A frame holds no request of the Nimbus service that decodes."""
 
 
+# The arguments a Nimbus method may be called without (they are optional in Storm's
+# clients too); a call missing any other is answered with an error, never run.
+OPTIONAL_ARGUMENTS = frozenset({"topology", "options"})
+
+
 class _Processor(TProcessor):
-    """Tells failures to decode a request (the peer's fault) from the handler's own."""
+    """Tells failures to decode a request (the peer's fault) from the handler's own, and
+    answers every call that decodes: with its result, a declared exception, or a
+    TApplicationException, as Storm's (Java) servers do, so that an exception nobody
+    declared never drops the connection."""
 
     def process_in(self, iprot: Any) -> Any:
         try:
-            return super().process_in(iprot)
+            api, _type, seqid = iprot.read_message_begin()
+            if api not in self._service.thrift_services:
+                iprot.skip(TType.STRUCT)
+                iprot.read_message_end()
+                return api, seqid, TApplicationException(
+                    TApplicationException.UNKNOWN_METHOD, f"unknown method {api[:100]!r}"), None
+            args = getattr(self._service, api + "_args")()
+            args.read(iprot)
+            iprot.read_message_end()
         except Exception as exc:
             raise BadRequestError(f"{type(exc).__name__}: {exc}") from exc
+        names = [spec[1] for spec in args.thrift_spec.values()]
+        missing = [n for n in names if getattr(args, n) is None and n not in OPTIONAL_ARGUMENTS]
+        if missing:
+            return api, seqid, TApplicationException(
+                TApplicationException.PROTOCOL_ERROR,
+                f"{api}: argument {missing[0]!r} is missing"), None
+        return api, seqid, getattr(self._service, api + "_result")(), \
+            lambda: getattr(self._handler, api)(*(getattr(args, n) for n in names))
+
+    def process(self, iprot: Any, oprot: Any) -> None:
+        api, seqid, result, call = self.process_in(iprot)
+        if isinstance(result, TApplicationException):
+            return self.send_exception(oprot, api, result, seqid)
+        try:
+            result.success = call()
+        except TApplicationException as exc:
+            return self.send_exception(oprot, api, exc, seqid)
+        except Exception as exc:
+            if not self.handle_exception(exc, result):
+                # Not one this method declares. A refusal (a Thrift exception) is logged
+                # briefly; anything else is a bug here, logged with its traceback.
+                message = getattr(exc, "msg", None) or str(exc)
+                if isinstance(exc, TException):
+                    log.warning("%s: %s", api, message)
+                else:
+                    log.exception("%s failed", api)
+                return self.send_exception(oprot, api, TApplicationException(
+                    TApplicationException.INTERNAL_ERROR,
+                    f"Internal error processing {api}: {type(exc).__name__}: {message}"),
+                    seqid)
+        if not result.oneway:
+            self.send_result(oprot, api, result, seqid)
 
 
 class _FrameReader:

@@ -1,0 +1,237 @@
+"""The cluster state a nimbus reads most, held in memory and kept current by watches.
+
+The summary cache, the scheduler, the code sync and submit used to list a directory and
+read every topology's node whenever anything changed: a change cost O(topologies) round
+trips on every nimbus, and at 5,000 topologies a scheduling pass or a getClusterInfo took
+most of a second. They read this view instead. After the first load, a change costs each
+nimbus only the round trips for the nodes that changed (:mod:`nimbus.state.watched_tree`).
+
+The view trails ZooKeeper by the time a watch event takes to arrive. A reader that must
+see every change made before a moment (submit checking that a name is free, a new leader
+looking at its predecessor's last assignments, a summary asked for read-your-writes)
+calls :meth:`ClusterView.barrier` first. Writes still go to :class:`StormClusterState`,
+fenced as before; the view never writes.
+
+Records are decoded once per node version. A node this release cannot read raises the
+same :class:`RecordError` as a direct read (and is logged once, by the state).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState, is_topology_id
+from nimbus.state.records import (
+    Assignment,
+    CodeMeta,
+    Record,
+    RecordError,
+    StormBase,
+    SupervisorInfo,
+)
+from nimbus.state.watched_tree import WatchedTree, WatchedTreeError
+
+R = TypeVar("R", bound=Record)
+
+# Every directory a nimbus reads through the view; a supervisor needs assignments only.
+NIMBUS_DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor",
+                      "workerbeats")
+Listener = Callable[[str, str], None]
+
+
+class ViewNotLoadedError(RuntimeError):
+    """The view is not (or no longer) loaded: its session was lost, and what it holds may
+    be stale. Callers skip the decision and retry."""
+
+
+class ClusterView:
+    """Watched copies of ``directories`` under the state's root; see the module docstring."""
+
+    def __init__(self, state: StormClusterState,
+                 directories: tuple[str, ...] = NIMBUS_DIRECTORIES, name: str = "view"):
+        self.state = state
+        self._trees = {d: WatchedTree(state.zk, state.path(d), f"{name}-{d}")
+                       for d in directories}
+        self._memo: dict[str, tuple[int, Any]] = {}  # path -> (mzxid, record or RecordError)
+        self._memo_lock = threading.Lock()
+        self._listeners: list[Listener] = []
+        for directory, tree in self._trees.items():
+            tree.listen(lambda path, d=directory: self._changed(d, path))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Load every directory; LayoutMissingError if one does not exist."""
+        try:
+            for tree in self._trees.values():
+                tree.start(timeout_s)
+        except WatchedTreeError as exc:
+            self.close()
+            raise LayoutMissingError(f"cannot watch the cluster state: {exc}") from None
+
+    def close(self) -> None:
+        for tree in self._trees.values():
+            tree.close()
+
+    def listen(self, listener: Listener) -> None:
+        """Call ``listener(directory, topology_id)`` on a change under ``directory``;
+        ``topology_id`` is the first path component below it ("" for the directory)."""
+        self._listeners.append(listener)
+
+    @property
+    def loaded(self) -> bool:
+        return all(tree.loaded for tree in self._trees.values())
+
+    def barrier(self, timeout_s: float = 10.0, directories: tuple[str, ...] = ()) -> None:
+        """Return once every change committed before the call is in the view (of
+        ``directories``, or all). ViewNotLoadedError if that cannot be had in time."""
+        try:
+            for directory in directories or tuple(self._trees):
+                self._trees[directory].barrier(timeout_s)
+        except WatchedTreeError as exc:
+            raise ViewNotLoadedError(str(exc)) from None
+
+    # -- topologies ---------------------------------------------------------------------------
+    def active_storms(self) -> list[str]:
+        """Ids of every topology under /storms (as :meth:`StormClusterState.active_storms`)."""
+        return self._ids("storms")
+
+    def storm_base(self, topology_id: str) -> StormBase | None:
+        """RecordError if unreadable."""
+        return self._record(StormBase, "storms", topology_id)
+
+    def storms(self) -> dict[str, StormBase]:
+        """Every readable StormBase (an unreadable one is logged once by the state)."""
+        return self._readable(StormBase, "storms")
+
+    def find_storm_by_name(self, name: str) -> tuple[str, StormBase] | None:
+        for topology_id, base in self.storms().items():
+            if base.storm_name == name:
+                return topology_id, base
+        return None
+
+    # -- assignments --------------------------------------------------------------------------
+    def assignment(self, topology_id: str) -> tuple[Assignment, int] | None:
+        """(Assignment, data version); RecordError if unreadable."""
+        tree = self._tree("assignments")
+        path = tree.join(topology_id)
+        got = tree.get(path)
+        if got is None:
+            return None
+        return self._decode(Assignment, path, got), got[1].version
+
+    def assignment_ids(self) -> list[str]:
+        return self._ids("assignments")
+
+    def assignments(self) -> dict[str, Assignment]:
+        """Every readable Assignment."""
+        return self._readable(Assignment, "assignments")
+
+    # -- supervisors --------------------------------------------------------------------------
+    def supervisors(self) -> dict[str, SupervisorInfo]:
+        """Every live supervisor whose heartbeat this release can read."""
+        tree = self._tree("supervisors")
+        out = {}
+        for sid in tree.children():
+            path = tree.join(sid)
+            got = tree.get(path)
+            if got is None:
+                continue
+            try:
+                out[sid] = self._decode(SupervisorInfo, path, got)
+            except RecordError:
+                continue
+        return out
+
+    def worker_beat_versions(self, topology_id: str) -> dict[str, int]:
+        """``<node>-<port>`` -> data version of each worker heartbeat of a topology."""
+        tree = self._tree("workerbeats")
+        base = tree.join(topology_id)
+        out = {}
+        for child in tree.children(base):
+            got = tree.get(posixpath.join(base, child))
+            if got is not None:
+                out[child] = got[1].version
+        return out
+
+    # -- code ---------------------------------------------------------------------------------
+    def code_topologies(self) -> list[str]:
+        return self._ids("code-distributor")
+
+    def code_meta(self, topology_id: str) -> CodeMeta | None:
+        """The published metafile, or None while the upload is in progress; RecordError
+        if the node holds something else."""
+        tree = self._tree("code-distributor")
+        path = tree.join(topology_id)
+        got = tree.get(path)
+        if got is None or not got[0]:
+            return None
+        return self._decode(CodeMeta, path, got)
+
+    def replica_hosts(self, topology_id: str) -> list[str]:
+        tree = self._tree("code-distributor")
+        return tree.children(tree.join(topology_id))
+
+    # -- internals ----------------------------------------------------------------------------
+    def _tree(self, directory: str) -> WatchedTree:
+        tree = self._trees[directory]
+        if not tree.loaded:
+            raise ViewNotLoadedError(f"{tree.path}: not loaded (ZooKeeper session lost?)")
+        if not tree.present():
+            raise LayoutMissingError(
+                f"{tree.path} does not exist: ZooKeeper was wiped, or the root belongs "
+                "to another cluster; refusing to act on it")
+        return tree
+
+    def _ids(self, directory: str) -> list[str]:
+        return [c for c in self._tree(directory).children() if is_topology_id(c)]
+
+    def _record(self, cls: type[R], directory: str, topology_id: str) -> R | None:
+        tree = self._tree(directory)
+        path = tree.join(topology_id)
+        got = tree.get(path)
+        return self._decode(cls, path, got) if got is not None else None
+
+    def _readable(self, cls: type[R], directory: str) -> dict[str, R]:
+        tree = self._tree(directory)
+        out = {}
+        for topology_id in self._ids(directory):
+            path = tree.join(topology_id)
+            got = tree.get(path)
+            if got is None:
+                continue
+            try:
+                out[topology_id] = self._decode(cls, path, got)
+            except RecordError:
+                continue
+        return out
+
+    def _decode(self, cls: type[R], path: str, got: tuple[bytes, Any]) -> R:
+        version = got[1].mzxid
+        with self._memo_lock:
+            memo = self._memo.get(path)
+        if memo is not None and memo[0] == version:
+            if isinstance(memo[1], RecordError):
+                raise memo[1]
+            return memo[1]
+        try:
+            record: Any = self.state.decode_record(cls, path, got)
+        except RecordError as exc:
+            record = exc
+        with self._memo_lock:
+            self._memo[path] = (version, record)
+        if isinstance(record, RecordError):
+            raise record
+        return record
+
+    def _changed(self, directory: str, path: str) -> None:
+        tree = self._trees[directory]
+        relative = path[len(tree.path):].strip("/")
+        if relative and tree.get(path) is None:  # removed: forget its decoded record
+            with self._memo_lock:
+                self._memo.pop(path, None)
+        topology_id = relative.split("/", 1)[0] if relative else ""
+        for listener in self._listeners:
+            listener(directory, topology_id)

@@ -1,0 +1,182 @@
+"""One ZooKeeper directory kept in memory by watches (kazoo's ``TreeCache``).
+
+Readers that used to list a directory and read every child on each wake-up (O(N) round
+trips per change) read this instead: after the first load, a change costs ZooKeeper only
+the round trips for the nodes that changed, however many there are in all.
+
+What this adds to ``TreeCache``:
+
+* it refuses to start on a directory that does not exist: ``TreeCache`` would create it,
+  and an absent directory means a wiped or foreign ZooKeeper (``LayoutMissingError``),
+  never an empty one;
+* its background thread is named and joined on :meth:`WatchedTree.close`;
+* :meth:`WatchedTree.barrier`: wait until every change made before the call (by anyone) is
+  in memory, for read-your-writes and for decisions that must not miss a recent change;
+* listeners get the changed path only, on the cache's own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import threading
+import time
+from collections.abc import Callable
+
+from kazoo.client import KazooClient
+from kazoo.protocol.states import Callback, ZnodeStat
+from kazoo.recipe.cache import TreeCache, TreeEvent
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str], None]
+
+
+class WatchedTreeError(RuntimeError):
+    """The directory cannot be watched (absent, or not loaded in time)."""
+
+
+class WatchedTree:
+    """The nodes under ``path`` (any depth), current as of the last watch event.
+
+    Reads never touch ZooKeeper. Paths given to the readers are absolute.
+    """
+
+    # Levels below the directory whose new nodes :meth:`barrier` waits for (the deepest
+    # use is /code-distributor/<topology>/<host>, plus the leaves' child listings).
+    MAX_LEVELS = 4
+
+    def __init__(self, zk: KazooClient, path: str, name: str):
+        self.zk = zk
+        self.path = path.rstrip("/") or "/"
+        self.name = name
+        self._cache = self._new_cache()
+        self._listeners: list[Listener] = []
+        self._initialized = threading.Event()
+        self._started = False
+
+    def _new_cache(self) -> TreeCache:
+        cache = TreeCache(self.zk, self.path)
+        cache.listen(self._on_event)
+        cache.listen_fault(self._on_fault)
+        return cache
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Load the directory and keep it current; returns once it is loaded.
+
+        Raises WatchedTreeError if the directory does not exist or does not load within
+        ``timeout_s``."""
+        if self._started:
+            return
+        if self.zk.retry(self.zk.exists, self.path) is None:
+            raise WatchedTreeError(f"{self.path} does not exist: nothing to watch")
+        if self._cache._state != TreeCache.STATE_LATENT:  # closed: a TreeCache starts once
+            self._cache = self._new_cache()
+        self._initialized.clear()
+        self._cache.start()
+        self._started = True
+        thread = self._cache._task_thread  # spawned by TreeCache.start; named here
+        if isinstance(thread, threading.Thread):
+            thread.name = f"zk-tree-{self.name}"
+        if not self._initialized.wait(timeout_s):
+            self.close()
+            raise WatchedTreeError(f"{self.path} not loaded within {timeout_s:.0f}s")
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop watching and join the cache's thread."""
+        if not self._started:
+            return
+        self._started = False
+        self._initialized.clear()
+        self._cache.close()
+        thread = self._cache._task_thread
+        if isinstance(thread, threading.Thread) and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    def listen(self, listener: Listener) -> None:
+        """Call ``listener(path)`` (on the cache's thread) after a node under this
+        directory was added, changed or removed; ``path`` is the directory itself after a
+        reconnection, when anything may have changed."""
+        self._listeners.append(listener)
+
+    @property
+    def loaded(self) -> bool:
+        """Loaded, and not since lost with the session."""
+        return self._initialized.is_set()
+
+    # -- reading ------------------------------------------------------------------------------
+    def present(self) -> bool:
+        """Whether the directory itself exists (False once it is deleted)."""
+        return self._cache.get_data(self.path) is not None
+
+    def children(self, path: str | None = None) -> list[str]:
+        """Sorted names of the children of ``path`` (this directory by default)."""
+        return sorted(self._cache.get_children(path or self.path, default=frozenset()))
+
+    def get(self, path: str) -> tuple[bytes, ZnodeStat] | None:
+        """(data, stat) of a node, or None if it is not (yet) known."""
+        node = self._cache.get_data(path)
+        if node is None:
+            return None
+        return node.data, node.stat
+
+    def join(self, *parts: str) -> str:
+        return posixpath.join(self.path, *parts)
+
+    def barrier(self, timeout_s: float = 10.0) -> None:
+        """Return once every change committed before this call is in memory.
+
+        Built only on ordering ZooKeeper and kazoo guarantee: a session gets a watch
+        event before the answer to any later request, answers come in request order, and
+        kazoo runs watch callbacks and completion callbacks each on one thread, in order.
+        So: a ``sync`` round trip (every earlier event is then queued), drain the watch
+        callbacks (the cache has asked for every changed node), then a round trip and a
+        drain of the completion callbacks and of the cache's thread (the answers are in
+        memory). Answers about new nodes make the cache ask for their children, so the
+        last step repeats, once per level, until nothing is outstanding. Raises
+        WatchedTreeError on timeout."""
+        deadline = time.monotonic() + timeout_s
+        handler = self.zk.handler
+
+        def drained(put: Callable[[Callable[[], None]], None]) -> None:
+            done = threading.Event()
+            put(done.set)
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                raise WatchedTreeError(
+                    f"{self.path}: changes not in memory within {timeout_s:.0f}s")
+
+        self.zk.retry(self.zk.sync, self.path)
+        drained(lambda f: handler.dispatch_callback(Callback("watch", f, ())))
+        for _level in range(self.MAX_LEVELS):
+            self.zk.exists_async(self.path).get(timeout=max(0.0, deadline - time.monotonic()))
+            drained(handler.completion_queue.put)
+            drained(self._cache._in_background)
+            # TreeCache counts its requests in flight (private; a hint only, since it is
+            # updated from two threads): nothing outstanding means no deeper level.
+            if self._cache._outstanding_ops <= 0:
+                return
+
+    # -- events -------------------------------------------------------------------------------
+    def _on_event(self, event: TreeEvent) -> None:
+        kind = event.event_type
+        if kind == TreeEvent.INITIALIZED:
+            self._initialized.set()
+            self._notify(self.path)
+        elif kind == TreeEvent.CONNECTION_LOST:
+            self._initialized.clear()
+        elif kind == TreeEvent.CONNECTION_RECONNECTED:
+            self._notify(self.path)
+        elif kind in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED):
+            data = event.event_data
+            self._notify(data.path if data is not None else self.path)
+
+    def _notify(self, path: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(path)
+            except Exception:
+                log.exception("%s: listener failed", self.name)
+
+    def _on_fault(self, exc: Exception) -> None:
+        log.warning("%s: watching %s failed: %s", self.name, self.path, exc)

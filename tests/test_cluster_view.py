@@ -1,0 +1,149 @@
+"""ClusterView / WatchedTree against a real ZooKeeper: loading, following changes made
+by another session, the barrier, wiped directories, unreadable nodes, session expiry."""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+import time
+
+import pytest
+
+from nimbus.state.cluster_state import Fence, LayoutMissingError, StormClusterState
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.records import INACTIVE, Assignment, RecordError, StormBase
+from nimbus.testing.faults import expire_session
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def writer(make_zk, zk_root):
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    return state
+
+
+@pytest.fixture
+def fence(writer):
+    path = writer.zk.create(posixpath.join(writer.leader_lock_path, "nimbus-w-"),
+                            b"127.0.0.1:6627", ephemeral=True, sequence=True)
+    return Fence(path)
+
+
+def add(writer: StormClusterState, fence: Fence, index: int, name: str = "") -> str:
+    topology_id = f"t{index}-1-1700000000"
+    writer.activate_storm(fence, topology_id,
+                          StormBase(storm_name=name or f"t{index}", launch_time_secs=1,
+                                    status=INACTIVE, num_workers=1),
+                          Assignment(master_code_dir="/code"))
+    return topology_id
+
+
+@pytest.fixture
+def view(make_zk, zk_root, writer):
+    made = ClusterView(StormClusterState(make_zk(), zk_root), name="test")
+    yield made
+    made.close()
+
+
+def test_loads_what_exists_and_follows_another_sessions_writes(writer, fence, view):
+    first = [add(writer, fence, i) for i in range(5)]
+    view.start()
+    assert view.active_storms() == sorted(first)
+    assert sorted(view.assignments()) == sorted(first)
+    added = add(writer, fence, 99, name="late")
+    view.barrier()
+    assert len(view.storms()) == 6
+    assert view.find_storm_by_name("late")[0] == added
+    base = view.storm_base(added)
+    writer.update_storm(fence, added, StormBase(**{**base.__dict__, "num_workers": 7}),
+                        writer.storm_base_versioned(added)[1])
+    view.barrier()
+    assert view.storm_base(added).num_workers == 7
+    writer.remove_storm(fence, first[0])
+    view.barrier()
+    assert view.storm_base(first[0]) is None
+    assert len(view.active_storms()) == 5
+    assert view.assignment(first[0]) is None
+
+
+def test_barrier_sees_every_write_made_before_it(writer, fence, view):
+    view.start()
+    for i in range(40):  # no sleeps: each write must be visible right after the barrier
+        topology_id = add(writer, fence, i)
+        view.barrier()
+        assert view.storm_base(topology_id) is not None, f"write {i} missed"
+        writer.begin_code(fence, topology_id)
+        assert writer.register_replica(topology_id, f"host{i}:6627", "x")
+        view.barrier()
+        assert view.replica_hosts(topology_id) == [f"host{i}:6627"]
+
+
+def test_records_are_decoded_once_per_version(writer, fence, view):
+    topology_id = add(writer, fence, 1)
+    view.start()
+    assert view.storm_base(topology_id) is view.storm_base(topology_id)
+    assert view.storms()[topology_id] is view.storm_base(topology_id)
+
+
+def test_an_unreadable_node_raises_for_itself_and_hides_no_other(writer, fence, view):
+    good = add(writer, fence, 1)
+    bad = add(writer, fence, 2)
+    writer.zk.set(writer.storm_path(bad), b'{"format": 1, "storm_name": 5}')
+    view.start()
+    with pytest.raises(RecordError, match=bad):
+        view.storm_base(bad)
+    assert list(view.storms()) == [good]
+    writer.zk.set(writer.storm_path(bad), b'{"format": 99}')
+    view.barrier()
+    with pytest.raises(RecordError, match="format 99"):
+        view.storm_base(bad)
+
+
+def test_a_missing_directory_is_refused_not_created(make_zk, zk_root):
+    zk = make_zk()
+    with pytest.raises(LayoutMissingError, match="storms"):
+        ClusterView(StormClusterState(zk, zk_root)).start(timeout_s=5)
+    assert zk.exists(zk_root) is None
+
+
+def test_a_wiped_directory_is_layout_missing_not_empty(writer, fence, view):
+    add(writer, fence, 1)
+    view.start()
+    writer.zk.delete(writer.path("storms"), recursive=True)
+    view.barrier()
+    with pytest.raises(LayoutMissingError, match="storms"):
+        view.active_storms()
+
+
+def test_after_session_expiry_the_view_catches_up(zk_server, writer, fence, view):
+    kept = add(writer, fence, 1)
+    view.start()
+    expire_session(view.state.zk, zk_server.hosts)
+    gone = kept
+    writer.remove_storm(fence, gone)
+    added = add(writer, fence, 2)
+    wait_until(lambda: view.loaded)
+    view.barrier()
+    assert view.active_storms() == [added]
+
+
+def test_reads_refused_while_not_loaded(writer, view):
+    with pytest.raises(ViewNotLoadedError):
+        view.storms()
+
+
+def test_threads_are_named_and_joined_on_close(writer, view):
+    view.start()
+    names = {t.name for t in threading.enumerate()}
+    assert {f"zk-tree-test-{d}" for d in ("storms", "assignments", "supervisors",
+                                          "code-distributor", "workerbeats")} <= names
+    view.close()
+    wait_until(lambda: not any(t.name.startswith("zk-tree-test-")
+                               for t in threading.enumerate()), 5)
