@@ -6,9 +6,14 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import pytest
+from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+from thriftpy2.thrift import TApplicationException
+
 from nimbus.config import load_config
 from nimbus.master.summary_cache import ClusterSnapshot
 from nimbus.state.records import NimbusInfo
+from nimbus.thrift import NOT_LEADER_PREFIX
 from nimbus.thrift.handler import NimbusHandler
 
 
@@ -35,28 +40,23 @@ def test_a_follower_names_the_leader_its_cache_knows():
         (7001, True), (7002, False)]
 
 
-def test_zookeeper_failing_under_a_leader_call_redirects_the_client():
+
+@pytest.mark.parametrize("still_leading,failure", [(True, ConnectionLoss()),
+                                                    (False, SessionExpiredError())])
+def test_zookeeper_failing_under_a_leader_call_redirects_the_client(still_leading, failure):
     """A connection loss or expired session in the middle of a leader call is answered
-    with the "not a leader" redirect (the client then asks whoever leads now), never
-    with a plain internal error the client would give up on."""
-    import pytest
-    from kazoo.exceptions import ConnectionLoss, SessionExpiredError
-    from thriftpy2.thrift import TApplicationException
+    with the "not a leader" redirect (the client then asks whoever leads now: this nimbus
+    itself if it still leads), never with a plain internal error the client gives up on."""
+    leading = {"now": True}
 
-    from nimbus.thrift import NOT_LEADER_PREFIX
+    def fail() -> None:
+        leading["now"] = still_leading  # what the elector knows once the call failed
+        raise failure
 
-    for leading, failure, named in ((True, ConnectionLoss(), "127.0.0.1:7002"),
-                                    (False, SessionExpiredError(), "127.0.0.1:7002")):
-        state = {"leading": True}
-
-        def fail(failure=failure, leading=leading):
-            state["leading"] = leading  # what the elector knows once the call failed
-            raise failure
-
-        made = handler(leading=True, cached_leader="127.0.0.1:7002")
-        made.elector = SimpleNamespace(is_leader=lambda: state["leading"],
-                                       get_leader_address=lambda: "127.0.0.1:7002")
-        made.cache = SimpleNamespace(wake=lambda: None)
-        with pytest.raises(TApplicationException) as raised:
-            made._leader_call(fail)
-        assert raised.value.message == f"{NOT_LEADER_PREFIX}{named}"
+    made = handler(leading=True, cached_leader="127.0.0.1:7002")
+    made.elector = SimpleNamespace(is_leader=lambda: leading["now"],
+                                   get_leader_address=lambda: "127.0.0.1:7002")
+    made.cache = SimpleNamespace(wake=lambda: None)
+    with pytest.raises(TApplicationException) as raised:
+        made._leader_call(fail)
+    assert raised.value.message == f"{NOT_LEADER_PREFIX}127.0.0.1:7002"

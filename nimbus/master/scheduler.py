@@ -237,6 +237,8 @@ class Scheduler:
     def _trim(workers: dict[str, Slot], wanted: int, free: list[Slot],
               used: set[Slot]) -> None:
         """Give back the workers beyond ``wanted``: the highest indices go."""
+        if len(workers) <= wanted:
+            return  # nothing to give back (most topologies, most passes): no sort
         indices = sorted(int(e[len(WORKER_PREFIX):]) for e in workers)
         for index in indices[wanted:]:
             slot = workers.pop(f"{WORKER_PREFIX}{index}")

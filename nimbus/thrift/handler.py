@@ -41,7 +41,7 @@ from nimbus.state.cluster_state import (
     NotLeaderError,
 )
 from nimbus.state.cluster_view import ViewNotLoadedError
-from nimbus.state.records import ACTIVE, INACTIVE, RecordError, StormBase
+from nimbus.state.records import ACTIVE, INACTIVE, RecordError
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
@@ -60,7 +60,10 @@ SYSTEM_COMPONENT = "__system"
 def _i32(value: float) -> int:
     """``value`` as a Thrift i32: numbers read from ZooKeeper (uptimes, ports) can be
     anything, and one out of range must not make the whole reply unwritable."""
-    return max(-(2**31), min(2**31 - 1, int(value)))
+    number = int(value)
+    if -2147483648 <= number <= 2147483647:
+        return number
+    return 2147483647 if number > 0 else -2147483648
 
 
 def _check_id(topology_id: str) -> None:
@@ -91,6 +94,8 @@ class NimbusHandler:
         self.transfers = transfers
         self.store = store
         self.started_at = started_at
+        # (snapshot, second, TopologySummary list) of the last getClusterInfo
+        self._summaries: tuple[Any, int, list[Any]] | None = None
         self.address = str(conf.nimbus_address)
         self.authorizer = authorizer_from_conf(conf)
 
@@ -260,27 +265,36 @@ class NimbusHandler:
                 isLeader=is_leader, version=info.version))
         return out
 
-    def getClusterInfo(self) -> Any:
-        snap = self.cache.snapshot  # memory only: no ZooKeeper round trip per call
-        now = time.time()
+    def _topology_summaries(self, snap: Any, now: float) -> list[Any]:
+        """The TopologySummary list of ``snap`` at ``now``: built at most once per snapshot
+        and second (uptimes are whole seconds) and shared by the calls in between, so
+        that at thousands of topologies a call costs about its serialisation only."""
+        second = int(now)
+        built = self._summaries
+        if built is not None and built[0] is snap and built[1] == second:
+            return built[2]
         found = snap.assignments
-
-        def placed(topology_id: str, base: StormBase) -> int:
+        topologies = []
+        for topology_id, base in sorted(snap.storms.items()):
             # Workers placed by the scheduler (Storm reports assigned, not requested,
             # workers). Each worker is one executor (worker-<i>) of the Assignment:
             # there are no finer tasks.
             assignment = found.get(topology_id)
-            return len(assignment.executor_node_port) if assignment is not None else 0
-
-        topologies = []
-        for topology_id, base in sorted(snap.storms.items()):
-            workers = placed(topology_id, base)
+            workers = _i32(len(assignment.executor_node_port)) if assignment is not None else 0
             topologies.append(storm.TopologySummary(
-                id=topology_id, name=base.storm_name, num_tasks=_i32(workers),
-                num_executors=_i32(workers), num_workers=_i32(workers),
-                uptime_secs=_i32(now - base.launch_time_secs), status=base.status,
+                id=topology_id, name=base.storm_name, num_tasks=workers,
+                num_executors=workers, num_workers=workers,
+                uptime_secs=_i32(second - base.launch_time_secs), status=base.status,
                 owner=base.owner or None,
                 replication_count=_i32(snap.replication.get(topology_id, 0))))
+        self._summaries = (snap, second, topologies)
+        return topologies
+
+    def getClusterInfo(self) -> Any:
+        snap = self.cache.snapshot  # memory only: no ZooKeeper round trip per call
+        now = time.time()
+        found = snap.assignments
+        topologies = self._topology_summaries(snap, now)
         used = runtime_view.used_ports_by_supervisor(found)
         supervisors = [storm.SupervisorSummary(
             host=info.hostname, uptime_secs=_i32(info.uptime_secs), num_workers=len(info.meta),
