@@ -147,3 +147,51 @@ def test_threads_are_named_and_joined_on_close(writer, view):
     view.close()
     wait_until(lambda: not any(t.name.startswith("zk-tree-test-")
                                for t in threading.enumerate()), 5)
+
+
+def test_whole_directory_results_are_shared_until_a_change(writer, fence, view):
+    first = add(writer, fence, 1)
+    view.start()
+    storms = view.storms()
+    assert view.storms() is storms, "no change: the same dict, nothing decoded again"
+    assert view.find_storm_by_name("t1") == (first, storms[first])
+    second = add(writer, fence, 2)
+    view.barrier()
+    assert view.storms() is not storms
+    assert sorted(view.storms()) == sorted([first, second])
+    assert view.find_storm_by_name("t2")[0] == second
+
+
+def test_the_summary_rebuilds_only_what_changed(make_zk, zk_root, writer, fence, view):
+    """A supervisor's heartbeat (every few seconds, from every supervisor) makes a new
+    snapshot that shares the topology parts of the last one: at thousands of topologies
+    a heartbeat must not cost a pass over all of them."""
+    from types import SimpleNamespace
+
+    from nimbus.master.summary_cache import ClusterSummaryCache
+    from nimbus.state.records import SupervisorInfo
+
+    add(writer, fence, 1)
+    view.start()
+    counted: list[str] = []
+    distributor = SimpleNamespace(get_replication_count=lambda t: counted.append(t) or 1)
+    cache = ClusterSummaryCache(view.state, distributor, view)
+    cache.SAFETY_INTERVAL_S = 3600  # only the first load sweeps: the counts are exact
+    cache.start()
+    try:
+        before = cache.refresh_now()
+        assert (list(before.storms), counted) == (["t1-1-1700000000"], ["t1-1-1700000000"])
+        supervisor = StormClusterState(make_zk(), zk_root)
+        supervisor.supervisor_heartbeat("s1", SupervisorInfo(time_secs=1, hostname="h1"))
+        after = cache.refresh_now()
+        assert list(after.supervisors) == ["s1"]
+        assert after.storms is before.storms and after.assignments is before.assignments
+        assert after.replication is before.replication
+        assert counted == ["t1-1-1700000000"], "no replica recount for a heartbeat"
+        added = add(writer, fence, 2)
+        grown = cache.refresh_now()
+        assert sorted(grown.storms) == sorted(["t1-1-1700000000", added])
+        assert grown.supervisors is after.supervisors
+        assert counted == ["t1-1-1700000000", added], "only the new topology is counted"
+    finally:
+        cache.stop()

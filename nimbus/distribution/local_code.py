@@ -155,10 +155,14 @@ class LocalCodeStore:
         return self.path(topology_id).is_dir()
 
     def topologies(self) -> set[str]:
-        if not self.root.is_dir():
+        """Ids of every complete copy held here: one directory listing (no stat per
+        entry where the file system reports entry types), however many there are."""
+        try:
+            with os.scandir(self.root) as entries:
+                return {e.name for e in entries
+                        if e.is_dir() and not e.name.startswith(TEMP_PREFIX)}
+        except (FileNotFoundError, NotADirectoryError):
             return set()
-        return {p.name for p in self.root.iterdir()
-                if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)

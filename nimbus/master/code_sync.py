@@ -160,7 +160,7 @@ class CodeSync:
         """
         self._check_cluster()
         live = frozenset(self._state.active_storms())
-        held = frozenset(t for t in live if self._store.has(t))
+        held = live & self._store.topologies()  # one listing, not a stat per topology
         return CodeCheck(live=live, held=held, lost=self._note_unavailable(live - held))
 
     def _note_unavailable(self, missing: frozenset[str]) -> frozenset[str]:
@@ -306,7 +306,7 @@ class CodeSync:
     def _report_completeness(self, live: set[str], held_before: set[str]) -> None:
         # Logged when it changes, and after a pass that fetched missing code, so that an
         # operator (or a test) sees the moment this host became able to lead.
-        missing = sorted(t for t in live if not self._store.has(t))
+        missing = sorted(live - self._store.topologies())
         if missing:
             if self._complete is not False:
                 log.info("code incomplete: missing %d of %d live topologies [%s]",

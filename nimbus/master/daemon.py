@@ -132,8 +132,11 @@ class NimbusDaemon:
             local_dir=conf.local_dir / "code-distributor" / self.distributor.name,
             code_dir=self.store.root, fetch_file=fetch_file))
         # What the summary, the scheduler, the code sync and submit read: in memory,
-        # kept current by watches (loaded in start()).
-        self.view = ClusterView(self.state, name="nimbus")
+        # kept current by watches (loaded in start()). On a session of its own: when a
+        # nimbus dies, thousands of its replica registrations vanish at once, and that
+        # flood of events must not queue ahead of the elector's lock-node event.
+        self.view_zk = make_zk_client(conf)
+        self.view = ClusterView(StormClusterState(self.view_zk, conf.zk_root), name="nimbus")
         self.sync = CodeSync(self.state, self.store, self.distributor, view=self.view,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),
@@ -191,6 +194,10 @@ class NimbusDaemon:
             elector.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        view_zk = getattr(self, "view_zk", None)
+        if view_zk is not None:
+            view_zk.stop()
+            view_zk.close()
         self.zk.stop()
         self.zk.close()
 
@@ -257,6 +264,8 @@ class NimbusDaemon:
         self.cache.stop()
         self._duties.join(timeout=10)
         self.view.close()
+        self.view_zk.stop()
+        self.view_zk.close()
         self.server.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()

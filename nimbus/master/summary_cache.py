@@ -46,6 +46,7 @@ class ClusterSummaryCache:
     SAFETY_INTERVAL_S = 5.0
     # Replication counts refreshed per safety-net pass beyond those known to have changed.
     SWEEP_PER_PASS = 50
+    PARTS = ("nimbuses", "storms", "assignments", "supervisors")
 
     def __init__(self, state: StormClusterState, distributor: CodeDistributor,
                  view: ClusterView):
@@ -54,7 +55,11 @@ class ClusterSummaryCache:
         self._view = view
         self._snapshot = ClusterSnapshot()
         self._replication: dict[str, int] = {}
+        self._served_replication: dict[str, int] = {}  # the copy the snapshot holds
         self._stale_replication: set[str] = set()  # replica registrations changed
+        # What changed since the last load: only those parts are rebuilt, so a
+        # supervisor's heartbeat does not cost a pass over every topology.
+        self._dirty: set[str] = set(self.PARTS)
         self._stale_lock = threading.Lock()
         self._sweep_from = ""  # the safety net's place in the id order
         self._wake = threading.Event()
@@ -80,9 +85,16 @@ class ClusterSummaryCache:
     def _on_view_change(self, directory: str, topology_id: str) -> None:
         if directory == "workerbeats":
             return  # heartbeats: nothing the summary shows
-        if directory == "code-distributor":
-            with self._stale_lock:
+        with self._stale_lock:
+            if directory == "code-distributor":
                 self._stale_replication.add(topology_id)
+            else:
+                self._dirty.add(directory)
+        self._wake.set()
+
+    def _on_nimbus_change(self, _event: object = None) -> None:
+        with self._stale_lock:
+            self._dirty.add("nimbuses")
         self._wake.set()
 
     @property
@@ -119,6 +131,8 @@ class ClusterSummaryCache:
                 log.debug("cluster summary unavailable: %s", exc)
                 with self._fresh:
                     self._snapshot = replace(self._snapshot, leader=None)
+                with self._stale_lock:  # everything is read again once the layout is back
+                    self._dirty |= set(self.PARTS)
                 self._stop.wait(0.5)
                 self._wake.set()
             except (KazooException, ViewNotLoadedError) as exc:
@@ -132,25 +146,43 @@ class ClusterSummaryCache:
 
     def _load(self, barrier: bool, sweep: bool) -> ClusterSnapshot:
         """A new snapshot; ``barrier``: include every change made before the call
-        (read-your-writes); ``sweep``: also recount some replicas (the safety net)."""
-        state, view = self._state, self._view
+        (read-your-writes); ``sweep``: also recount some replicas (the safety net).
+        Only the parts that changed are rebuilt; the others are the previous ones."""
+        state, view, previous = self._state, self._view, self._snapshot
         if barrier:
             view.barrier()
-        nimbuses = state.nimbuses(watch=self.wake)
-        queue = state.leader_queue(watch=self.wake)
-        storms = view.storms()  # unreadable ones are left out (logged by the state)
-        assignments = {t: a for t, a in view.assignments().items() if t in storms}
-        supervisors = view.supervisors()
-        return ClusterSnapshot(nimbuses=nimbuses, leader=queue[0][1] if queue else None,
-                               storms=storms, replication=self._count_replicas(storms, sweep),
-                               supervisors=supervisors, assignments=assignments,
-                               taken_at=time.monotonic())
+        with self._stale_lock:
+            dirty, self._dirty = self._dirty, set()
+        try:
+            if "nimbuses" in dirty:
+                nimbuses = state.nimbuses(watch=self._on_nimbus_change)
+                queue = state.leader_queue(watch=self._on_nimbus_change)
+                leader = queue[0][1] if queue else None
+            else:
+                nimbuses, leader = previous.nimbuses, previous.leader
+            # Unreadable StormBases are left out (logged by the state).
+            storms = view.storms() if "storms" in dirty else previous.storms
+            assignments = ({t: a for t, a in view.assignments().items() if t in storms}
+                           if dirty & {"storms", "assignments"} else previous.assignments)
+            supervisors = view.supervisors() if "supervisors" in dirty \
+                else previous.supervisors
+            replication = self._count_replicas(storms, sweep)
+        except BaseException:
+            with self._stale_lock:  # not loaded: try those parts again next time
+                self._dirty |= dirty
+            raise
+        return ClusterSnapshot(nimbuses=nimbuses, leader=leader, storms=storms,
+                               replication=replication, supervisors=supervisors,
+                               assignments=assignments, taken_at=time.monotonic())
 
     def _count_replicas(self, storms: dict[str, StormBase], sweep: bool) -> dict[str, int]:
+        """Replication counts of ``storms``: the previous dict itself when none changed."""
         with self._stale_lock:
             stale, self._stale_replication = self._stale_replication, set()
+        changed = False
         for topology_id in [t for t in self._replication if t not in storms]:
             del self._replication[topology_id]
+            changed = True
         recount = {t for t in storms if t not in self._replication or t in stale}
         if sweep and storms:
             ordered = sorted(storms)
@@ -160,9 +192,13 @@ class ClusterSummaryCache:
             recount.update(batch)
         for topology_id in recount:
             try:
-                self._replication[topology_id] = self._distributor.get_replication_count(
-                    topology_id)
+                count = self._distributor.get_replication_count(topology_id)
             except Exception as exc:
                 log.debug("replication count of %s unavailable: %s", topology_id, exc)
-                self._replication[topology_id] = 0
-        return dict(self._replication)
+                count = 0
+            if self._replication.get(topology_id) != count:
+                self._replication[topology_id] = count
+                changed = True
+        if changed:
+            self._served_replication = dict(self._replication)
+        return self._served_replication

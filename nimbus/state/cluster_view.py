@@ -58,6 +58,11 @@ class ClusterView:
         self._memo: dict[str, tuple[int, Any]] = {}  # path -> (mzxid, record or RecordError)
         self._memo_lock = threading.Lock()
         self._listeners: list[Listener] = []
+        # Whole-directory results (storms(), assignments(), the name index), kept until
+        # the next change under their directory: readers share them and must not change
+        # them. A change bumps the directory's generation.
+        self._generation = dict.fromkeys(self._trees, 0)
+        self._derived: dict[str, tuple[int, Any]] = {}
         for directory, tree in self._trees.items():
             tree.listen(lambda path, d=directory: self._changed(d, path))
 
@@ -103,14 +108,15 @@ class ClusterView:
         return self._record(StormBase, "storms", topology_id)
 
     def storms(self) -> dict[str, StormBase]:
-        """Every readable StormBase (an unreadable one is logged once by the state)."""
-        return self._readable(StormBase, "storms")
+        """Every readable StormBase (an unreadable one is logged once by the state).
+        Shared: do not change it."""
+        return self._derive("storms", "storms", lambda: self._readable(StormBase, "storms"))
 
     def find_storm_by_name(self, name: str) -> tuple[str, StormBase] | None:
-        for topology_id, base in self.storms().items():
-            if base.storm_name == name:
-                return topology_id, base
-        return None
+        def index() -> dict[str, tuple[str, StormBase]]:
+            return {base.storm_name: (t, base) for t, base in self.storms().items()}
+
+        return self._derive("storms", "names", index).get(name)
 
     # -- assignments --------------------------------------------------------------------------
     def assignment(self, topology_id: str) -> tuple[Assignment, int] | None:
@@ -126,8 +132,9 @@ class ClusterView:
         return self._ids("assignments")
 
     def assignments(self) -> dict[str, Assignment]:
-        """Every readable Assignment."""
-        return self._readable(Assignment, "assignments")
+        """Every readable Assignment. Shared: do not change it."""
+        return self._derive("assignments", "assignments",
+                            lambda: self._readable(Assignment, "assignments"))
 
     # -- supervisors --------------------------------------------------------------------------
     def supervisors(self) -> dict[str, SupervisorInfo]:
@@ -185,6 +192,19 @@ class ClusterView:
                 "to another cluster; refusing to act on it")
         return tree
 
+    def _derive(self, directory: str, name: str, build: Callable[[], Any]) -> Any:
+        """``build()``, reused until the next change under ``directory``."""
+        generation = self._generation[directory]  # read first: a change meanwhile wins
+        self._tree(directory)  # loaded and present, or the reader's error
+        with self._memo_lock:
+            kept = self._derived.get(name)
+        if kept is not None and kept[0] == generation:
+            return kept[1]
+        value = build()
+        with self._memo_lock:
+            self._derived[name] = (generation, value)
+        return value
+
     def _ids(self, directory: str) -> list[str]:
         return [c for c in self._tree(directory).children() if is_topology_id(c)]
 
@@ -227,6 +247,7 @@ class ClusterView:
         return record
 
     def _changed(self, directory: str, path: str) -> None:
+        self._generation[directory] += 1  # only the cache's thread of this directory
         tree = self._trees[directory]
         relative = path[len(tree.path):].strip("/")
         if relative and tree.get(path) is None:  # removed: forget its decoded record

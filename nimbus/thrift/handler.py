@@ -94,8 +94,9 @@ class NimbusHandler:
         self.transfers = transfers
         self.store = store
         self.started_at = started_at
-        # (snapshot, second, TopologySummary list) of the last getClusterInfo
-        self._summaries: tuple[Any, int, list[Any]] | None = None
+        # ((storms, assignments, replication), second, TopologySummary list) of the last
+        # getClusterInfo
+        self._summaries: tuple[tuple[Any, ...], int, list[Any]] | None = None
         self.address = str(conf.nimbus_address)
         self.authorizer = authorizer_from_conf(conf)
 
@@ -270,8 +271,12 @@ class NimbusHandler:
         and second (uptimes are whole seconds) and shared by the calls in between, so
         that at thousands of topologies a call costs about its serialisation only."""
         second = int(now)
+        # The summary cache keeps the parts that did not change (a supervisor's heartbeat
+        # makes a new snapshot with the same storms), so the parts are the key.
+        key = (snap.storms, snap.assignments, snap.replication)
         built = self._summaries
-        if built is not None and built[0] is snap and built[1] == second:
+        if built is not None and all(a is b for a, b in zip(built[0], key, strict=True)) \
+                and built[1] == second:
             return built[2]
         found = snap.assignments
         topologies = []
@@ -287,7 +292,7 @@ class NimbusHandler:
                 uptime_secs=_i32(second - base.launch_time_secs), status=base.status,
                 owner=base.owner or None,
                 replication_count=_i32(snap.replication.get(topology_id, 0))))
-        self._summaries = (snap, second, topologies)
+        self._summaries = (key, second, topologies)
         return topologies
 
     def getClusterInfo(self) -> Any:
