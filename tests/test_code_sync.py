@@ -319,3 +319,30 @@ def test_without_a_grace_code_is_never_lost(setup, monkeypatch):
         check = sync.check_code()
         assert (check.lost, bool(check)) == (frozenset(), False)
     assert sync.lost_topologies() == frozenset()
+
+
+def test_a_view_missing_a_metafile_never_keeps_the_code_away(setup, view, monkeypatch,
+                                                             caplog):
+    """The sync reads storms and metafiles from the in-memory view; a live topology that
+    the view shows without its metafile is read from ZooKeeper itself and fetched."""
+    from nimbus.state.records import CodeMeta
+
+    state, store, distributor = setup
+    live_storm(state, "wanted-3-3")
+    state.zk.create(state.code_path("wanted-3-3"), CodeMeta(
+        distributor="recording", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
+        created_secs=1).encode())
+    monkeypatch.setattr(view, "code_meta", lambda topology_id: None)  # the view trails
+    fetched = []
+
+    def download(dest_dir, topology_id, metafile):
+        fetched.append((topology_id, metafile.read_bytes()))
+        dest_dir.mkdir(parents=True)
+        return []
+
+    monkeypatch.setattr(distributor, "download", download)
+    sync = CodeSync(state, store, distributor, period_s=3600, view=view)
+    sync.sync_once()
+    assert fetched == [("wanted-3-3", b"m")]
+    assert store.has("wanted-3-3")
+    assert "does not show it yet" in caplog.text
