@@ -42,12 +42,12 @@ class WatchedTree:
     Reads never touch ZooKeeper. Paths given to the readers are absolute.
     """
 
-    # Levels below the directory whose new nodes :meth:`barrier` waits for (the deepest
-    # use is /code-distributor/<topology>/<host>, plus the leaves' child listings).
-    MAX_LEVELS = 4
 
-    def __init__(self, zk: KazooClient, path: str, name: str):
+    def __init__(self, zk: KazooClient, path: str, name: str, depth: int = 2):
+        """``depth``: how many levels below ``path`` nodes may be (what :meth:`barrier`
+        waits for); nimbus-ha's deepest is /code-distributor/<topology>/<host>."""
         self.zk = zk
+        self.depth = depth
         self.path = path.rstrip("/") or "/"
         self.name = name
         self._cache = self._new_cache()
@@ -134,8 +134,8 @@ class WatchedTree:
         callbacks (the cache has asked for every changed node), then a round trip and a
         drain of the completion callbacks and of the cache's thread (the answers are in
         memory). Answers about new nodes make the cache ask for their children, so the
-        last step repeats, once per level, until nothing is outstanding. Raises
-        WatchedTreeError on timeout."""
+        last step repeats once per level (``depth`` + 1 times). Raises WatchedTreeError on
+        timeout."""
         deadline = time.monotonic() + timeout_s
         handler = self.zk.handler
 
@@ -148,14 +148,14 @@ class WatchedTree:
 
         self.zk.retry(self.zk.sync, self.path)
         drained(lambda f: handler.dispatch_callback(Callback("watch", f, ())))
-        for _level in range(self.MAX_LEVELS):
+        # One round per level: an answer about a new node at one level makes the cache ask
+        # about that node's children. (TreeCache's own count of requests in flight is not
+        # used: two threads update it without a lock, so it can drift, and stopping early
+        # on it could return before a change is in.)
+        for _level in range(self.depth + 1):
             self.zk.exists_async(self.path).get(timeout=max(0.0, deadline - time.monotonic()))
             drained(handler.completion_queue.put)
             drained(self._cache._in_background)
-            # TreeCache counts its requests in flight (private; a hint only, since it is
-            # updated from two threads): nothing outstanding means no deeper level.
-            if self._cache._outstanding_ops <= 0:
-                return
 
     # -- events -------------------------------------------------------------------------------
     def _on_event(self, event: TreeEvent) -> None:
