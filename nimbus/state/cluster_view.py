@@ -139,18 +139,8 @@ class ClusterView:
     # -- supervisors --------------------------------------------------------------------------
     def supervisors(self) -> dict[str, SupervisorInfo]:
         """Every live supervisor whose heartbeat this release can read."""
-        tree = self._tree("supervisors")
-        out = {}
-        for sid in tree.children():
-            path = tree.join(sid)
-            got = tree.get(path)
-            if got is None:
-                continue
-            try:
-                out[sid] = self._decode(SupervisorInfo, path, got)
-            except RecordError:
-                continue
-        return out
+        return self._readable(SupervisorInfo, "supervisors",
+                              self._tree("supervisors").children())
 
     def worker_beat_versions(self, topology_id: str) -> dict[str, int]:
         """``<node>-<port>`` -> data version of each worker heartbeat of a topology."""
@@ -214,16 +204,19 @@ class ClusterView:
         got = tree.get(path)
         return self._decode(cls, path, got) if got is not None else None
 
-    def _readable(self, cls: type[R], directory: str) -> dict[str, R]:
+    def _readable(self, cls: type[R], directory: str,
+                  names: list[str] | None = None) -> dict[str, R]:
+        """name -> record of every child of ``directory`` (``names``; by default the
+        topology ids) that this release can read."""
         tree = self._tree(directory)
         out = {}
-        for topology_id in self._ids(directory):
-            path = tree.join(topology_id)
+        for name in self._ids(directory) if names is None else names:
+            path = tree.join(name)
             got = tree.get(path)
             if got is None:
                 continue
             try:
-                out[topology_id] = self._decode(cls, path, got)
+                out[name] = self._decode(cls, path, got)
             except RecordError:
                 continue
         return out
