@@ -438,23 +438,6 @@ class StormClusterState:
         except NoNodeError:
             self.zk.create(path, info, makepath=False)
 
-    def worker_beat_versions(self, topology_id: str) -> dict[str, int]:
-        """``<node>-<port>`` -> data version of each worker heartbeat of a topology.
-
-        The version grows with every heartbeat, so its change is what shows a worker is
-        alive, with no clock of the worker's host involved.
-        """
-        base = self.path("workerbeats", topology_id)
-        versions = {}
-        for child in self._children(base):
-            try:
-                stat = self.zk.retry(self.zk.exists, posixpath.join(base, child))
-            except NoNodeError:
-                stat = None
-            if stat is not None:
-                versions[child] = stat.version
-        return versions
-
     def get_worker_heartbeat(self, topology_id: str, node: str, port: int) -> bytes | None:
         got = self._get(self.path("workerbeats", topology_id, f"{node}-{port}"))
         return got[0] if got else None
