@@ -4,7 +4,8 @@ Readers that used to list a directory and read every child on each wake-up (O(N)
 trips per change) read this instead: after the first load, a change costs ZooKeeper only
 the round trips for the nodes that changed, however many there are in all.
 
-What this adds to ``TreeCache``:
+What this adds to ``TreeCache`` (in its race-free form,
+:class:`~nimbus.state.ordered_tree_cache.OrderedTreeCache`):
 
 * it refuses to start on a directory that does not exist: ``TreeCache`` would create it,
   and an absent directory means a wiped or foreign ZooKeeper (``LayoutMissingError``),
@@ -26,6 +27,8 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.protocol.states import Callback, ZnodeStat
 from kazoo.recipe.cache import TreeCache, TreeEvent
+
+from nimbus.state.ordered_tree_cache import OrderedTreeCache
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class WatchedTree:
         self._started = False
 
     def _new_cache(self) -> TreeCache:
-        cache = TreeCache(self.zk, self.path)
+        cache = OrderedTreeCache(self.zk, self.path)
         cache.listen(self._on_event)
         cache.listen_fault(self._on_fault)
         return cache
@@ -131,7 +134,8 @@ class WatchedTree:
         event before the answer to any later request, answers come in request order, and
         kazoo runs watch callbacks and completion callbacks each on one thread, in order.
         So: a ``sync`` round trip (every earlier event is then queued), drain the watch
-        callbacks (the cache has asked for every changed node), then a round trip and a
+        callbacks and then the cache's thread, which handles them (the cache has asked
+        for every changed node), then a round trip and a
         drain of the completion callbacks and of the cache's thread (the answers are in
         memory). Answers about new nodes make the cache ask for their children, so the
         last step repeats once per level (``depth`` + 1 times). Raises WatchedTreeError on
@@ -148,10 +152,10 @@ class WatchedTree:
 
         self.zk.retry(self.zk.sync, self.path)
         drained(lambda f: handler.dispatch_callback(Callback("watch", f, ())))
+        drained(self._cache._in_background)  # watch events are handled there
         # One round per level: an answer about a new node at one level makes the cache ask
-        # about that node's children. (TreeCache's own count of requests in flight is not
-        # used: two threads update it without a lock, so it can drift, and stopping early
-        # on it could return before a change is in.)
+        # about that node's children. Always every round: a constant cost, and it does
+        # not depend on the cache's private count of requests in flight.
         for _level in range(self.depth + 1):
             self.zk.exists_async(self.path).get(timeout=max(0.0, deadline - time.monotonic()))
             drained(handler.completion_queue.put)

@@ -1,0 +1,188 @@
+"""The tree cache under the view, against a real ZooKeeper: the update-ordering race of
+kazoo's TreeCache (python-zk/kazoo#645), provoked deterministically, and its fix.
+
+The race: the cache's thread sends the first ``get`` of a new node and attaches its
+callback afterwards. If the node changes in between, kazoo's watch thread sends a second
+``get`` whose answer is applied first; the older answer then overwrites it, for good.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.protocol.states import Callback
+from kazoo.recipe.cache import TreeCache, TreeEvent
+
+from nimbus.state.ordered_tree_cache import OrderedTreeCache
+from nimbus.state.watched_tree import WatchedTree
+
+TIMEOUT_S = 10.0
+
+
+def drain(put: Callable[[Callable[[], None]], None]) -> None:
+    """Wait until everything queued before now on one of kazoo's queues has run."""
+    done = threading.Event()
+    put(done.set)
+    assert done.wait(TIMEOUT_S), "queue not drained in time"
+
+
+def drain_all(zk: KazooClient, cache: TreeCache) -> None:
+    """Every answer to a request sent so far applied, twice over (applying one may send
+    another): a round trip, then the watch, completion and cache queues drained."""
+    for _ in range(2):
+        zk.sync("/")
+        drain(lambda f: zk.handler.dispatch_callback(Callback("watch", f, ())))
+        drain(zk.handler.completion_queue.put)
+        drain(cache._in_background)
+
+
+def hold_first_get(zk: KazooClient, writer: KazooClient, target: str,
+                   monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the cache's first ``get`` of ``target`` return to its caller only after its
+    answer is in, ``target`` was changed by ``writer``, and whatever kazoo's watch thread
+    did about that change has been answered and passed on to the cache: the widest form
+    of the preemption window. Returns the names of the threads that sent each ``get``."""
+    real_get_async = zk.get_async
+    senders: list[str] = []
+    later: list[Any] = []
+
+    def get_async(path: str, watch: Any = None) -> Any:
+        result = real_get_async(path, watch=watch)
+        if path != target:
+            return result
+        senders.append(threading.current_thread().name)
+        if len(senders) > 1:
+            later.append(result)
+            return result
+        assert result.wait(TIMEOUT_S)
+        zk.exists(posixpath.dirname(target))  # the answer's watch is registered by now
+        writer.set(target, b"new")
+        zk.sync(target)  # the change's event has reached this session
+        drain(lambda f: zk.handler.dispatch_callback(Callback("watch", f, ())))
+        for answer in later:  # a get sent by the watch thread, answered and passed on
+            assert answer.wait(TIMEOUT_S)
+        drain(zk.handler.completion_queue.put)
+        return result
+
+    monkeypatch.setattr(zk, "get_async", get_async)
+    return senders
+
+
+def node_added(cache: TreeCache, path: str) -> threading.Event:
+    added = threading.Event()
+
+    def listener(event: TreeEvent) -> None:
+        if event.event_type == TreeEvent.NODE_ADDED and event.event_data.path == path:
+            added.set()
+
+    cache.listen(listener)
+    return added
+
+
+@pytest.fixture
+def root(make_zk, zk_root) -> str:
+    make_zk().ensure_path(zk_root)
+    return zk_root
+
+
+def test_kazoos_tree_cache_keeps_an_old_value_for_good(make_zk, root, monkeypatch):
+    """The upstream race, shown on kazoo's own TreeCache: if this starts failing, a kazoo
+    release changed the recipe, and ``OrderedTreeCache`` must be checked against it."""
+    zk, writer = make_zk(), make_zk()
+    cache = TreeCache(zk, root)
+    cache.start()
+    try:
+        target = posixpath.join(root, "x")
+        senders = hold_first_get(zk, writer, target, monkeypatch)
+        added = node_added(cache, target)
+        writer.create(target, b"old")
+        assert added.wait(TIMEOUT_S)
+        drain_all(zk, cache)
+        assert len(senders) == 2 and senders[0] != senders[1]  # two threads sent them
+        assert writer.get(target)[0] == b"new"
+        assert cache.get_data(target).data == b"old"  # stale, and no event will mend it
+    finally:
+        cache.close()
+
+
+def test_ordered_tree_cache_ends_with_the_newest_value(make_zk, root, monkeypatch):
+    zk, writer = make_zk(), make_zk()
+    cache = OrderedTreeCache(zk, root)
+    cache.start()
+    try:
+        target = posixpath.join(root, "x")
+        senders = hold_first_get(zk, writer, target, monkeypatch)
+        added = node_added(cache, target)
+        writer.create(target, b"old")
+        assert added.wait(TIMEOUT_S)
+        drain_all(zk, cache)
+        assert len(senders) == 2 and senders[0] == senders[1]  # one thread sent both
+        assert cache.get_data(target).data == b"new"
+        assert cache.get_data(target).stat == writer.exists(target)
+    finally:
+        cache.close()
+
+
+def test_watched_tree_barrier_sees_a_change_racing_a_new_node(make_zk, root, monkeypatch):
+    """The same interleaving through WatchedTree: after a barrier the view holds what
+    ZooKeeper holds."""
+    zk, writer = make_zk(), make_zk()
+    tree = WatchedTree(zk, root, "race")
+    tree.start()
+    try:
+        target = posixpath.join(root, "x")
+        hold_first_get(zk, writer, target, monkeypatch)
+        writer.create(target, b"old")
+        tree.barrier()
+        assert tree.get(target) == writer.get(target)
+        assert tree.get(target)[0] == b"new"
+    finally:
+        tree.close()
+
+
+class _Answer:
+    """A successful ``get`` answer as kazoo's AsyncResult gives it."""
+
+    def __init__(self, value: Any):
+        self.value = value
+        self.exception = None
+
+    def successful(self) -> bool:
+        return True
+
+    def get(self) -> Any:
+        return self.value
+
+
+def test_an_older_answer_never_replaces_newer_data(make_zk, root):
+    """The second guard: however an old answer comes late, it is dropped."""
+    zk, writer = make_zk(), make_zk()
+    target = posixpath.join(root, "x")
+    writer.create(target, b"old")
+    old = writer.get(target)
+    writer.set(target, b"new")
+    cache = OrderedTreeCache(zk, root)
+    events: list[TreeEvent] = []
+    loaded = threading.Event()
+    cache.listen(events.append)
+    cache.listen(lambda e: e.event_type == TreeEvent.INITIALIZED and loaded.set())
+    cache.start()
+    try:
+        assert loaded.wait(TIMEOUT_S)
+        drain_all(zk, cache)
+        assert cache.get_data(target).data == b"new"
+        events.clear()
+        node = cache._root._children["x"]
+        cache._outstanding_ops += 1  # the late answer's request, as _call_client counts it
+        cache._in_background(node._process_result, "get", target, _Answer(old))
+        drain_all(zk, cache)
+        assert cache.get_data(target).data == b"new"
+        assert events == []  # no update was published for it
+        assert cache._outstanding_ops == 0
+    finally:
+        cache.close()
