@@ -347,6 +347,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
                 "nimbus.code.sync.freq.secs", "nimbus.monitor.freq.secs"):
         if values[key] <= 0:
             raise ConfigError(f"key {key!r} must be positive, got {values[key]}")
+    for key in ("nimbus.view.audit.nodes.per.sec", "supervisor.view.audit.nodes.per.sec"):
+        if values[key] < 0:
+            raise ConfigError(f"key {key!r} must be 0 (no audit) or more, got {values[key]}")
     if values["topology.min.replication.count"] < 1:
         raise ConfigError("key 'topology.min.replication.count' must be at least 1")
     wait = values["topology.max.replication.wait.time.sec"]

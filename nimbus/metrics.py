@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_a
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,13 @@ class NimbusMetrics:
         self.thrift_duration = Histogram(
             "nimbus_thrift_call_duration_seconds", "Seconds a Thrift call took to serve",
             ["method"], registry=self.registry)
+        self.stale_view_nodes = Counter(
+            "nimbus_view_stale_nodes",
+            "Nodes the background audit found stale in this nimbus's in-memory view of the "
+            "cluster state (a missed watch event), and re-read", ["directory"],
+            registry=self.registry)
+        for directory in NIMBUS_DIRECTORIES:
+            self.stale_view_nodes.labels(directory)   # exported as 0 until one is found
         self.registry.register(_NimbusCollector(is_leader, snapshot, min_replication))
 
     # -- hooks --------------------------------------------------------------------------
@@ -242,6 +250,10 @@ class NimbusMetrics:
         self.code_sync_duration.labels(self.distributor, outcome).observe(max(0.0, seconds))
         if code_dir is not None:
             self.code_sync_bytes.labels(self.distributor).inc(_tree_bytes(code_dir))
+
+    def on_stale_view(self, directory: str, _path: str) -> None:
+        """The view's audit re-read a node of ``directory`` it held stale."""
+        self.stale_view_nodes.labels(directory).inc()
 
     def instrument(self, handler: object) -> object:
         """``handler`` with every Thrift call counted (see :class:`InstrumentedHandler`)."""

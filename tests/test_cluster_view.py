@@ -195,3 +195,29 @@ def test_the_summary_rebuilds_only_what_changed(make_zk, zk_root, writer, fence,
         assert counted == ["t1-1-1700000000", added], "only the new topology is counted"
     finally:
         cache.stop()
+
+
+def test_background_audit_mends_a_node_the_view_missed(make_zk, zk_root, writer, fence):
+    """The auditor thread (fast here) finds a topology whose change the view missed,
+    re-reads it and says so; it is named, and joined on close."""
+    stale: list[tuple[str, str]] = []
+    view = ClusterView(StormClusterState(make_zk(), zk_root), name="audited",
+                       audit_nodes_per_s=200, audit_tick_s=0.05,
+                       on_stale=lambda d, p: stale.append((d, p)))
+    topology_id = add(writer, fence, 1)
+    view.start()
+    try:
+        assert [t.name for t in threading.enumerate()].count("view-audit-audited") == 1
+        tree = view._trees["storms"]
+        path = tree.join(topology_id)
+        node = tree._cache._find_node(path)
+        view.state.zk._data_watchers[path].discard(node._process_watch)  # an event lost
+        base = view.storm_base(topology_id)
+        writer.update_storm(fence, topology_id,
+                            StormBase(**{**base.__dict__, "num_workers": 9}),
+                            writer.storm_base_versioned(topology_id)[1])
+        wait_until(lambda: view.storm_base(topology_id).num_workers == 9)
+        wait_until(lambda: stale == [("storms", path)])
+    finally:
+        view.close()
+    assert "view-audit-audited" not in [t.name for t in threading.enumerate()]

@@ -186,3 +186,101 @@ def test_an_older_answer_never_replaces_newer_data(make_zk, root):
         assert cache._outstanding_ops == 0
     finally:
         cache.close()
+
+
+# -- the audit: a view that missed a change finds out and re-reads -------------------------
+def deafen(zk: KazooClient, tree: WatchedTree, path: str) -> None:
+    """Make the view miss every later change of ``path`` (data, children, deletion), as a
+    lost watch event would: ZooKeeper still sends the events, kazoo calls nobody."""
+    node = tree._cache._find_node(path)
+    zk._data_watchers[path].discard(node._process_watch)
+    zk._child_watchers[path].discard(node._process_watch)
+
+
+@pytest.fixture
+def watched(make_zk, root):
+    zk = make_zk()
+    made = WatchedTree(zk, root, "audit")
+    yield zk, made
+    made.close()
+
+
+def test_audit_re_reads_data_the_view_missed(make_zk, root, watched, caplog):
+    zk, tree = watched
+    writer = make_zk()
+    target = posixpath.join(root, "x")
+    writer.create(target, b"old")
+    tree.start()
+    deafen(zk, tree, target)
+    writer.set(target, b"new")
+    tree.barrier()
+    assert tree.get(target)[0] == b"old"  # missed, and a barrier does not help
+    assert tree.audit(100) == ([], True)  # differs once: maybe a change in flight
+    with caplog.at_level("WARNING", logger="nimbus.state.watched_tree"):
+        assert tree.audit(0) == ([target], False)  # the same way twice: stale
+    assert f"the view held {target} stale" in caplog.text
+    tree.barrier()
+    assert tree.get(target)[0] == b"new"
+    assert tree.audit(100) == ([], True)
+    assert tree._suspects == {}
+
+
+def test_audit_waits_while_zookeeper_keeps_changing(make_zk, root, watched):
+    """A node that changed in ZooKeeper between two audits is not called stale yet."""
+    zk, tree = watched
+    writer = make_zk()
+    target = posixpath.join(root, "x")
+    writer.create(target, b"v1")
+    tree.start()
+    deafen(zk, tree, target)
+    writer.set(target, b"v2")
+    assert tree.audit(100)[0] == []
+    writer.set(target, b"v3")
+    assert tree.audit(0)[0] == []  # differs, but not the same way as before
+    assert tree.audit(0)[0] == [target]
+    tree.barrier()
+    assert tree.get(target)[0] == b"v3"
+
+
+def test_audit_drops_a_node_whose_deletion_was_missed(make_zk, root, watched):
+    zk, tree = watched
+    writer = make_zk()
+    target = posixpath.join(root, "gone")
+    writer.create(target, b"x")
+    tree.start()
+    deafen(zk, tree, target)
+    writer.delete(target)
+    tree.barrier()
+    assert tree.children() == ["gone"]
+    assert tree.audit(100)[0] == []
+    # the node, and its directory, which ZooKeeper says has one child fewer
+    assert sorted(tree.audit(0)[0]) == [root, target]
+    tree.barrier()
+    assert tree.children() == []
+    assert tree.get(target) is None
+
+
+def test_audit_finds_a_child_the_view_missed(make_zk, root, watched):
+    zk, tree = watched
+    writer = make_zk()
+    writer.create(posixpath.join(root, "a"), b"")
+    tree.start()
+    deafen(zk, tree, root)
+    writer.create(posixpath.join(root, "b"), b"late")
+    tree.barrier()
+    assert tree.children() == ["a"]
+    assert tree.audit(100)[0] == []
+    assert tree.audit(0)[0] == [root]
+    tree.barrier()
+    assert tree.children() == ["a", "b"]
+    assert tree.get(posixpath.join(root, "b"))[0] == b"late"
+
+
+def test_audit_goes_round_the_tree_in_steps(make_zk, root, watched):
+    zk, tree = watched
+    writer = make_zk()
+    for name in ("a", "b", "c", "d"):
+        writer.create(posixpath.join(root, name), b"", makepath=True)
+    tree.start()
+    # five nodes (the directory and four children), two at a time: three steps a round
+    assert [tree.audit(2)[1] for _ in range(6)] == [False, False, True] * 2

@@ -136,7 +136,9 @@ class NimbusDaemon:
         # nimbus dies, thousands of its replica registrations vanish at once, and that
         # flood of events must not queue ahead of the elector's lock-node event.
         self.view_zk = make_zk_client(conf)
-        self.view = ClusterView(StormClusterState(self.view_zk, conf.zk_root), name="nimbus")
+        self.view = ClusterView(StormClusterState(self.view_zk, conf.zk_root), name="nimbus",
+                                audit_nodes_per_s=conf["nimbus.view.audit.nodes.per.sec"],
+                                on_stale=self.metrics.on_stale_view)
         self.sync = CodeSync(self.state, self.store, self.distributor, view=self.view,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),

@@ -18,10 +18,15 @@ same :class:`RecordError` as a direct read (and is logged once, by the state).
 
 from __future__ import annotations
 
+import logging
+import math
 import posixpath
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
 
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState, is_topology_id
 from nimbus.state.records import (
@@ -40,6 +45,11 @@ R = TypeVar("R", bound=Record)
 NIMBUS_DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor",
                       "workerbeats")
 Listener = Callable[[str, str], None]
+StaleListener = Callable[[str, str], None]
+# Seconds between two steps of the background audit (ClusterView(audit_nodes_per_s=...)).
+AUDIT_TICK_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 class ViewNotLoadedError(RuntimeError):
@@ -51,8 +61,19 @@ class ClusterView:
     """Watched copies of ``directories`` under the state's root; see the module docstring."""
 
     def __init__(self, state: StormClusterState,
-                 directories: tuple[str, ...] = NIMBUS_DIRECTORIES, name: str = "view"):
+                 directories: tuple[str, ...] = NIMBUS_DIRECTORIES, name: str = "view",
+                 audit_nodes_per_s: float = 0.0, audit_tick_s: float = AUDIT_TICK_S,
+                 on_stale: StaleListener | None = None):
+        """``audit_nodes_per_s`` > 0 compares that many held nodes a second with
+        ZooKeeper, in the background, and re-reads any the view holds stale
+        (:meth:`WatchedTree.audit`); ``on_stale(directory, path)`` is told of each."""
         self.state = state
+        self.name = name
+        self._audit_budget = math.ceil(audit_nodes_per_s * audit_tick_s)
+        self._audit_tick_s = audit_tick_s
+        self._on_stale = on_stale
+        self._audit_stop = threading.Event()
+        self._auditor: threading.Thread | None = None
         self._trees = {d: WatchedTree(state.zk, state.path(d), f"{name}-{d}")
                        for d in directories}
         self._memo: dict[str, tuple[int, Any]] = {}  # path -> (mzxid, record or RecordError)
@@ -75,8 +96,17 @@ class ClusterView:
         except WatchedTreeError as exc:
             self.close()
             raise LayoutMissingError(f"cannot watch the cluster state: {exc}") from None
+        if self._audit_budget > 0 and self._auditor is None:
+            self._audit_stop.clear()
+            self._auditor = threading.Thread(target=self._audit_loop, daemon=True,
+                                             name=f"view-audit-{self.name}")
+            self._auditor.start()
 
     def close(self) -> None:
+        self._audit_stop.set()
+        if self._auditor is not None and self._auditor is not threading.current_thread():
+            self._auditor.join(30)
+        self._auditor = None
         for tree in self._trees.values():
             tree.close()
 
@@ -170,6 +200,35 @@ class ClusterView:
     def replica_hosts(self, topology_id: str) -> list[str]:
         tree = self._tree("code-distributor")
         return tree.children(tree.join(topology_id))
+
+    # -- audit --------------------------------------------------------------------------------
+    def audit(self, budget: int, current: int = 0) -> tuple[list[tuple[str, str]], int]:
+        """One audit step: ``budget`` nodes of the directory at index ``current`` in
+        turn, plus every directory's earlier differences. Returns the stale
+        (directory, path) pairs re-read, and the index of the directory to go on with."""
+        stale = []
+        directories = list(self._trees)
+        for index, directory in enumerate(directories):
+            tree = self._trees[directory]
+            paths, ended = tree.audit(budget if index == current else 0)
+            stale.extend((directory, path) for path in paths)
+            if index == current and ended:
+                current = (current + 1) % len(directories)
+        for directory, path in stale:
+            if self._on_stale is not None:
+                self._on_stale(directory, path)
+        return stale, current
+
+    def _audit_loop(self) -> None:
+        current = 0
+        while not self._audit_stop.wait(self._audit_tick_s):
+            try:
+                _stale, current = self.audit(self._audit_budget, current)
+            except (WatchedTreeError, KazooException, KazooTimeoutError) as exc:
+                # The session is down or slow: the next tick tries again.
+                log.info("%s: view audit skipped: %s", self.name, exc)
+            except Exception:
+                log.exception("%s: view audit failed", self.name)
 
     # -- internals ----------------------------------------------------------------------------
     def _tree(self, directory: str) -> WatchedTree:

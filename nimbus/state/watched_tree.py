@@ -23,6 +23,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.protocol.states import Callback, ZnodeStat
@@ -57,6 +58,8 @@ class WatchedTree:
         self._listeners: list[Listener] = []
         self._initialized = threading.Event()
         self._started = False
+        self._audit_queue: list[str] = []  # nodes still to compare in this round
+        self._suspects: dict[str, tuple[Any, Any]] = {}  # differed at the last audit
 
     def _new_cache(self) -> TreeCache:
         cache = OrderedTreeCache(self.zk, self.path)
@@ -160,6 +163,74 @@ class WatchedTree:
             self.zk.exists_async(self.path).get(timeout=max(0.0, deadline - time.monotonic()))
             drained(handler.completion_queue.put)
             drained(self._cache._in_background)
+
+    # -- audit --------------------------------------------------------------------------------
+    def audit(self, limit: int, timeout_s: float = 10.0) -> tuple[list[str], bool]:
+        """Compare up to ``limit`` held nodes (the next in a round over the whole tree) and
+        every node that differed at the last audit with ZooKeeper, and re-read each one
+        this view holds stale. Returns (stale paths, whether a round over the tree ended).
+
+        Defence in depth: watches keep the view current, and no way for them to miss a
+        change is known since :mod:`nimbus.state.ordered_tree_cache`; but a view that
+        missed one would never learn of it (nothing changes again), and a scheduler or
+        supervisor would act on the old value. A node is compared by creation and
+        modification zxid and number of children (one ``exists`` each, sent together).
+        A difference is often a change in flight, so a node counts as stale only if it
+        differed the same way at the last audit too, ZooKeeper still holds the same
+        version, and the view still differs after a :meth:`barrier`. Re-reading a node
+        (its data and children) goes through the cache, which then publishes the change
+        as usual. Raises WatchedTreeError if a comparison does not finish in time."""
+        if not self.loaded:
+            return [], False
+        if not self._audit_queue:
+            self._audit_queue = self._held_paths()
+        batch = self._audit_queue[-limit:] if limit > 0 else []
+        del self._audit_queue[len(self._audit_queue) - len(batch):]
+        ended = not self._audit_queue
+        suspects, self._suspects = self._suspects, {}
+        differ = self._compare(list(dict.fromkeys([*suspects, *batch])), timeout_s)
+        repeated = [path for path, seen in differ.items() if suspects.get(path) == seen]
+        stale: list[str] = []
+        if repeated:
+            self.barrier(timeout_s)
+            again = self._compare(repeated, timeout_s)
+            stale = [path for path in repeated
+                     if path in again and again[path][0] == differ[path][0]]
+        for path in stale:
+            zk_said, held = again[path]
+            log.warning("%s: the view held %s stale (held czxid/mzxid/children %s, "
+                        "ZooKeeper has %s); re-reading it", self.name, path, held, zk_said)
+            node = self._cache._find_node(path)
+            if node is not None:
+                self._cache._in_background(node._refresh)
+        self._suspects = {path: seen for path, seen in differ.items() if path not in stale}
+        return stale, ended
+
+    def _held_paths(self) -> list[str]:
+        """Every node held, the directory first (popped from the end: reversed)."""
+        paths, level = [], [self.path]
+        while level:
+            paths.extend(level)
+            level = [posixpath.join(parent, child) for parent in level
+                     for child in self.children(parent)]
+        paths.reverse()
+        return paths
+
+    def _compare(self, paths: list[str], timeout_s: float) -> dict[str, tuple[Any, Any]]:
+        """path -> (what ZooKeeper has, what the view holds), for the paths where the two
+        differ; each is None (no node) or (czxid, mzxid, number of children)."""
+        asked = [(path, self.zk.exists_async(path)) for path in paths]
+        differ = {}
+        for path, answer in asked:
+            stat = answer.get(timeout=timeout_s)
+            zk_said = None if stat is None else (stat.czxid, stat.mzxid, stat.numChildren)
+            node = self._cache.get_data(path)
+            held = None if node is None else (
+                node.stat.czxid, node.stat.mzxid,
+                len(self._cache.get_children(path, default=frozenset())))
+            if zk_said != held:
+                differ[path] = (zk_said, held)
+        return differ
 
     # -- events -------------------------------------------------------------------------------
     def _on_event(self, event: TreeEvent) -> None:

@@ -185,7 +185,9 @@ class Supervisor:
             self._connected.set()
         # Every assignment, in memory and kept current by watches: a change costs this
         # supervisor the round trips of the nodes that changed, not one per topology.
-        self.view = ClusterView(self.state, ("assignments",), name="supervisor")
+        self.view = ClusterView(
+            self.state, ("assignments",), name="supervisor",
+            audit_nodes_per_s=conf["supervisor.view.audit.nodes.per.sec"])
         self.view.listen(lambda _directory, _topology: self._wake.set())
         self._view_started = False
         self._lease = LeaseKeeper(self.zk, lambda: self.node_path, conf.session_timeout_s,
