@@ -675,6 +675,17 @@ def report(args: argparse.Namespace, bench: Bench, fill: dict[int, dict[str, flo
               f"({args.submit_threads} threads)")
 
 
+def view_findings(work_dir: Path) -> None:
+    """What the nimbuses' logs say about their views: answers the ordered tree cache
+    dropped as older than what it held (each one kazoo's TreeCache would have applied,
+    python-zk/kazoo#645), and nodes the background audit found stale."""
+    text = "".join(log.read_text(errors="replace") for log in sorted(work_dir.glob("nimbus-*.log")))
+    print(f"\nviews: {text.count('dropped an answer of version')} older answers dropped by "
+          f"the ordered tree cache; {text.count('the view held')} nodes found stale by the "
+          "audit; code sync read ZooKeeper itself for "
+          f"{text.count('does not show it yet')} code nodes the view lagged on")
+
+
 # -- main -------------------------------------------------------------------------------------
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -757,6 +768,7 @@ def run(args: argparse.Namespace, work: Path) -> None:
             print(f"kill -9 failover at {bench.submitted} topologies", flush=True)
             failover = bench.failover()
         report(args, bench, fill, failover)
+        view_findings(cluster.work_dir)
         print(f"\ntotal time {time.monotonic() - started:.0f}s")
     finally:
         if zk is not None:
