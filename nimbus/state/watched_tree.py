@@ -23,7 +23,6 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.protocol.states import Callback, ZnodeStat
@@ -34,6 +33,22 @@ from nimbus.state.ordered_tree_cache import OrderedTreeCache
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str], None]
+# What is known of a node: None (no node) or (czxid, mzxid, number of children).
+Fact = tuple[int, int, int] | None
+
+
+def _lagging(first: tuple[Fact, Fact], zk_now: Fact, held: Fact, since: int) -> bool:
+    """Whether a view holding ``held`` after a barrier missed a change. ``first`` is
+    (ZooKeeper, view) at the previous look, whose answers are later than zxid ``since``;
+    ``zk_now`` is what ZooKeeper had just before the barrier."""
+    zk_then, held_then = first
+    if zk_then is None:  # no node then: holding one created before is holding a deleted one
+        return held is not None and held[0] <= since
+    if held is None:  # it existed then and still does (same creation), but is not held
+        return zk_now is not None and zk_now[0] == zk_then[0]
+    if held[0] != zk_then[0] or held[1] != zk_then[1]:
+        return (held[0], held[1]) < (zk_then[0], zk_then[1])  # an older version
+    return held[2] != zk_then[2] and zk_now == zk_then and held == held_then
 
 
 class WatchedTreeError(RuntimeError):
@@ -59,7 +74,8 @@ class WatchedTree:
         self._initialized = threading.Event()
         self._started = False
         self._audit_queue: list[str] = []  # nodes still to compare in this round
-        self._suspects: dict[str, tuple[Any, Any]] = {}  # differed at the last audit
+        self._suspects: dict[str, tuple[Fact, Fact]] = {}  # differed at the last audit
+        self._suspects_since = 0  # a zxid no later than the suspects' looks
 
     def _new_cache(self) -> TreeCache:
         cache = OrderedTreeCache(self.zk, self.path)
@@ -172,12 +188,15 @@ class WatchedTree:
 
         Defence in depth: watches keep the view current, and no way for them to miss a
         change is known since :mod:`nimbus.state.ordered_tree_cache`; but a view that
-        missed one would never learn of it (nothing changes again), and a scheduler or
-        supervisor would act on the old value. A node is compared by creation and
-        modification zxid and number of children (one ``exists`` each, sent together).
-        A difference is often a change in flight, so a node counts as stale only if it
-        differed the same way at the last audit too, ZooKeeper still holds the same
-        version, and the view still differs after a :meth:`barrier`. Re-reading a node
+        missed one would never learn of it, and a scheduler or supervisor would act on
+        the old value. A node is compared by creation and modification zxid and number
+        of children (one ``exists`` each, sent together). A difference is often a change
+        in flight, so a node that differs is judged at the next audit, after a
+        :meth:`barrier` (which brings in every change made before it): it is stale if the
+        view is still behind what ZooKeeper held at the first look (an older version, a
+        node already deleted then, or one that existed then and still does but is not
+        held), or if its number of children still differs while neither side changed (a
+        count has no order, so only a quiet directory is judged by it). Re-reading a node
         (its data and children) goes through the cache, which then publishes the change
         as usual. Raises WatchedTreeError if a comparison does not finish in time."""
         if not self.loaded:
@@ -187,23 +206,24 @@ class WatchedTree:
         batch = self._audit_queue[-limit:] if limit > 0 else []
         del self._audit_queue[len(self._audit_queue) - len(batch):]
         ended = not self._audit_queue
-        suspects, self._suspects = self._suspects, {}
-        differ = self._compare(list(dict.fromkeys([*suspects, *batch])), timeout_s)
-        repeated = [path for path, seen in differ.items() if suspects.get(path) == seen]
+        suspects, since = self._suspects, self._suspects_since
+        # Every answer below is at least this recent: a lower bound for their zxid.
+        self._suspects, self._suspects_since = {}, self.zk.last_zxid
+        differ = {path: look for path, look in
+                  self._look(list(dict.fromkeys([*suspects, *batch])), timeout_s).items()
+                  if look[0] != look[1]}
+        again = [path for path in suspects if path in differ]
         stale: list[str] = []
-        if repeated:
+        if again:
             self.barrier(timeout_s)
-            again = self._compare(repeated, timeout_s)
-            stale = [path for path in repeated
-                     if path in again and again[path][0] == differ[path][0]]
+            stale = [path for path in again
+                     if _lagging(suspects[path], differ[path][0], self._held(path), since)]
         for path in stale:
-            zk_said, held = again[path]
-            log.warning("%s: the view held %s stale (held czxid/mzxid/children %s, "
-                        "ZooKeeper has %s); re-reading it", self.name, path, held, zk_said)
-            node = self._cache._find_node(path)
-            if node is not None:
-                self._cache._in_background(node._refresh)
-        self._suspects = {path: seen for path, seen in differ.items() if path not in stale}
+            log.warning("%s: the view held %s stale (czxid, mzxid, children: held %s, "
+                        "ZooKeeper had %s); re-reading it", self.name, path,
+                        self._held(path), suspects[path][0])
+            self._reread(path)
+        self._suspects = {path: look for path, look in differ.items() if path not in stale}
         return stale, ended
 
     def _held_paths(self) -> list[str]:
@@ -216,21 +236,32 @@ class WatchedTree:
         paths.reverse()
         return paths
 
-    def _compare(self, paths: list[str], timeout_s: float) -> dict[str, tuple[Any, Any]]:
-        """path -> (what ZooKeeper has, what the view holds), for the paths where the two
-        differ; each is None (no node) or (czxid, mzxid, number of children)."""
+    def _held(self, path: str) -> Fact:
+        node = self._cache.get_data(path)
+        if node is None:
+            return None
+        return (node.stat.czxid, node.stat.mzxid,
+                len(self._cache.get_children(path, default=frozenset())))
+
+    def _look(self, paths: list[str], timeout_s: float) -> dict[str, tuple[Fact, Fact]]:
+        """path -> (what ZooKeeper has, what the view holds)."""
         asked = [(path, self.zk.exists_async(path)) for path in paths]
-        differ = {}
+        looks = {}
         for path, answer in asked:
             stat = answer.get(timeout=timeout_s)
-            zk_said = None if stat is None else (stat.czxid, stat.mzxid, stat.numChildren)
-            node = self._cache.get_data(path)
-            held = None if node is None else (
-                node.stat.czxid, node.stat.mzxid,
-                len(self._cache.get_children(path, default=frozenset())))
-            if zk_said != held:
-                differ[path] = (zk_said, held)
-        return differ
+            zk_has = None if stat is None else (stat.czxid, stat.mzxid, stat.numChildren)
+            looks[path] = (zk_has, self._held(path))
+        return looks
+
+    def _reread(self, path: str) -> None:
+        """Have the cache read ``path`` again, or its nearest held ancestor if it is not
+        held (that ancestor's children are read again, which adds it)."""
+        node = self._cache._find_node(path)
+        while node is None and path != self.path:
+            path = posixpath.dirname(path)
+            node = self._cache._find_node(path)
+        if node is not None:
+            self._cache._in_background(node._refresh)
 
     # -- events -------------------------------------------------------------------------------
     def _on_event(self, event: TreeEvent) -> None:
