@@ -90,42 +90,40 @@ def root(make_zk, zk_root) -> str:
     return zk_root
 
 
+def race(cache_class: type[TreeCache], make_zk, root: str,
+         monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[str], Any]:
+    """Run the interleaving on a cache of ``cache_class``: (the node's data as the cache
+    holds it once everything sent is applied, the threads that sent its gets, the node's
+    stat in ZooKeeper)."""
+    zk, writer = make_zk(), make_zk()
+    cache = cache_class(zk, root)
+    cache.start()
+    try:
+        target = posixpath.join(root, "x")
+        senders = hold_first_get(zk, writer, target, monkeypatch)
+        added = node_added(cache, target)
+        writer.create(target, b"old")
+        assert added.wait(TIMEOUT_S)
+        drain_all(zk, cache)
+        assert writer.get(target)[0] == b"new"
+        return cache.get_data(target), senders, writer.exists(target)
+    finally:
+        cache.close()
+
+
 def test_kazoos_tree_cache_keeps_an_old_value_for_good(make_zk, root, monkeypatch):
     """The upstream race, shown on kazoo's own TreeCache: if this starts failing, a kazoo
     release changed the recipe, and ``OrderedTreeCache`` must be checked against it."""
-    zk, writer = make_zk(), make_zk()
-    cache = TreeCache(zk, root)
-    cache.start()
-    try:
-        target = posixpath.join(root, "x")
-        senders = hold_first_get(zk, writer, target, monkeypatch)
-        added = node_added(cache, target)
-        writer.create(target, b"old")
-        assert added.wait(TIMEOUT_S)
-        drain_all(zk, cache)
-        assert len(senders) == 2 and senders[0] != senders[1]  # two threads sent them
-        assert writer.get(target)[0] == b"new"
-        assert cache.get_data(target).data == b"old"  # stale, and no event will mend it
-    finally:
-        cache.close()
+    held, senders, _stat = race(TreeCache, make_zk, root, monkeypatch)
+    assert len(senders) == 2 and senders[0] != senders[1]  # two threads sent them
+    assert held.data == b"old"  # stale, and no event will mend it
 
 
 def test_ordered_tree_cache_ends_with_the_newest_value(make_zk, root, monkeypatch):
-    zk, writer = make_zk(), make_zk()
-    cache = OrderedTreeCache(zk, root)
-    cache.start()
-    try:
-        target = posixpath.join(root, "x")
-        senders = hold_first_get(zk, writer, target, monkeypatch)
-        added = node_added(cache, target)
-        writer.create(target, b"old")
-        assert added.wait(TIMEOUT_S)
-        drain_all(zk, cache)
-        assert len(senders) == 2 and senders[0] == senders[1]  # one thread sent both
-        assert cache.get_data(target).data == b"new"
-        assert cache.get_data(target).stat == writer.exists(target)
-    finally:
-        cache.close()
+    held, senders, stat = race(OrderedTreeCache, make_zk, root, monkeypatch)
+    assert len(senders) == 2 and senders[0] == senders[1]  # one thread sent both
+    assert held.data == b"new"
+    assert held.stat == stat
 
 
 def test_watched_tree_barrier_sees_a_change_racing_a_new_node(make_zk, root, monkeypatch):
@@ -205,19 +203,26 @@ def watched(make_zk, root):
     made.close()
 
 
-def test_audit_re_reads_data_the_view_missed(make_zk, root, watched, caplog):
+def deaf_node(make_zk, root: str, watched) -> tuple[KazooClient, WatchedTree, str]:
+    """(a writer, a started tree, a node created with b"v1" whose changes it misses)."""
     zk, tree = watched
     writer = make_zk()
     target = posixpath.join(root, "x")
-    writer.create(target, b"old")
+    writer.create(target, b"v1")
     tree.start()
     deafen(zk, tree, target)
+    return writer, tree, target
+
+
+def test_audit_re_reads_data_the_view_missed(make_zk, root, watched, caplog):
+    writer, tree, target = deaf_node(make_zk, root, watched)
     writer.set(target, b"new")
     tree.barrier()
-    assert tree.get(target)[0] == b"old"  # missed, and a barrier does not help
-    assert tree.audit(100) == ([], True)  # differs once: maybe a change in flight
+    assert tree.get(target)[0] == b"v1"  # missed, and a barrier does not help
+    assert tree.audit(100) == ([], True)  # differs: maybe a change in flight
     with caplog.at_level("WARNING", logger="nimbus.state.watched_tree"):
-        assert tree.audit(0) == ([target], False)  # the same way twice: stale
+        # still behind the first look after a barrier: stale
+        assert tree.audit(0) == ([target], False)
     assert f"the view held {target} stale" in caplog.text
     tree.barrier()
     assert tree.get(target)[0] == b"new"
@@ -228,12 +233,7 @@ def test_audit_re_reads_data_the_view_missed(make_zk, root, watched, caplog):
 def test_audit_finds_a_missed_node_that_zookeeper_keeps_changing(make_zk, root, watched):
     """The view must hold at least what ZooKeeper had at the last look: a node that
     changes between two audits is judged against the first look, and found."""
-    zk, tree = watched
-    writer = make_zk()
-    target = posixpath.join(root, "x")
-    writer.create(target, b"v1")
-    tree.start()
-    deafen(zk, tree, target)
+    writer, tree, target = deaf_node(make_zk, root, watched)
     writer.set(target, b"v2")
     assert tree.audit(100)[0] == []
     writer.set(target, b"v3")
@@ -289,15 +289,10 @@ def test_audit_does_not_mistake_a_slow_view_for_a_stale_one(make_zk, root, watch
 
 
 def test_audit_drops_a_node_whose_deletion_was_missed(make_zk, root, watched):
-    zk, tree = watched
-    writer = make_zk()
-    target = posixpath.join(root, "gone")
-    writer.create(target, b"x")
-    tree.start()
-    deafen(zk, tree, target)
+    writer, tree, target = deaf_node(make_zk, root, watched)
     writer.delete(target)
     tree.barrier()
-    assert tree.children() == ["gone"]
+    assert tree.children() == ["x"]
     assert tree.audit(100)[0] == []
     # the node, and its directory, which ZooKeeper says has one child fewer
     assert sorted(tree.audit(0)[0]) == [root, target]
