@@ -260,32 +260,54 @@ def test_audit_never_reports_a_view_that_keeps_up(make_zk, root, watched):
     assert tree._suspects == {}
 
 
-def test_audit_does_not_mistake_a_slow_view_for_a_stale_one(make_zk, root, watched,
-                                                             monkeypatch):
-    """The cache's thread is held up through both looks and catches up only in the
-    audit's barrier: nothing is reported."""
+def slowed(make_zk, root: str, watched, monkeypatch: pytest.MonkeyPatch,
+           in_barrier: Callable[[KazooClient, str], None] = lambda _writer, _path: None,
+           ) -> tuple[KazooClient, WatchedTree, str]:
+    """(a writer, a started tree, its node "a"): the tree's cache thread is held up from
+    now until the tree's next barrier, which first runs ``in_barrier(writer, path)``."""
     zk, tree = watched
     writer = make_zk()
     target = posixpath.join(root, "a")
     writer.create(target, b"old")
     tree.start()
     thawed = threading.Event()
-    tree._cache._in_background(thawed.wait)  # busy: the events below wait behind this
-    writer.set(target, b"new")
-    writer.create(posixpath.join(root, "b"), b"")
-    assert tree.audit(100)[0] == []
-    assert sorted(tree._suspects) == [root, target]  # both differ while in flight
+    tree._cache._in_background(thawed.wait)  # busy: later events wait behind this
     real_barrier = tree.barrier
 
     def barrier(timeout_s: float = 10.0) -> None:
         thawed.set()
+        in_barrier(writer, target)
         real_barrier(timeout_s)
 
     monkeypatch.setattr(tree, "barrier", barrier)
+    return writer, tree, target
+
+
+def test_audit_does_not_mistake_a_slow_view_for_a_stale_one(make_zk, root, watched,
+                                                             monkeypatch):
+    """The cache's thread is held up through both looks and catches up only in the
+    audit's barrier: nothing is reported."""
+    writer, tree, target = slowed(make_zk, root, watched, monkeypatch)
+    writer.set(target, b"new")
+    writer.create(posixpath.join(root, "b"), b"")
+    assert tree.audit(100)[0] == []
+    assert sorted(tree._suspects) == [root, target]  # both differ while in flight
     assert tree.audit(0)[0] == []  # the barrier brought the view up to the first look
     assert tree.audit(0)[0] == []  # and now the looks agree
     assert tree._suspects == {}
     assert tree.get(target)[0] == b"new"
+
+
+def test_audit_does_not_mistake_a_deletion_just_before_its_barrier(make_zk, root, watched,
+                                                                    monkeypatch):
+    """A suspect deleted between the audit's look and its barrier is rightly not held."""
+    writer, tree, target = slowed(make_zk, root, watched, monkeypatch,
+                                  in_barrier=lambda writer, path: writer.delete(path))
+    writer.set(target, b"new")
+    assert tree.audit(100)[0] == []
+    assert target in tree._suspects  # the change is in flight
+    assert tree.audit(0)[0] == []
+    assert tree.children() == []
 
 
 def test_audit_drops_a_node_whose_deletion_was_missed(make_zk, root, watched):

@@ -40,11 +40,12 @@ Fact = tuple[int, int, int] | None
 def _lagging(first: tuple[Fact, Fact], zk_now: Fact, held: Fact, since: int) -> bool:
     """Whether a view holding ``held`` after a barrier missed a change. ``first`` is
     (ZooKeeper, view) at the previous look, whose answers are later than zxid ``since``;
-    ``zk_now`` is what ZooKeeper had just before the barrier."""
+    ``zk_now`` is what ZooKeeper had at the latest look: just before the barrier, or
+    after it for a node not held."""
     zk_then, held_then = first
     if zk_then is None:  # no node then: holding one created before is holding a deleted one
         return held is not None and held[0] <= since
-    if held is None:  # it existed then and still does (same creation), but is not held
+    if held is None:  # it existed then and after the barrier (same creation): not held
         return zk_now is not None and zk_now[0] == zk_then[0]
     if held[0] != zk_then[0] or held[1] != zk_then[1]:
         return (held[0], held[1]) < (zk_then[0], zk_then[1])  # an older version
@@ -216,8 +217,12 @@ class WatchedTree:
         stale: list[str] = []
         if again:
             self.barrier(timeout_s)
+            # A node not held may have been deleted just before the barrier: ask again.
+            latest = {path: look[0] for path, look in self._look(
+                [path for path in again if self._held(path) is None], timeout_s).items()}
             stale = [path for path in again
-                     if _lagging(suspects[path], differ[path][0], self._held(path), since)]
+                     if _lagging(suspects[path], latest.get(path, differ[path][0]),
+                                 self._held(path), since)]
         for path in stale:
             log.warning("%s: the view held %s stale (czxid, mzxid, children: held %s, "
                         "ZooKeeper had %s); re-reading it", self.name, path,
