@@ -682,8 +682,7 @@ def view_findings(work_dir: Path) -> None:
     text = "".join(log.read_text(errors="replace") for log in sorted(work_dir.glob("nimbus-*.log")))
     print(f"\nviews: {text.count('dropped an answer of version')} older answers dropped by "
           f"the ordered tree cache; {text.count('the view held')} nodes found stale by the "
-          "audit; code sync read ZooKeeper itself for "
-          f"{text.count('does not show it yet')} code nodes the view lagged on")
+          "audit")
 
 
 # -- main -------------------------------------------------------------------------------------

@@ -81,8 +81,6 @@ class CodeSync:
 
     MAX_RETRY_PAUSE_S = 30.0
     READS = ("storms", "code-distributor")
-    # Live topologies without a metafile in the view read directly per pass, at most.
-    DIRECT_READS_PER_PASS = 20
 
     def __init__(
         self,
@@ -278,19 +276,9 @@ class CodeSync:
             if meta is not None:
                 published[topology_id] = meta.metafile
                 wanted.add(topology_id)
-        unpublished = 0
         for topology_id in sorted(wanted - held):
             if topology_id not in published:
-                # Live, but no metafile in the view. Normally a submission in flight; a
-                # few are read from ZooKeeper itself, so that a view trailing (or missing)
-                # an update can never keep this host from fetching code for good.
-                unpublished += 1
-                if unpublished > self.DIRECT_READS_PER_PASS:
-                    continue
-                metafile = self._published_now(topology_id)
-                if metafile is None:
-                    continue
-                published[topology_id] = metafile
+                continue  # live, but no metafile yet: a submission in flight
             if self._store.has(topology_id):
                 continue  # arrived since the listing (this leader's own submission)
             if time.monotonic() >= self._retry_at.get(topology_id, 0):
@@ -311,19 +299,6 @@ class CodeSync:
                 self._retry_at.pop(topology_id, None)
                 self._failures.pop(topology_id, None)
         self._report_completeness(live, held)
-
-    def _published_now(self, topology_id: str) -> bytes | None:
-        """The metafile read from ZooKeeper itself (None: not published, or unreadable)."""
-        try:
-            meta = self._state.code_meta(topology_id)
-        except RecordError:
-            return None  # logged by the state
-        if meta is not None:
-            log.warning("the metafile of %s was published, but this host's view of "
-                        "ZooKeeper does not show it yet; fetching with a direct read",
-                        topology_id)
-            return meta.metafile
-        return None
 
     def _still_there(self, topology_id: str) -> bool:
         """Read ZooKeeper itself before removing anything: the topology or its code node
