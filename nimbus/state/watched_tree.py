@@ -112,6 +112,7 @@ class WatchedTree:
             return
         self._started = False
         self._initialized.clear()
+        self._audit_queue, self._suspects = [], {}
         self._cache.close()
         thread = self._cache._task_thread
         if isinstance(thread, threading.Thread) and thread is not threading.current_thread():
@@ -122,6 +123,11 @@ class WatchedTree:
         directory was added, changed or removed; ``path`` is the directory itself after a
         reconnection, when anything may have changed."""
         self._listeners.append(listener)
+
+    @property
+    def started(self) -> bool:
+        """Started and not closed since (loaded or not)."""
+        return self._started
 
     @property
     def loaded(self) -> bool:
@@ -160,6 +166,8 @@ class WatchedTree:
         memory). Answers about new nodes make the cache ask for their children, so the
         last step repeats once per level (``depth`` + 1 times). Raises WatchedTreeError on
         timeout."""
+        if not self._started:
+            raise WatchedTreeError(f"{self.path} is not watched")
         deadline = time.monotonic() + timeout_s
         handler = self.zk.handler
 
