@@ -85,6 +85,22 @@ def test_barrier_sees_every_write_made_before_it(writer, fence, view):
         assert view.replica_hosts(topology_id) == [f"host{i}:6627"]
 
 
+def test_one_barrier_waits_for_every_directory(writer, fence, view):
+    """The directories go through the barrier together, and each cache's thread must
+    catch up: one held up makes the barrier time out."""
+    view.start()
+    thawed = threading.Event()
+    view._trees["code-distributor"]._cache._in_background(thawed.wait)
+    try:
+        with pytest.raises(ViewNotLoadedError, match="not in memory within"):
+            view.barrier(timeout_s=0.5)
+    finally:
+        thawed.set()
+    topology_id = add(writer, fence, 1)
+    view.barrier()
+    assert view.code_topologies() == [] and view.active_storms() == [topology_id]
+
+
 def test_records_are_decoded_once_per_version(writer, fence, view):
     topology_id = add(writer, fence, 1)
     view.start()

@@ -38,6 +38,7 @@ from nimbus.state.records import (
     SupervisorInfo,
 )
 from nimbus.state.watched_tree import WatchedTree, WatchedTreeError
+from nimbus.state.watched_tree import barrier as barrier_of_trees
 
 R = TypeVar("R", bound=Record)
 
@@ -153,8 +154,8 @@ class ClusterView:
         ``directories``, or every watched one). ViewNotLoadedError if that cannot be had
         in time, or a directory named is not watched."""
         try:
-            for directory in directories or [d for d, t in self._trees.items() if t.started]:
-                self._trees[directory].barrier(timeout_s)
+            barrier_of_trees([self._trees[d] for d in directories] if directories
+                             else [t for t in self._trees.values() if t.started], timeout_s)
         except WatchedTreeError as exc:
             raise ViewNotLoadedError(str(exc)) from None
 

@@ -56,6 +56,57 @@ class WatchedTreeError(RuntimeError):
     """The directory cannot be watched (absent, or not loaded in time)."""
 
 
+def barrier(trees: list[WatchedTree], timeout_s: float = 10.0) -> None:
+    """Return once every change committed before this call is in memory in each of
+    ``trees``, which share one ZooKeeper session. Raises WatchedTreeError on timeout, or
+    if one is not watched.
+
+    Built only on ordering ZooKeeper and kazoo guarantee: a session gets a watch event
+    before the answer to any later request, answers come in request order, and kazoo runs
+    watch callbacks and completion callbacks each on one thread, in order. So: a ``sync``
+    round trip (every earlier event is then queued), drain the watch callbacks and then
+    each cache's thread, which handles them (the caches have asked for every changed
+    node), then a round trip and a drain of the completion callbacks and of each cache's
+    thread (the answers are in memory). Answers about new nodes make a cache ask for
+    their children, so the last step repeats once per level (the deepest ``depth`` + 1
+    times). The trees go through each step together: the cost is that of one tree, a
+    constant number of round trips and hand-offs between threads (each may wait for the
+    GIL on a busy process, so they are kept few)."""
+    if not trees:
+        return
+    zk = trees[0].zk
+    for tree in trees:
+        if not tree.started:
+            raise WatchedTreeError(f"{tree.path} is not watched")
+        if tree.zk is not zk:
+            raise ValueError("a barrier covers trees of one ZooKeeper session")
+    deadline = time.monotonic() + timeout_s
+    handler = zk.handler
+
+    def drained(*queues: Callable[[Callable[[], None]], None]) -> None:
+        marks = []
+        for put in queues:
+            marks.append(threading.Event())
+            put(marks[-1].set)
+        for mark in marks:
+            if not mark.wait(max(0.0, deadline - time.monotonic())):
+                raise WatchedTreeError(
+                    f"{', '.join(t.path for t in trees)}: changes not in memory within "
+                    f"{timeout_s:.0f}s")
+
+    caches = [tree._cache._in_background for tree in trees]
+    zk.retry(zk.sync, trees[0].path)
+    drained(lambda f: handler.dispatch_callback(Callback("watch", f, ())))
+    drained(*caches)  # watch events are handled there
+    # One round per level: an answer about a new node at one level makes the cache ask
+    # about that node's children. Always every round: a constant cost, and it does not
+    # depend on the caches' private counts of requests in flight.
+    for _level in range(max(tree.depth for tree in trees) + 1):
+        zk.exists_async(trees[0].path).get(timeout=max(0.0, deadline - time.monotonic()))
+        drained(handler.completion_queue.put)
+        drained(*caches)
+
+
 class WatchedTree:
     """The nodes under ``path`` (any depth), current as of the last watch event.
 
@@ -154,40 +205,9 @@ class WatchedTree:
         return posixpath.join(self.path, *parts)
 
     def barrier(self, timeout_s: float = 10.0) -> None:
-        """Return once every change committed before this call is in memory.
-
-        Built only on ordering ZooKeeper and kazoo guarantee: a session gets a watch
-        event before the answer to any later request, answers come in request order, and
-        kazoo runs watch callbacks and completion callbacks each on one thread, in order.
-        So: a ``sync`` round trip (every earlier event is then queued), drain the watch
-        callbacks and then the cache's thread, which handles them (the cache has asked
-        for every changed node), then a round trip and a
-        drain of the completion callbacks and of the cache's thread (the answers are in
-        memory). Answers about new nodes make the cache ask for their children, so the
-        last step repeats once per level (``depth`` + 1 times). Raises WatchedTreeError on
-        timeout."""
-        if not self._started:
-            raise WatchedTreeError(f"{self.path} is not watched")
-        deadline = time.monotonic() + timeout_s
-        handler = self.zk.handler
-
-        def drained(put: Callable[[Callable[[], None]], None]) -> None:
-            done = threading.Event()
-            put(done.set)
-            if not done.wait(max(0.0, deadline - time.monotonic())):
-                raise WatchedTreeError(
-                    f"{self.path}: changes not in memory within {timeout_s:.0f}s")
-
-        self.zk.retry(self.zk.sync, self.path)
-        drained(lambda f: handler.dispatch_callback(Callback("watch", f, ())))
-        drained(self._cache._in_background)  # watch events are handled there
-        # One round per level: an answer about a new node at one level makes the cache ask
-        # about that node's children. Always every round: a constant cost, and it does
-        # not depend on the cache's private count of requests in flight.
-        for _level in range(self.depth + 1):
-            self.zk.exists_async(self.path).get(timeout=max(0.0, deadline - time.monotonic()))
-            drained(handler.completion_queue.put)
-            drained(self._cache._in_background)
+        """Return once every change committed before this call is in memory; see
+        :func:`barrier`."""
+        barrier([self], timeout_s)
 
     # -- audit --------------------------------------------------------------------------------
     def audit(self, limit: int, timeout_s: float = 10.0) -> tuple[list[str], bool]:
