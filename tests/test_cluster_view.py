@@ -238,38 +238,3 @@ def test_background_audit_mends_a_node_the_view_missed(make_zk, zk_root, writer,
         view.close()
     assert "view-audit-audited" not in [t.name for t in threading.enumerate()]
 
-
-def test_an_on_demand_directory_is_watched_only_between_open_and_shut(make_zk, zk_root,
-                                                                       writer, fence):
-    """How a nimbus holds /workerbeats only while it leads."""
-    view = ClusterView(StormClusterState(make_zk(), zk_root), name="ondemand",
-                       on_demand=("workerbeats",))
-    topology_id = add(writer, fence, 1)
-    writer.worker_heartbeat(topology_id, "sup-a", 6700, b"beat")
-
-    def watching() -> bool:
-        return "zk-tree-ondemand-workerbeats" in [t.name for t in threading.enumerate()]
-
-    view.start()
-    try:
-        assert not view.is_open("workerbeats") and not watching()
-        with pytest.raises(ViewNotLoadedError, match="not watched"):
-            view.worker_beat_versions(topology_id)
-        with pytest.raises(ViewNotLoadedError, match="not watched"):
-            view.barrier(directories=("workerbeats",))
-        view.barrier()  # every watched directory: the others
-        assert view.loaded
-        view.open("workerbeats")
-        assert view.worker_beat_versions(topology_id) == {"sup-a-6700": 0}
-        writer.worker_heartbeat(topology_id, "sup-a", 6700, b"beat 2")
-        view.barrier()
-        assert view.worker_beat_versions(topology_id) == {"sup-a-6700": 1}
-        view.shut("workerbeats")
-        assert not watching()
-        with pytest.raises(ViewNotLoadedError):
-            view.worker_beat_versions(topology_id)
-        view.open("workerbeats")  # again, as after a second leadership
-        assert view.worker_beat_versions(topology_id) == {"sup-a-6700": 1}
-    finally:
-        view.close()
-    assert not watching()

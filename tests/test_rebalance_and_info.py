@@ -331,27 +331,3 @@ def test_bundle_kind(tmp_path, files, kind):
     with pytest.raises(BundleError, match="bundle has neither"):
         bundle_kind(jar, 1 << 20)
 
-
-# -- what a nimbus watches ---------------------------------------------------------------
-
-def test_only_the_leader_watches_worker_heartbeats(cluster, tmp_path):
-    """A follower's cycle holds no /workerbeats (it would read every heartbeat for
-    nothing); the leader's first cycle loads it for the scheduler."""
-    leader, _conf, conf_file, _sup_zk = cluster
-    leader.run_cycle()
-    assert leader.view.is_open("workerbeats")
-    values = yaml.safe_load(conf_file.read_text())
-    values.update({"nimbus.thrift.port": free_port(),
-                   "storm.local.dir": str(tmp_path / "follower-local")})
-    follower_file = tmp_path / "follower.yaml"
-    follower_file.write_text(yaml.safe_dump(values))
-    follower = NimbusDaemon(load_config(str(follower_file)))
-    follower.start()
-    try:
-        wait_for(lambda: len(follower.state.nimbuses()) == 2, 30, "the follower to register")
-        follower.run_cycle()
-        assert not follower.elector.is_leader()
-        assert not follower.view.is_open("workerbeats")
-        assert follower.view.is_open("storms")
-    finally:
-        follower.stop()

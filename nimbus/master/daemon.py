@@ -33,7 +33,7 @@ from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
-from nimbus.state.cluster_view import LEADER_DIRECTORIES, ClusterView, ViewNotLoadedError
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import NimbusInfo, RecordError
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import zk_security
@@ -138,8 +138,7 @@ class NimbusDaemon:
         self.view_zk = make_zk_client(conf)
         self.view = ClusterView(StormClusterState(self.view_zk, conf.zk_root), name="nimbus",
                                 audit_nodes_per_s=conf["nimbus.view.audit.nodes.per.sec"],
-                                on_stale=self.metrics.on_stale_view,
-                                on_demand=LEADER_DIRECTORIES)
+                                on_stale=self.metrics.on_stale_view)
         self.sync = CodeSync(self.state, self.store, self.distributor, view=self.view,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=lambda: self.lifecycle.pending_ids(),
@@ -331,12 +330,8 @@ class NimbusDaemon:
 
     def _run_duties(self) -> None:
         if not self.elector.is_leader():
-            for directory in LEADER_DIRECTORIES:  # a follower reads no heartbeats
-                self.view.shut(directory)
             return
         try:
-            for directory in LEADER_DIRECTORIES:  # loaded on the first cycle as leader
-                self.view.open(directory)
             self.lifecycle.remove_due_kills()
             self.lifecycle.remove_orphan_code()
             if self.scheduler.schedule(self.elector.fence()):

@@ -45,10 +45,6 @@ R = TypeVar("R", bound=Record)
 # Every directory a nimbus reads through the view; a supervisor needs assignments only.
 NIMBUS_DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor",
                       "workerbeats")
-# Of those, what only the leader's scheduler reads: a nimbus watches them while it leads
-# (ClusterView(on_demand=...), open() and shut()), so that followers do not read every
-# worker heartbeat.
-LEADER_DIRECTORIES = ("workerbeats",)
 Listener = Callable[[str, str], None]
 StaleListener = Callable[[str, str], None]
 # Seconds between two steps of the background audit (ClusterView(audit_nodes_per_s=...)).
@@ -68,15 +64,12 @@ class ClusterView:
     def __init__(self, state: StormClusterState,
                  directories: tuple[str, ...] = NIMBUS_DIRECTORIES, name: str = "view",
                  audit_nodes_per_s: float = 0.0, audit_tick_s: float = AUDIT_TICK_S,
-                 on_stale: StaleListener | None = None, on_demand: tuple[str, ...] = ()):
-        """``on_demand``: directories (of ``directories``) that :meth:`start` leaves
-        unwatched until :meth:`open`; reading one before raises ViewNotLoadedError.
-        ``audit_nodes_per_s`` > 0 compares that many held nodes a second with
+                 on_stale: StaleListener | None = None):
+        """``audit_nodes_per_s`` > 0 compares that many held nodes a second with
         ZooKeeper, in the background, and re-reads any the view holds stale
         (:meth:`WatchedTree.audit`); ``on_stale(directory, path)`` is told of each."""
         self.state = state
         self.name = name
-        self._on_demand = frozenset(on_demand)
         self._audit_budget = math.ceil(audit_nodes_per_s * audit_tick_s)
         self._audit_tick_s = audit_tick_s
         self._on_stale = on_stale
@@ -97,12 +90,10 @@ class ClusterView:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
-        """Load every directory but the on-demand ones; LayoutMissingError if one does
-        not exist."""
+        """Load every directory; LayoutMissingError if one does not exist."""
         try:
-            for directory, tree in self._trees.items():
-                if directory not in self._on_demand:
-                    tree.start(timeout_s)
+            for tree in self._trees.values():
+                tree.start(timeout_s)
         except WatchedTreeError as exc:
             self.close()
             raise LayoutMissingError(f"cannot watch the cluster state: {exc}") from None
@@ -120,25 +111,6 @@ class ClusterView:
         for tree in self._trees.values():
             tree.close()
 
-    def open(self, directory: str, timeout_s: float = 60.0) -> None:
-        """Watch an on-demand ``directory`` from now on; returns once it is loaded (at
-        once if it already is watched). LayoutMissingError if it does not exist."""
-        try:
-            self._trees[directory].start(timeout_s)
-        except WatchedTreeError as exc:
-            raise LayoutMissingError(f"cannot watch the cluster state: {exc}") from None
-
-    def shut(self, directory: str) -> None:
-        """Stop watching ``directory`` and drop what is held of it (nothing if it is not
-        watched)."""
-        tree = self._trees[directory]
-        if tree.started:
-            tree.close()
-            self._generation[directory] += 1
-
-    def is_open(self, directory: str) -> bool:
-        return self._trees[directory].started
-
     def listen(self, listener: Listener) -> None:
         """Call ``listener(directory, topology_id)`` on a change under ``directory``;
         ``topology_id`` is the first path component below it ("" for the directory)."""
@@ -146,16 +118,14 @@ class ClusterView:
 
     @property
     def loaded(self) -> bool:
-        """Every watched directory is loaded."""
-        return all(tree.loaded for tree in self._trees.values() if tree.started)
+        return all(tree.loaded for tree in self._trees.values())
 
     def barrier(self, timeout_s: float = 10.0, directories: tuple[str, ...] = ()) -> None:
         """Return once every change committed before the call is in the view (of
-        ``directories``, or every watched one). ViewNotLoadedError if that cannot be had
-        in time, or a directory named is not watched."""
+        ``directories``, or all). ViewNotLoadedError if that cannot be had in time (or
+        the view is not started)."""
         try:
-            barrier_of_trees([self._trees[d] for d in directories] if directories
-                             else [t for t in self._trees.values() if t.started], timeout_s)
+            barrier_of_trees([self._trees[d] for d in directories or self._trees], timeout_s)
         except WatchedTreeError as exc:
             raise ViewNotLoadedError(str(exc)) from None
 
