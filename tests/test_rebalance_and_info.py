@@ -330,4 +330,3 @@ def test_bundle_kind(tmp_path, files, kind):
     jar.write_bytes(storm_jar())
     with pytest.raises(BundleError, match="bundle has neither"):
         bundle_kind(jar, 1 << 20)
-
