@@ -345,5 +345,6 @@ def test_audit_goes_round_the_tree_in_steps(make_zk, root, watched):
     for name in ("a", "b", "c", "d"):
         writer.create(posixpath.join(root, name), b"", makepath=True)
     tree.start()
+    assert tree.audit(0) == ([], False) and tree._audit_queue == []  # no budget: no walk
     # five nodes (the directory and four children), two at a time: three steps a round
     assert [tree.audit(2)[1] for _ in range(6)] == [False, False, True] * 2

@@ -230,11 +230,11 @@ class WatchedTree:
         as usual. Raises WatchedTreeError if a comparison does not finish in time."""
         if not self.loaded:
             return [], False
-        if not self._audit_queue:
+        if limit > 0 and not self._audit_queue:  # a step with no budget walks nothing
             self._audit_queue = self._held_paths()
         batch = self._audit_queue[-limit:] if limit > 0 else []
         del self._audit_queue[len(self._audit_queue) - len(batch):]
-        ended = not self._audit_queue
+        ended = limit > 0 and not self._audit_queue
         suspects, since = self._suspects, self._suspects_since
         # Every answer below is at least this recent: a lower bound for their zxid.
         self._suspects, self._suspects_since = {}, self.zk.last_zxid
