@@ -176,16 +176,27 @@ def submit(name: str, path: Path, inactive: bool, topology_conf: tuple[str, ...]
     --set keys starting with "topology." are sent as the topology's configuration
     (e.g. --set topology.min.replication.count=2), and so is every --conf KEY=VALUE, whatever
     its name (e.g. --conf wordcount.input.dir=/data/in).
+
+    topology.spark.checkpoint.dir (and Spark's checkpointLocation and warehouse dir in
+    topology.spark.conf) are made absolute against the current directory before they are
+    sent; a --conf value that is a relative path existing here draws a warning.
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from nimbus.master.lifecycle import check_topology_name
     from nimbus.thrift.client import NimbusClient
+    from nimbus.topology_paths import relative_looking_values
 
     check_topology_name(name)
     conf = _conf(config_path, overrides)
     topo_conf = {k: v for k, v in conf.items() if k.startswith("topology.")}
-    topo_conf.update(_topology_pairs(topology_conf))
+    own = _topology_pairs(topology_conf)
+    for key, value, absolute in relative_looking_values(own.items()):
+        click.echo(f"warning: --conf {key}={value} looks like a relative path (it exists "
+                   f"here); the pipeline runs in its own directory on a supervisor host, "
+                   f"where it names another place. Did you mean {key}={absolute}?",
+                   err=True)
+    topo_conf.update(own)
     client = NimbusClient(conf)
     with _bundle(path) as (bundle, size), Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(),

@@ -171,6 +171,8 @@ class LocalCluster:
         self.metrics = metrics
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        # Absolute: every path below goes to daemons and topologies that run elsewhere.
+        self.work_dir = self.work_dir.resolve()
         # zk_servers ("host:port" each): an ensemble, or proxies, run by the caller.
         self.zk: ZooKeeperServer | ExternalZooKeeper = (
             ExternalZooKeeper(zk_servers) if zk_servers else
@@ -360,6 +362,7 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
     every nimbus and supervisor (see :func:`dev_cluster_conf`)."""
     import click
 
+    work_dir = Path(work_dir).expanduser().absolute()  # what daemons and topologies get
     cluster = LocalCluster(work_dir, nimbuses, base_port=base_port,
                            conf={"topology.min.replication.count": min(2, nimbuses),
                                  **(conf or {})},

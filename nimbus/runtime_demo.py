@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.master.runtime_view import newest_error
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.testing.pipelines import (
     WORDCOUNT,
@@ -31,6 +34,7 @@ from nimbus.testing.pipelines import (
 DEMO_SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",
                    "spark.sql.shuffle.partitions": "2"}
 TIMEOUT_S = 240
+T = TypeVar("T")
 
 
 def _slot(state: StormClusterState, topology_id: str) -> tuple[str, int] | None:
@@ -39,6 +43,51 @@ def _slot(state: StormClusterState, topology_id: str) -> tuple[str, int] | None:
         return None
     supervisor_id, port = assignment.executor_node_port["worker-0"]
     return supervisor_id, int(port)
+
+
+class ErrorWatch:
+    """Shows a topology's newest error (as ``nimbus-ha errors`` would) while the demo
+    waits, so that a failing pipeline reads as its error rather than a bare timeout."""
+
+    #: Seconds between two looks at the errors: a wait polls far more often.
+    INTERVAL_S = 2.0
+
+    def __init__(self, state: StormClusterState, name: str, topology_id: str):
+        self.state = state
+        self.name = name
+        self.topology_id = topology_id
+        self.shown: str | None = None
+        self._next_look = 0.0
+
+    def look(self) -> None:
+        if time.monotonic() < self._next_look:
+            return
+        self._next_look = time.monotonic() + self.INTERVAL_S
+        try:
+            newest = newest_error(self.state, self.topology_id)
+        except Exception:  # ZooKeeper mid-failover: the next look tells
+            return
+        if newest and newest != self.shown:
+            self.shown = newest
+            click.echo(f"{self.topology_id} reported an error: {newest}", err=True)
+
+    def wait(self, condition: Callable[[], T], what: str) -> T:
+        """:func:`wait_for` that looks at the errors as it goes, and names the newest in
+        the error it raises on a timeout."""
+        def watched() -> T:
+            self.look()
+            return condition()
+
+        try:
+            return wait_for(watched, TIMEOUT_S, what)
+        except TimeoutError as exc:
+            self._next_look = 0.0
+            self.look()
+            if self.shown:
+                raise TimeoutError(f"{exc}; the pipeline's newest error: {self.shown} "
+                                   f"(nimbus-ha errors {self.name} shows "
+                                   "them all)") from None
+            raise
 
 
 def run(cluster: LocalCluster, work_dir: Path) -> bool:
@@ -66,6 +115,7 @@ def _run(cluster: LocalCluster, work_dir: Path, state: StormClusterState) -> boo
         "wordcount.output.dir": str(output.output_dir),
         "wordcount.trigger.secs": 1})
     click.echo(f"submitted the word-count pipeline as {topology_id}")
+    errors = ErrorWatch(state, "wordcount-pipeline", topology_id)
 
     def worker() -> tuple[tuple[str, int], int] | None:
         slot = _slot(state, topology_id)
@@ -76,11 +126,11 @@ def _run(cluster: LocalCluster, work_dir: Path, state: StormClusterState) -> boo
         for _ in range(batches):
             feed.feed(100, words=5)
         started = time.monotonic()
-        wait_for(lambda: output.holds(feed.fed), TIMEOUT_S, "the records to be committed")
+        errors.wait(lambda: output.holds(feed.fed), "the records to be committed")
         click.echo(f"fed {len(feed.fed)} records so far; all committed "
                    f"({time.monotonic() - started:.1f}s after the last feed)")
 
-    slot, pid = wait_for(worker, TIMEOUT_S, "the pipeline's worker")
+    slot, pid = errors.wait(worker, "the pipeline's worker")
     click.echo(f"running on supervisor {slot[0]} slot {slot[1]} (worker pid {pid})")
     feed_and_wait(5)
 
@@ -90,9 +140,8 @@ def _run(cluster: LocalCluster, work_dir: Path, state: StormClusterState) -> boo
     supervisor.kill9_group()
     os.killpg(pid, signal.SIGKILL)
     feed.feed(100, words=5)  # records arrive while nothing runs the pipeline
-    new_slot, new_pid = wait_for(
-        lambda: (w := worker()) and w[0][0] != slot[0] and w, TIMEOUT_S,
-        "the pipeline to move")
+    new_slot, new_pid = errors.wait(
+        lambda: (w := worker()) and w[0][0] != slot[0] and w, "the pipeline to move")
     click.echo(f"moved to supervisor {new_slot[0]} slot {new_slot[1]} after "
                f"{time.monotonic() - killed_at:.1f}s (session timeout "
                f"{cluster.conf_values['storm.zookeeper.session.timeout']} ms)")

@@ -330,3 +330,57 @@ def test_bundle_kind(tmp_path, files, kind):
     jar.write_bytes(storm_jar())
     with pytest.raises(BundleError, match="bundle has neither"):
         bundle_kind(jar, 1 << 20)
+
+
+# -- path keys at submit (docs/runtime.md, "Paths in a topology's conf") -------------------
+
+def test_submit_refuses_a_relative_checkpoint_dir_from_a_foreign_client(cluster):
+    """A client that does not resolve paths (Storm's own, say) is refused, naming the key,
+    and nothing is written."""
+    daemon, _, _, _ = cluster
+    bundle = tar_bundle({"topology.yaml": PROCESS_YAML})
+    with connect(daemon.address) as client:
+        for conf in ({"topology.spark.checkpoint.dir": "dev-cluster/checkpoints"},
+                     {"topology.spark.conf": {"spark.sql.warehouse.dir": "~/wh"}}):
+            location = client.beginFileUpload()
+            client.uploadChunk(location, bundle)
+            client.finishFileUpload(location)
+            with pytest.raises(storm.InvalidTopologyException) as refused:
+                client.submitTopology("rel", location, json.dumps(conf), storm.StormTopology(
+                    spouts={}, bolts={}, state_spouts={}))
+            key = next(iter(conf)) if "checkpoint" in json.dumps(conf) else \
+                "topology.spark.conf.spark.sql.warehouse.dir"
+            assert refused.value.msg.startswith(f"topology conf: {key!r} must be an absolute "
+                                                "path or a URI"), refused.value.msg
+    assert list(daemon.store.root.iterdir()) == []
+    assert daemon.state.zk.get_children(daemon.state.path("storms")) == []
+
+
+def test_cli_submit_stores_absolute_paths_and_warns_of_relative_looking_values(
+        cluster, tmp_path, monkeypatch):
+    daemon, _, conf_file, _ = cluster
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "topology.yaml").write_text(PROCESS_YAML)
+    work = tmp_path / "work"
+    (work / "data" / "in").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    done = CliRunner().invoke(main, [
+        "submit", "paths", str(bundle), "--config", str(conf_file),
+        "--set", "topology.spark.checkpoint.dir=ckpt",
+        "--conf", "wordcount.input.dir=data/in",      # exists here: warned of
+        "--conf", "wordcount.output.dir=data/out",    # does not: no warning
+        "--conf", "wordcount.remote=s3a://bucket/in"])
+    assert done.exit_code == 0, done.output
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: --conf wordcount.input.dir=data/in looks like a relative path (it exists "
+        "here); the pipeline runs in its own directory on a supervisor host, where it names "
+        f"another place. Did you mean wordcount.input.dir={work / 'data' / 'in'}?"]
+    topology_id = done.stdout.strip().splitlines()[-1]
+    with connect(daemon.address) as client:
+        stored = json.loads(client.getTopologyConf(topology_id))
+    assert stored["topology.spark.checkpoint.dir"] == str(work / "ckpt")
+    # a topology's own keys are the pipeline's business: sent as typed
+    assert (stored["wordcount.input.dir"], stored["wordcount.output.dir"],
+            stored["wordcount.remote"]) == ("data/in", "data/out", "s3a://bucket/in")

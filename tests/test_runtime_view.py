@@ -201,3 +201,36 @@ def test_report_error_after_removal_does_not_resurrect(state):
     assert state.report_error(TOPOLOGY, "c", ErrorInfo(error="y", error_time_secs=2)) \
         is False
     assert state.zk.exists(state.path("errors", TOPOLOGY)) is None
+
+
+def test_newest_error_is_the_newest_of_any_component(state):
+    write_topology(state)
+    assert runtime_view.newest_error(state, TOPOLOGY) is None
+    state.report_error(TOPOLOGY, "counts", ErrorInfo(error="old", error_time_secs=1000))
+    state.report_error(TOPOLOGY, "worker-0", ErrorInfo(
+        error="build() raised AnalysisException: Path does not exist: in\n  at x",
+        error_time_secs=1200))
+    state.report_error(TOPOLOGY, "counts", ErrorInfo(error="older", error_time_secs=1100))
+    assert runtime_view.newest_error(state, TOPOLOGY) == (
+        "worker-0: build() raised AnalysisException: Path does not exist: in")
+
+
+def test_the_demo_names_the_newest_error_while_it_waits(state, monkeypatch, capsys):
+    """A failing pipeline reads as its error, not as a bare timeout (issue 17)."""
+    from nimbus import runtime_demo
+
+    write_topology(state)
+    state.report_error(TOPOLOGY, "worker-0", ErrorInfo(
+        error="build() raised AnalysisException: Path does not exist: in",
+        error_time_secs=1200))
+    monkeypatch.setattr(runtime_demo, "TIMEOUT_S", 0.3)
+    watch = runtime_demo.ErrorWatch(state, "wordcount", TOPOLOGY)
+    with pytest.raises(TimeoutError) as waited:
+        watch.wait(lambda: False, "the records to be committed")
+    assert str(waited.value) == (
+        "timed out after 0.3s waiting for the records to be committed; the pipeline's "
+        "newest error: worker-0: build() raised AnalysisException: Path does not exist: in "
+        "(nimbus-ha errors wordcount shows them all)")
+    assert capsys.readouterr().err == (
+        f"{TOPOLOGY} reported an error: worker-0: build() raised AnalysisException: Path "
+        "does not exist: in\n")

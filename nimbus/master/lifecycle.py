@@ -39,6 +39,7 @@ from nimbus.state.records import (
     CodeMeta,
     StormBase,
 )
+from nimbus.topology_paths import relative_path_keys
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,13 @@ class TopologyLifecycle:
             raise InvalidTopologyError(f"topology conf is not JSON: {exc}") from None
         if not isinstance(topo_conf, dict):
             raise InvalidTopologyError("topology conf must be a JSON object")
+        relative = relative_path_keys(topo_conf)
+        if relative:
+            raise InvalidTopologyError(
+                f"topology conf: {', '.join(map(repr, relative))} must be an absolute path "
+                "or a URI: a worker runs in its own directory on a supervisor host, so a "
+                "relative path would name a place there (nimbus-ha submit resolves it "
+                "against the directory it runs in)")
         min_replicas = self._topology_setting(topo_conf, "topology.min.replication.count")
         max_wait = self._topology_setting(topo_conf, "topology.max.replication.wait.time.sec")
         num_workers = self._topology_setting(topo_conf, "topology.workers")

@@ -105,6 +105,18 @@ def errors(state: StormClusterState, topology_id: str) -> dict[str, list[dict[st
     return out
 
 
+def newest_error(state: StormClusterState, topology_id: str) -> str | None:
+    """The newest error any component of the topology reported, as
+    ``"<component>: <first line>"`` (None if there is none)."""
+    found = [(kept[0]["time_secs"], component, kept[0]["error"])
+             for component, kept in errors(state, topology_id).items()]
+    if not found:
+        return None
+    _, component, text = max(found)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{component}: {first}"
+
+
 def _component_stats(raw: Any) -> dict[str, Any]:
     """A beat's component entry (Spark's lastProgress, or a process's pid) as numbers."""
     raw = raw if isinstance(raw, dict) else {}

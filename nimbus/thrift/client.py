@@ -27,6 +27,7 @@ from nimbus.distribution import code_stream
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 from nimbus.thrift.tls import current_client_context
+from nimbus.topology_paths import resolve_path_keys
 
 CHUNK_BYTES = UPLOAD_CHUNK_BYTES
 # How long a submit with topology.max.replication.wait.time.sec = -1 may wait for replies.
@@ -232,7 +233,9 @@ class NimbusClient:
         status = initial.ACTIVE if active else initial.INACTIVE
         # One token for every attempt: a retry (after a timeout or a failover) of a submit
         # that did succeed is then answered with that topology, not "already alive".
-        topology_conf = {SUBMISSION_TOKEN_KEY: uuid.uuid4().hex, **topology_conf}
+        # Paths are resolved here, where they were typed: a worker runs elsewhere.
+        topology_conf = {SUBMISSION_TOKEN_KEY: uuid.uuid4().hex,
+                         **resolve_path_keys(topology_conf)}
         wait = topology_conf.get("topology.max.replication.wait.time.sec",
                                  self.conf["topology.max.replication.wait.time.sec"])
 
