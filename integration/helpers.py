@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from kazoo.client import KazooClient
@@ -12,6 +13,8 @@ from kazoo.exceptions import NoNodeError, NotEmptyError
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.state.cluster_state import StormClusterState
+
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
 def observer(cluster: LocalCluster) -> StormClusterState:
@@ -47,6 +50,27 @@ def leadership_claims(log_text: str) -> list[tuple[int, int, set[str]]]:
     """
     return [(int(held), int(live), set(filter(None, ids.split(","))))
             for held, live, ids in CLAIM.findall(log_text)]
+
+
+def log_time(line: str) -> float | None:
+    """The wall-clock time a daemon's log line was written (its asctime), or None."""
+    match = LOG_TIME.match(line)
+    if not match:
+        return None
+    return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def leadership_events(text: str) -> list[tuple[float, bool]]:
+    """(wall clock, True for gained / False for lost) from one nimbus's log."""
+    out = []
+    for line in text.splitlines():
+        gained = "gained leadership as" in line
+        if not gained and "lost leadership" not in line:
+            continue
+        stamp = log_time(line)
+        if stamp is not None:
+            out.append((stamp, gained))
+    return out
 
 
 def wipe(zk: KazooClient, path: str, timeout_s: float = 30) -> None:

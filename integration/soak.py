@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import sys
@@ -46,6 +45,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from helpers import leadership_events
 from kazoo.client import KazooClient
 
 from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
@@ -75,7 +75,6 @@ FAULTS = {  # kind -> weight
     "worker_kill9": 3, "worker_stop": 2,
     "zk_server_kill": 2, "zk_quorum_loss": 1, "zk_delay": 2,
 }
-LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
 @dataclass
@@ -380,20 +379,6 @@ class Soak:
 
 
 # -- leadership from the nimbuses' own logs -------------------------------------------------------
-def _log_events(text: str) -> list[tuple[float, bool]]:
-    """(wall clock, True for gained / False for lost) from one nimbus's log."""
-    out = []
-    for line in text.splitlines():
-        gained = "gained leadership as" in line
-        if not gained and "lost leadership" not in line:
-            continue
-        match = LOG_TIME.match(line)
-        if match:
-            stamp = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            out.append((stamp, gained))
-    return out
-
-
 def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float]],
                       freezes: list[Freeze], began: float, ended: float) -> dict[str, Any]:
     """Intervals in which each nimbus led, by its own log; overlaps and gaps.
@@ -410,7 +395,7 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
         thaws = [f.resumed for f in freezes if f.index == nimbus.index]
         start, cut_by_freeze = None, False
         events = sorted([(t, "gain" if g else "lost") for t, g in
-                         _log_events(nimbus.log_text())] + ends)
+                         leadership_events(nimbus.log_text())] + ends)
         for stamp, kind in events:
             if kind == "gain":
                 cut_by_freeze = False

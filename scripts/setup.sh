@@ -14,6 +14,8 @@ command -v thrift >/dev/null 2>&1 || need_apt+=(thrift-compiler)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 command -v pk12util >/dev/null 2>&1 || need_apt+=(libnss3-tools)  # client certificates for chromium
+# iptables: the partition lab (integration/partition/) drops packets inside its namespaces.
+command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq

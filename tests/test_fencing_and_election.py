@@ -259,7 +259,8 @@ def test_session_lost_while_a_claim_is_verified_leaves_no_stale_leader(
         f"127.0.0.1:1 gained leadership as {node}; code held: (not reported)"]
 
 
-def test_leadership_changes_from_two_threads_apply_one_at_a_time(make_zk, zk_root):
+def test_leadership_changes_from_two_threads_apply_one_at_a_time(make_zk, zk_root,
+                                                                 monkeypatch):
     """The election thread claims while kazoo's thread drops the claim: the drop must
     follow the claim's callback, never overtake it, so the last word is "not leader"."""
     from nimbus.testing.faults import ObservedLock, run_until_done_or_blocked
@@ -274,6 +275,7 @@ def test_leadership_changes_from_two_threads_apply_one_at_a_time(make_zk, zk_roo
         finished.append(leader)
 
     _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1", on_change=on_change)
+    monkeypatch.setattr(a.lease, "valid", lambda node: True)  # a node that is never made
     a._leader_lock = ObservedLock()
     claiming = threading.Thread(
         target=lambda: a._set_leader(f"{zk_root}/leader-lock/nimbus-x-0000000000"),

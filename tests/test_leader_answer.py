@@ -22,7 +22,7 @@ def handler(leading: bool, cached_leader: str) -> NimbusHandler:
     infos = [NimbusInfo(host="127.0.0.1", port=port, start_time_secs=int(time.time()),
                         version="t") for port in (7001, 7002)]
     cache = SimpleNamespace(snapshot=ClusterSnapshot(nimbuses=infos, leader=cached_leader))
-    elector = SimpleNamespace(is_leader=lambda: leading,
+    elector = SimpleNamespace(is_leader=lambda: leading, zookeeper_answering=lambda: True,
                               get_leader_address=lambda: "127.0.0.1:7002")
     return NimbusHandler(conf, elector, None, cache, None, None, time.time())
 
@@ -55,8 +55,38 @@ def test_zookeeper_failing_under_a_leader_call_redirects_the_client(still_leadin
 
     made = handler(leading=True, cached_leader="127.0.0.1:7002")
     made.elector = SimpleNamespace(is_leader=lambda: leading["now"],
+                                   zookeeper_answering=lambda: True,
                                    get_leader_address=lambda: "127.0.0.1:7002")
     made.cache = SimpleNamespace(wake=lambda: None)
     with pytest.raises(TApplicationException) as raised:
         made._leader_call(fail)
     assert raised.value.message == f"{NOT_LEADER_PREFIX}127.0.0.1:7002"
+
+
+def _never(*_args: object) -> str:
+    raise AssertionError("ZooKeeper was asked while it does not answer (a read would hang)")
+
+
+@pytest.mark.parametrize(("cached_leader", "named"), [
+    ("127.0.0.1:7001", "127.0.0.1:7001"),
+    # the cache still names this nimbus (it led until it was cut off): never itself
+    ("127.0.0.1:7002", "unknown (this nimbus gets no answer from ZooKeeper and knows of no "
+                       "other leader)"),
+    (None, "unknown (this nimbus gets no answer from ZooKeeper and knows of no other "
+           "leader)"),
+])
+def test_a_nimbus_cut_from_zookeeper_refuses_leader_calls_from_memory(cached_leader, named):
+    """Issue 18, bug 3: a leader-only call to a nimbus that gets no answer from ZooKeeper
+    is refused at once, naming the last leader it knew of, without a ZooKeeper read."""
+    cut = handler(leading=False, cached_leader=cached_leader)
+    cut.elector = SimpleNamespace(is_leader=lambda: False, zookeeper_answering=lambda: False,
+                                  get_leader_address=_never)
+    with pytest.raises(TApplicationException) as refused:
+        cut.activate("wc")
+    assert refused.value.message == f"{NOT_LEADER_PREFIX}{named}"
+    if cached_leader == "127.0.0.1:7001":
+        assert cut.getLeader().port == 7001
+    else:
+        with pytest.raises(TApplicationException, match="^no leader known: this nimbus gets "
+                                                        "no answer from ZooKeeper"):
+            cut.getLeader()

@@ -34,6 +34,7 @@ from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.connection_watchdog import WatchedKazooClient
 from nimbus.state.records import NimbusInfo, RecordError
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import zk_security
@@ -46,13 +47,18 @@ from nimbus.thrift.tls import configure_clients, server_context
 log = logging.getLogger(__name__)
 
 
-def make_zk_client(conf: Config) -> KazooClient:
+def make_zk_client(conf: Config, name: str = "zk") -> KazooClient:
     """A started kazoo client for ``conf``; raises if ZooKeeper is unreachable.
+
+    It tracks the negotiated session timeout (``zk.session_timeout``) and has a watchdog
+    that drops a connection over which nothing is answered (nimbus.state.
+    connection_watchdog); ``name`` names the watchdog's thread.
 
     With ZooKeeper auth configured (``storm.zookeeper.auth.*``) the client authenticates
     and every node it creates carries the cluster's ACL (nimbus.state.zk_auth)."""
     security = zk_security(conf)
-    zk = KazooClient(
+    zk = WatchedKazooClient(
+        watchdog_name=name,
         hosts=conf.zk_hosts,
         auth_data=security.auth_data if security else None,
         default_acl=security.acl if security else None,
@@ -99,7 +105,7 @@ class NimbusDaemon:
                 lambda topology_id: self.store.path(topology_id) / CONF_FILE,
                 conf["topology.min.replication.count"]))
         self.metrics_server = None  # bound in _wire when nimbus.metrics.port is set
-        self.zk = make_zk_client(conf)
+        self.zk = make_zk_client(conf, "nimbus")
         self._prepared = False
         try:
             self._wire(conf)
@@ -135,7 +141,7 @@ class NimbusDaemon:
         # kept current by watches (loaded in start()). On a session of its own: when a
         # nimbus dies, thousands of its replica registrations vanish at once, and that
         # flood of events must not queue ahead of the elector's lock-node event.
-        self.view_zk = make_zk_client(conf)
+        self.view_zk = make_zk_client(conf, "nimbus-view")
         self.view = ClusterView(StormClusterState(self.view_zk, conf.zk_root), name="nimbus",
                                 audit_nodes_per_s=conf["nimbus.view.audit.nodes.per.sec"],
                                 on_stale=self.metrics.on_stale_view)
@@ -160,7 +166,8 @@ class NimbusDaemon:
         self.transfers = FileTransfers(conf.local_dir, self.store,
                                        conf["nimbus.max.topology.bytes"])
         handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
-                                self.transfers, self.store, self.started_at)
+                                self.transfers, self.store, self.started_at,
+                                reads=self.view.state)
         # Bound before the Thrift port, and closed by _release if that one is taken.
         self.metrics_server = serve_metrics(
             self.metrics.registry, conf["nimbus.metrics.bind.address"],
@@ -232,7 +239,8 @@ class NimbusDaemon:
         from nimbus.ui.server import UIServer
 
         try:
-            ui = UIServer(self.conf, zk=self.zk)
+            # The view's session: the UI's reads stay off the elector's.
+            ui = UIServer(self.conf, zk=self.view_zk)
         except ConfigError:  # unusable HTTPS settings: nothing of the UI started yet
             self._release()
             raise

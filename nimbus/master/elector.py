@@ -6,8 +6,13 @@ needs is a queue whose head can *refuse* the lock (when it lacks topology code) 
 re-queue later, and whose node path serves as a fence for leader writes, so the elector
 is built directly on kazoo's primitives and runs as one named thread:
 
-* ``is_leader()`` is true only while this nimbus holds the lowest node *and* the
-  connection is CONNECTED; a SUSPENDED or LOST connection turns it false at once.
+* ``is_leader()`` is true only while this nimbus holds the lowest node, the connection
+  is CONNECTED *and* the node's lease holds (:mod:`nimbus.master.leader_lease`): a
+  SUSPENDED or LOST connection turns it false at once, and so does a lease that no
+  answer from ZooKeeper renewed in time, however CONNECTED kazoo believes it is. A
+  nimbus whose lease runs out steps down (logs "lost leadership") before its session
+  can have expired, so before any other nimbus can take the lock; it claims the lock
+  again only once an answer has renewed the lease.
 * After a LOST session the node is gone; the thread re-queues when the client reconnects.
 * Every SUSPENDED or LOST advances a connection epoch, under the same lock that sets the
   leader. A step claims leadership only if no such change happened since it began, so a
@@ -39,12 +44,14 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.protocol.states import KazooState
 
+from nimbus.master.leader_lease import LeaderLease
 from nimbus.state.cluster_state import (
     Fence,
     LayoutMissingError,
     StormClusterState,
     lock_sequence,
 )
+from nimbus.state.session_timeout import SessionTimeout, session_timeout_of
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +83,18 @@ class LeaderElector:
         has_all_code: Callable[[], Any],
         request_sync: Callable[[], None] = lambda: None,
         on_change: Callable[[bool], None] = lambda leader: None,
+        session_timeout: SessionTimeout | None = None,
     ):
         """``has_all_code()`` returns a value that is true when this host holds every
         live topology's code; its ``str()`` (say, a CodeCheck's) is logged as the evidence
         when that value grants the lock, so a plain bool logs "(not reported)".
 
         ``on_change`` runs under a lock that kazoo's event thread also takes: it must
-        return quickly and never wait for ZooKeeper."""
+        return quickly and never wait for ZooKeeper.
+
+        ``session_timeout`` is the negotiated timeout of ``zk``'s session (by default the
+        tracker :func:`~nimbus.state.session_timeout.track_negotiated_timeout` made for
+        it, else kazoo's requested timeout): the lease is a share of it."""
         self._zk = zk
         self._state = state
         self._address = address
@@ -104,6 +116,11 @@ class LeaderElector:
         self._leader_node: str | None = None   # the node verified as head of the queue
         self._token = uuid.uuid4().hex[:12]
         self._thread = threading.Thread(target=self._run, name="leader-elector", daemon=True)
+        self.session_timeout = session_timeout or session_timeout_of(
+            zk, getattr(zk, "_session_timeout", 10_000) / 1000.0)
+        self.lease = LeaderLease(zk, self.session_timeout, lambda: self._node,
+                                 on_change=self._on_lease,
+                                 probe=lambda: state.leader_lock_path)
         zk.add_listener(self._on_connection_state)
 
     # -- ILeaderElector ---------------------------------------------------------------
@@ -113,6 +130,7 @@ class LeaderElector:
             self._want_queue = True
         if not self._thread.is_alive() and not self._stop.is_set():
             self._thread.start()
+            self.lease.start()
         self.wake()
 
     def remove_from_leader_lock_queue(self) -> None:
@@ -122,10 +140,12 @@ class LeaderElector:
             self._drop_node()
 
     def is_leader(self) -> bool:
-        """True only while this nimbus holds the lock over a CONNECTED session."""
+        """True only while this nimbus holds the lock over a CONNECTED session and the
+        lock node's lease holds. Asks nothing of ZooKeeper: it answers at once even
+        while ZooKeeper is unreachable."""
         head = self._leader_node
         return (head is not None and head == self._node
-                and self._zk.state == KazooState.CONNECTED)
+                and self._zk.state == KazooState.CONNECTED and self.lease.valid(head))
 
     def fence(self) -> Fence:
         """The fence for a leader write; raises if this nimbus is not the leader."""
@@ -133,6 +153,11 @@ class LeaderElector:
         if not self.is_leader() or head is None:
             raise NoLeaderError("this nimbus is not the leader")
         return Fence(head)
+
+    def zookeeper_answering(self) -> bool:
+        """Whether ZooKeeper answered this nimbus recently (within a lease's length);
+        asks nothing of ZooKeeper. When it is false a read would only queue in kazoo."""
+        return self._zk.state == KazooState.CONNECTED and self.lease.answering()
 
     def get_leader_address(self) -> str:
         """``host:port`` of the current leader; raises NoLeaderError when there is none."""
@@ -156,6 +181,7 @@ class LeaderElector:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self.lease.stop()
         self._zk.remove_listener(self._on_connection_state)
 
     @property
@@ -176,6 +202,23 @@ class LeaderElector:
                 self._set_leader(None)
         self._wake.set()
 
+    def _on_lease(self, valid: bool) -> None:
+        # The lease thread: a lease that ran out ends leadership now (ZooKeeper may be
+        # unreachable, so nothing here waits for it); a renewed one lets the election
+        # thread claim the lock again if this nimbus still heads the queue.
+        if not valid:
+            with self._leader_lock:
+                if self._leader_node is not None:
+                    silent = self.lease.silent_for()
+                    log.warning(
+                        "%s leader lease ran out: no answer from ZooKeeper for %s (lease "
+                        "%.0f ms of a %.0f ms session); stepping down", self._address,
+                        "ever" if silent is None else f"{silent * 1000:.0f} ms",
+                        self.lease.length_s * 1000, self.session_timeout.seconds * 1000)
+                    self._epoch += 1  # a step under way must not claim on the old proof
+                    self._set_leader(None)
+        self._wake.set()
+
     def _set_leader(self, head: str | None, code: str = "", epoch: int | None = None) -> None:
         """Lead with ``head`` (the node verified at the head of the queue), or not.
 
@@ -190,6 +233,10 @@ class LeaderElector:
             if head and epoch is not None and epoch != self._epoch:
                 log.info("%s not claiming leadership as %s: the ZooKeeper connection "
                          "changed while it was verified", self._address, head)
+                return
+            if head and not self.lease.valid(head):
+                log.info("%s not claiming leadership as %s yet: its lease does not hold "
+                         "(no recent answer from ZooKeeper)", self._address, head)
                 return
             was = self._leader_node is not None
             if head and not was:
@@ -295,6 +342,9 @@ class LeaderElector:
         index = nodes.index(mine)
         if index == 0:
             check = self._has_all_code()  # the evidence the lock is taken on
+            if check and not self.lease.valid(self._node):
+                # A node just created, or a lease that ran out: prove it first.
+                self.lease.renew_once()
             if check:
                 if self._leader_node != self._node:  # report only when taking over
                     evidence = "" if isinstance(check, bool) else str(check)

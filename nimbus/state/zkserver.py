@@ -1,5 +1,8 @@
 """Run a real ZooKeeper server on 127.0.0.1 (for development, tests and dev-cluster).
 
+A standalone server may be bound to another local address instead (``host``): the
+partition lab (integration/partition) runs one inside a network namespace of its own.
+
 The server's jars come from Debian's ``zookeeper`` package (``/usr/share/java``) or from
 ``$NIMBUS_HA_ZOOKEEPER_CLASSPATH``; java must be on PATH. This is a single standalone
 server with a short tick so tests can use session timeouts of a few seconds.
@@ -49,21 +52,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def ruok(port: int, timeout_s: float = 1.0) -> bool:
+def ruok(port: int, timeout_s: float = 1.0, host: str = "127.0.0.1") -> bool:
     """ZooKeeper's four-letter health check."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.sendall(b"ruok")
             return sock.recv(4) == b"imok"
     except OSError:
         return False
 
 
-def server_mode(port: int, timeout_s: float = 1.0) -> str | None:
+def server_mode(port: int, timeout_s: float = 1.0, host: str = "127.0.0.1") -> str | None:
     """The ``Mode:`` a server reports through ``srvr`` (standalone, leader, follower), or
     None when it does not serve (down, or a member outside any quorum)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.sendall(b"srvr")
             reply = b""
             while chunk := sock.recv(4096):
@@ -77,13 +80,18 @@ def server_mode(port: int, timeout_s: float = 1.0) -> str | None:
 
 
 class ZooKeeperServer:
-    """A standalone ZooKeeper server process listening on 127.0.0.1:``port`` only."""
+    """A standalone ZooKeeper server process listening on ``host``:``port`` only
+    (127.0.0.1 unless told otherwise)."""
 
     def __init__(self, data_dir: Path, port: int | None = None, tick_ms: int = 200,
-                 quorum: dict[int, tuple[int, int]] | None = None, server_id: int = 0):
+                 quorum: dict[int, tuple[int, int]] | None = None, server_id: int = 0,
+                 host: str = "127.0.0.1"):
         """``quorum`` (ensemble members only): server id -> (peer port, election port) of
-        every member, all on 127.0.0.1; ``server_id`` is this member's id."""
+        every member, all on 127.0.0.1; ``server_id`` is this member's id. ``host``: the
+        local address the client port binds (give ``port`` too unless it is loopback:
+        a free port is looked for on 127.0.0.1)."""
         self.data_dir = Path(data_dir)
+        self.host = host
         self.port = port or free_port()
         self.tick_ms = tick_ms
         self.quorum = quorum or {}
@@ -92,7 +100,7 @@ class ZooKeeperServer:
 
     @property
     def hosts(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 30.0) -> ZooKeeperServer:
         """Start the server; returns once it serves requests."""
@@ -112,7 +120,7 @@ class ZooKeeperServer:
             f"tickTime={self.tick_ms}",
             f"dataDir={self.data_dir / 'data'}",
             f"clientPort={self.port}",
-            "clientPortAddress=127.0.0.1",
+            f"clientPortAddress={self.host}",
             "admin.enableServer=false",
             "4lw.commands.whitelist=ruok,srvr,stat,cons",
             # Let clients pick session timeouts from 2 ticks up to 60 s.
@@ -133,8 +141,8 @@ class ZooKeeperServer:
     def serving(self) -> bool:
         """True when the server answers requests (a member: while it is in a quorum)."""
         if not self.quorum:
-            return ruok(self.port)
-        return server_mode(self.port) in ("leader", "follower")
+            return ruok(self.port, host=self.host)
+        return server_mode(self.port, host=self.host) in ("leader", "follower")
 
     def wait_serving(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -175,7 +175,7 @@ class Supervisor:
 
         configure_clients(conf)  # code fetches present this supervisor's certificate
         try:
-            self.zk = make_zk_client(conf)
+            self.zk = make_zk_client(conf, "supervisor")
         except BaseException:
             self._dir_lock.close()
             raise

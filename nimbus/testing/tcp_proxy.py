@@ -4,7 +4,9 @@
 ``127.0.0.1:target_port``. While :attr:`delay_s` is above zero every chunk of bytes, in
 either direction, is held that long before it is passed on (order is kept), as a slow or
 congested link would. :meth:`cut` drops every connection at once (a partition of the
-clients behind the proxy) and refuses new ones until :meth:`heal`.
+clients behind the proxy) and refuses new ones until :meth:`heal`. :meth:`drop` is the
+silent kind of partition: connections stay open, but every byte in either direction is
+thrown away (as a firewall's DROP rule does) until :meth:`heal`; nothing tells either side.
 
 Each connection uses two named threads (one per direction); all stop on :meth:`stop`.
 """
@@ -31,6 +33,7 @@ class DelayProxy:
         self.port = self._sock.getsockname()[1]
         self._stop = threading.Event()
         self._cut = threading.Event()
+        self._dropping = threading.Event()
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -60,8 +63,14 @@ class DelayProxy:
         self._cut.set()
         self._drop_all()
 
+    def drop(self) -> None:
+        """Silently discard all traffic, in both directions, of every connection (new
+        ones are accepted, and their bytes discarded too) until :meth:`heal`."""
+        self._dropping.set()
+
     def heal(self) -> None:
         self._cut.clear()
+        self._dropping.clear()
 
     def __enter__(self) -> DelayProxy:
         return self.start()
@@ -121,7 +130,8 @@ class DelayProxy:
                     data = source.recv(CHUNK)
                     if not data:
                         break
-                    pending.append((time.monotonic() + self.delay_s, data))
+                    if not self._dropping.is_set():
+                        pending.append((time.monotonic() + self.delay_s, data))
                 except TimeoutError:
                     pass
                 now = time.monotonic()

@@ -39,6 +39,7 @@ from nimbus.redaction import redact
 from nimbus.state.cluster_state import (
     ConcurrentChangeError,
     NotLeaderError,
+    StormClusterState,
 )
 from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.records import ACTIVE, INACTIVE, RecordError
@@ -86,8 +87,12 @@ class NimbusHandler:
 
     def __init__(self, conf: Config, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  cache: ClusterSummaryCache, transfers: FileTransfers, store: LocalCodeStore,
-                 started_at: float):
+                 started_at: float, reads: StormClusterState | None = None):
+        """``reads`` is the state that client reads go to (getTopologyInfo): a session
+        other than the elector's, so that a client's traffic neither queues behind nor
+        disguises the elector's (docs/ha.md); by default the lifecycle's."""
         self.conf = conf
+        self.reads = reads if reads is not None else getattr(lifecycle, "state", None)
         self.elector = elector
         self.lifecycle = lifecycle
         self.cache = cache
@@ -102,14 +107,29 @@ class NimbusHandler:
 
     # -- guards -------------------------------------------------------------------------------
     def _require_leader(self) -> None:
+        """Refuse at once unless this nimbus leads, naming the leader it knows of.
+
+        Never waits for an unreachable ZooKeeper: the leader is read there only while
+        ZooKeeper answers; otherwise the refusal names the last leader this nimbus saw
+        (its cluster summary), or none."""
         if self.elector.is_leader():
             return
-        try:
-            leader = self.elector.get_leader_address()
-        except Exception:
-            leader = "unknown (no nimbus holds the lock)"
         raise TApplicationException(TApplicationException.INTERNAL_ERROR,
-                                    f"{NOT_LEADER_PREFIX}{leader}")
+                                    f"{NOT_LEADER_PREFIX}{self._other_leader()}")
+
+    def _other_leader(self) -> str:
+        """The leader's host:port, or a sentence (with spaces, so clients do not take it
+        for an address) when none is known."""
+        if self.elector.zookeeper_answering():
+            try:
+                return self.elector.get_leader_address()
+            except Exception:
+                return "unknown (no nimbus holds the lock)"
+        last = self.cache.snapshot.leader
+        if last and last != self.address:
+            return last
+        return ("unknown (this nimbus gets no answer from ZooKeeper and knows of no "
+                "other leader)")
 
     def _leader_call(self, action: Callable[[], Any]) -> Any:
         self._require_leader()
@@ -316,6 +336,10 @@ class NimbusHandler:
         for summary in self._nimbus_summaries():
             if summary.isLeader:
                 return summary
+        if not self.elector.zookeeper_answering():
+            raise TApplicationException(
+                TApplicationException.INTERNAL_ERROR,
+                "no leader known: this nimbus gets no answer from ZooKeeper; ask another")
         try:
             leader = self.elector.get_leader_address()
         except NoLeaderError:
@@ -333,7 +357,7 @@ class NimbusHandler:
         _check_id(topology_id)
         base = self.cache.snapshot.storms.get(topology_id)
         if base is None:
-            base = _readable(lambda: self.lifecycle.state.storm_base(topology_id))
+            base = _readable(lambda: self.reads.storm_base(topology_id))
         if base is None:
             raise storm.NotAliveException(msg=f"no live topology with id {topology_id!r}")
         return base
@@ -367,7 +391,7 @@ class NimbusHandler:
         self._authorize_read(id)
         # One topology: read fresh (cheap), unlike the cached cluster-wide summary.
         _check_id(id)
-        info = _readable(lambda: runtime_view.topology_info(self.lifecycle.state, id))
+        info = _readable(lambda: runtime_view.topology_info(self.reads, id))
         if info is None:
             raise storm.NotAliveException(msg=f"no live topology with id {id!r}")
         executors = []
