@@ -47,8 +47,10 @@ def cluster(make_zk, zk_root):
     view = ClusterView(state)
     view.start()
 
-    def scheduler() -> Scheduler:
-        return Scheduler(conf, state, view, clock=clock)
+    def scheduler(quarantine_s: float = 0.0) -> Scheduler:
+        # No release quarantine unless a test asks for one: the fake clock stands still,
+        # so a quarantine ends only when the test moves the clock.
+        return Scheduler(conf, state, view, quarantine_s=lambda: quarantine_s, clock=clock)
 
     def add_supervisor(sid: str, ports: list[int]) -> StormClusterState:
         own = StormClusterState(make_zk(), zk_root)
@@ -247,3 +249,66 @@ def test_a_deposed_leader_assigns_nothing(cluster, zk_server):
     with pytest.raises(NotLeaderError):
         scheduler().schedule(fence)
     assert slots(state, "a-1-1") == {}
+
+
+# -- release quarantine (issue 18: a worker runs only while it is assigned) ----------------
+
+def _set_status(state, elector, topology_id: str, status: str) -> None:
+    base, version = state.storm_base_versioned(topology_id)
+    state.update_storm(elector.fence(), topology_id,
+                       StormBase(**{**base.__dict__, "status": status}), version)
+
+
+def test_work_taken_off_a_live_supervisor_goes_elsewhere_only_after_its_lease(cluster):
+    """Deactivated and activated again while the old worker may still run (its supervisor
+    lives, but may not have heard): back on its own slot at once if that is free, on
+    another slot only once the longest lease the old worker can hold has run out."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_supervisor("s2", [6700])
+    add_topology("b-1-1", workers=1, launched=1)
+    add_topology("a-2-2", workers=1, launched=2)
+    _set_status(state, elector, "b-1-1", INACTIVE)
+    sched = scheduler(quarantine_s=2.0)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-2-2") == {"worker-0": ("s1", 6700)}
+
+    _set_status(state, elector, "a-2-2", INACTIVE)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-2-2") == {}
+    # Active again at once: its own slot is free, so it goes back there.
+    _set_status(state, elector, "a-2-2", ACTIVE)
+    clock.now += 0.5
+    sched.schedule(elector.fence())
+    assert slots(state, "a-2-2") == {"worker-0": ("s1", 6700)}
+
+    _set_status(state, elector, "a-2-2", INACTIVE)
+    sched.schedule(elector.fence())
+    _set_status(state, elector, "b-1-1", ACTIVE)   # the older topology takes s1:6700 first
+    _set_status(state, elector, "a-2-2", ACTIVE)
+    clock.now += 1.0
+    sched.schedule(elector.fence())
+    assert slots(state, "b-1-1") == {"worker-0": ("s1", 6700)}
+    assert slots(state, "a-2-2") == {}, "placed on s2 while the s1 worker's lease may run"
+    assert sched.next_release_s() == pytest.approx(1.0)
+    assert sched.last_release_s() == pytest.approx(1.0)
+    clock.now += 1.0
+    sched.schedule(elector.fence())
+    assert slots(state, "a-2-2") == {"worker-0": ("s2", 6700)}
+
+
+def test_work_of_an_ended_session_moves_at_once(cluster, zk_server):
+    """A supervisor whose session ended has stopped its workers already (their leases
+    ended before the session could): no quarantine."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    doomed = add_supervisor("s2", [6700])
+    add_topology("a-1-1", workers=2)
+    sched = scheduler(quarantine_s=2.0)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s2", 6700)}
+    add_supervisor("s3", [6700])
+    expire_session(doomed.zk, zk_server.hosts)
+    wait_for(lambda: "s2" not in state.supervisors(), 10, "s2's node to go")
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s3", 6700)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import wait_for
@@ -30,6 +31,7 @@ from nimbus.supervisor.code_cache import (
     CodeUnavailableError,
     CodeVerificationError,
 )
+from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.daemon import Supervisor, check_supervisor_conf, load_supervisor_id
 from nimbus.supervisor.lease import LeaseKeeper
 from nimbus.supervisor.policy import (
@@ -196,7 +198,7 @@ class FakePeers:
         self.served = served
         self.calls: list[tuple[str, str]] = []
 
-    def __call__(self, peer: str, remote: str, dest: Path) -> str:
+    def __call__(self, peer: str, remote: str, dest: Path, timeout_s: float = 30.0) -> str:
         self.calls.append((peer, remote))
         if peer not in self.served:
             raise ConnectionRefusedError("connection refused")
@@ -311,20 +313,35 @@ def test_worker_handle_stop_and_kill_reach_the_whole_group(tmp_path: Path, stub_
 
 
 class FakeZk:
-    """Just enough of KazooClient for LeaseKeeper."""
+    """Just enough of KazooClient for LeaseKeeper: its own node's owner, and assignment
+    data per path (a path not there: no node)."""
 
-    def __init__(self, session: int, owner: int | None):
+    def __init__(self, session: int, owner: int | None,
+                 assignments: dict[str, bytes] | None = None):
         self.client_id = (session, b"pw")
         self.owner = owner
+        self.assignments = assignments or {}
+        self.asked: list[str] = []
 
     def exists_async(self, path: str):
+        self.asked.append(f"exists {path}")
         stat = None if self.owner is None else SimpleNamespace(ephemeralOwner=self.owner)
         return SimpleNamespace(get=lambda timeout=None: stat)
 
+    def get_async(self, path: str):
+        self.asked.append(f"get {path}")
+
+        def get(timeout=None):
+            if path not in self.assignments:
+                raise NoNodeError()
+            return self.assignments[path], None
+        return SimpleNamespace(get=get)
+
 
 class FakeWorker:
-    def __init__(self, session_id: int):
+    def __init__(self, session_id: int, topology_id: str = "t-1-1"):
         self.session_id = session_id
+        self.topology_id = topology_id
         self.ended_by = ""
         self.leases: list[float] = []
 
@@ -333,23 +350,39 @@ class FakeWorker:
         return True
 
 
+def keeper(zk: FakeZk, workers, holds=lambda worker, data: data == b"here", **kwargs):
+    return LeaseKeeper(zk, lambda: "/s/me", lambda: 6.0, lambda: workers,
+                       assignment_path=lambda t: f"/a/{t}", holds=holds, **kwargs)
+
+
 def test_lease_is_renewed_only_after_a_round_trip_of_the_workers_own_session():
     mine, older = FakeWorker(5), FakeWorker(4)
-    keeper = LeaseKeeper(FakeZk(5, owner=5), lambda: "/s/me", 6.0, lambda: [mine, older])
+    zk = FakeZk(5, owner=5, assignments={"/a/t-1-1": b"here"})
     before = time.monotonic()
-    deadline = keeper.renew_once()
+    deadline = keeper(zk, [mine, older]).renew_once()
     assert deadline is not None and before + 3.0 <= deadline <= time.monotonic() + 3.0
     assert mine.leases == [deadline] and older.leases == []
-    assert keeper.current(5) == deadline and keeper.current(4) is None
+    # one pipelined round trip: its own node, and the assignment of each topology it runs
+    assert zk.asked == ["exists /s/me", "get /a/t-1-1"]
     # The node belongs to another session (left by a restart): proves nothing.
-    assert LeaseKeeper(FakeZk(5, owner=4), lambda: "/s/me", 6.0, lambda: [mine]) \
-        .renew_once() is None
+    assert keeper(FakeZk(5, owner=4), [mine]).renew_once() is None
     # No node (session expired, not yet registered again), or disconnected: nothing.
-    assert LeaseKeeper(FakeZk(5, owner=None), lambda: "/s/me", 6.0, lambda: [mine]) \
-        .renew_once() is None
-    assert LeaseKeeper(FakeZk(5, owner=5), lambda: "/s/me", 6.0, lambda: [mine],
-                       may_renew=lambda: False).renew_once() is None
+    assert keeper(FakeZk(5, owner=None), [mine]).renew_once() is None
+    assert keeper(FakeZk(5, owner=5), [mine], may_renew=lambda: False).renew_once() is None
     assert mine.leases == [deadline]
+
+
+def test_a_worker_whose_assignment_changed_is_not_renewed():
+    """Issue 18: leases are renewed only for workers the server's answer still places
+    here; the others are reported, so that the supervisor stops them."""
+    kept, moved, removed = FakeWorker(5, "t-1-1"), FakeWorker(5, "t-2-1"), \
+        FakeWorker(5, "t-3-1")
+    unassigned = []
+    zk = FakeZk(5, owner=5, assignments={"/a/t-1-1": b"here", "/a/t-2-1": b"elsewhere"})
+    deadline = keeper(zk, [kept, moved, removed],
+                      on_unassigned=unassigned.append).renew_once()
+    assert kept.leases == [deadline] and moved.leases == [] and removed.leases == []
+    assert unassigned == [moved, removed]
 
 
 # -- the daemon against a real ZooKeeper --------------------------------------------------------
@@ -475,3 +508,78 @@ def test_supervisor_exits_when_a_slot_port_is_taken(tmp_path, zk_server, zk_root
         with pytest.raises(SlotPortInUseError):
             Supervisor(conf)
     assert not (tmp_path / "local" / "supervisor").exists()   # took nothing
+
+
+class BlockedPeers(FakePeers):
+    """FakePeers whose fetches of one topology hang until ``release`` is set (a nimbus
+    cut off mid-transfer), each at most its ``timeout_s``."""
+
+    def __init__(self, served: dict[str, dict[str, bytes]], blocked_topology: str):
+        super().__init__(served)
+        self.blocked_topology = blocked_topology
+        self.release = threading.Event()
+        self.hanging = threading.Event()
+
+    def __call__(self, peer: str, remote: str, dest: Path, timeout_s: float = 30.0) -> str:
+        if remote.startswith(self.blocked_topology + "/") and not self.release.is_set():
+            self.hanging.set()
+            if not self.release.wait(timeout_s):
+                raise TimeoutError("timed out")
+        return super().__call__(peer, remote, dest, timeout_s)
+
+
+def test_stopping_an_unassigned_worker_never_waits_behind_a_code_fetch(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    """Issue 18, bug 2: the reconcile loop used to fetch code itself, so a fetch from a
+    nimbus that does not answer held up the stopping of a worker no longer assigned."""
+    ports = [_free_port(), _free_port()]
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    slow = "slow-2-1700000000"
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, ports[0])
+    sup.ports = ports
+    peers = BlockedPeers({"nimbus:6627": files}, slow)
+    sup.code = CodeCache(sup.code.root, 1 << 20, peers)
+    sup.start()
+    try:
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, ports[0]]})
+        running = wait_for(lambda: sup._running_handles(), 15, "the first worker")[0]
+        # A second topology lands on the other slot; its code cannot be fetched.
+        cluster_state.zk.create(cluster_state.path("assignments", slow), Assignment(
+            master_code_dir="/x", executor_node_port={"worker-0": [sup.id, ports[1]]},
+            code_sha256=_sha(files)).encode())
+        assert peers.hanging.wait(15), "the fetch of the slow topology never began"
+        # The first one is unassigned while that fetch hangs: stopped all the same.
+        cluster_state.zk.set(cluster_state.path("assignments", TOPOLOGY), Assignment(
+            master_code_dir="/x", code_sha256=_sha(files)).encode())
+        wait_for(lambda: running.exit_code() is not None, 15, "the unassigned worker to stop")
+        assert sup.fetcher.current == slow and not peers.release.is_set()
+        assert running.ended_by == "stop"
+        peers.release.set()
+        started = wait_for(lambda: [h for h in sup._running_handles()
+                                    if h.topology_id == slow], 15, "the slow topology's worker")
+        assert started[0].port == ports[1]
+    finally:
+        peers.release.set()
+        sup.stop()
+
+
+def test_a_fetch_that_does_not_finish_in_time_is_given_up_and_tried_again(tmp_path):
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    peers = BlockedPeers({"n:1": files}, TOPOLOGY)
+    done = threading.Event()
+    fetcher = CodeFetcher(CodeCache(tmp_path / "stormdist", 1 << 20, peers),
+                          lambda topology_id: ["n:1"], done.set, timeout_s=0.5)
+    fetcher.start()
+    try:
+        assert fetcher.request(TOPOLOGY, _sha(files)) is None
+        assert done.wait(15), "the fetch never ended"
+        with pytest.raises(CodeUnavailableError, match="timed out"):
+            fetcher.request(TOPOLOGY, _sha(files))
+        peers.release.set()  # the nimbus answers again: the next request fetches it
+        done.clear()
+        assert fetcher.request(TOPOLOGY, _sha(files)) is None
+        assert done.wait(15)
+        assert fetcher.request(TOPOLOGY, _sha(files)) == fetcher.cache.path(TOPOLOGY)
+    finally:
+        fetcher.stop()
+    assert not any(t.name == "supervisor-code-fetch" for t in threading.enumerate())

@@ -161,7 +161,12 @@ class NimbusDaemon:
                                            self.elector, self.address,
                                            code_lost=self.sync.lost_topologies,
                                            view=self.view)
-        self.scheduler = Scheduler(conf, self.state, self.view)
+        # A supervisor's lease is half its session timeout: supervisors are asked to use
+        # the nimbuses' storm.zookeeper.session.timeout or less (docs/runtime.md).
+        self.scheduler = Scheduler(
+            conf, self.state, self.view,
+            quarantine_s=lambda: max(conf.session_timeout_s,
+                                     self.zk.session_timeout.seconds) / 2.0)
         self.cache = ClusterSummaryCache(self.state, self.distributor, self.view)
         self.transfers = FileTransfers(conf.local_dir, self.store,
                                        conf["nimbus.max.topology.bytes"])
@@ -258,21 +263,23 @@ class NimbusDaemon:
                           "is ui.port taken?)") from None
 
     def stop(self) -> None:
-        """Leave the election first (fast failover), then stop every thread and close."""
+        """Leave the election first (fast failover; after the duty cycle in progress, and
+        the leases of work it just released), then stop every thread and close."""
         with self._stopping_lock:
             if self._stopping:
                 return
             self._stopping = True
+        self._stop.set()
+        self._duties_wake.set()
+        self._duties.join(timeout=10)  # no duty cycle may release work from here on
+        self._wait_out_releases()
         try:
             self.elector.stop()
         except Exception as exc:
             log.warning("leaving the election failed: %s", exc)
-        self._stop.set()
-        self._duties_wake.set()
         self._renewal.close()
         self.sync.stop()
         self.cache.stop()
-        self._duties.join(timeout=10)
         self.view.close()
         self.view_zk.stop()
         self.view_zk.close()
@@ -289,6 +296,17 @@ class NimbusDaemon:
             self.zk.stop()
             self.zk.close()
         log.info("nimbus %s stopped", self.address)
+
+    def _wait_out_releases(self) -> None:
+        """A leader that took workers off live supervisors' slots moments ago keeps the
+        lock until their leases have run out, so that its successor may place that work
+        at once (nimbus.master.scheduler, release quarantine). At most half a session."""
+        pending = self.scheduler.last_release_s()
+        if not pending or not self.elector.is_leader():
+            return
+        log.info("leaving the election in %.1fs: workers taken off live supervisors' "
+                 "slots may run until then", pending)
+        threading.Event().wait(pending)
 
     def run_forever(self) -> None:
         while not self._stop.wait(1.0):
@@ -323,7 +341,11 @@ class NimbusDaemon:
 
     def _duty_loop(self) -> None:
         while not self._stop.is_set():
-            self._duties_wake.wait(self.conf["nimbus.monitor.freq.secs"])
+            wait = self.conf["nimbus.monitor.freq.secs"]
+            release = self.scheduler.next_release_s()  # a held-back worker may go then
+            if release is not None:
+                wait = min(wait, release + 0.05)
+            self._duties_wake.wait(wait)
             self._duties_wake.clear()
             if self._stop.is_set():
                 return

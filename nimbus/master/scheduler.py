@@ -19,6 +19,19 @@ Liveness never compares clocks of different hosts:
   A leader that has just taken over starts every clock from the moment it first looks,
   so a failover never reassigns healthy work (Storm's STORM-3984 did).
 
+Work never runs twice (docs/runtime.md, "A worker runs only while it is assigned"): a
+supervisor renews a worker's lease only while the assignment it reads from ZooKeeper still
+places the worker there, and a lease is at most ``T / 2`` long (``T`` the session
+timeout). So when a pass takes a worker off a slot whose supervisor still lives (a
+deactivate, a rebalance, a silent worker), the old worker may run for up to ``T / 2``
+after the write; the executor is placed anywhere else only after that (its *release
+quarantine*; the same slot may have it back at once). Quarantines live in the leader's
+memory only, which is enough: a successor leads only once the leader's session has
+expired, ``T`` after its last write, unless the leader handed over on purpose, and a
+nimbus that stops waits out its quarantines before it leaves the election
+(:meth:`Scheduler.next_release_s`). Work whose supervisor's session has ended moves at
+once: its lease ended before the session did.
+
 Workers are spread: a new worker goes to the supervisor with the fewest workers of that
 topology, then the fewest used slots overall, so that one supervisor's death takes as
 little of one topology with it as possible.
@@ -110,8 +123,16 @@ class Scheduler:
     READS = ("storms", "assignments", "supervisors", "workerbeats")
 
     def __init__(self, conf: Config, state: StormClusterState, view: ClusterView,
+                 quarantine_s: Callable[[], float],
                  clock: Callable[[], float] = time.monotonic):
+        """``quarantine_s()``: how long a worker taken off a live supervisor's slot may
+        still run, the longest lease a supervisor grants (half the session timeout)."""
         self._state = state
+        self._quarantine_s = quarantine_s
+        self._clock = clock
+        # (topology id, executor) -> (the slot it was taken off, when): see module doc.
+        self._released: dict[tuple[str, str], tuple[Slot, float]] = {}
+        self._held_back: set[tuple[str, str, float]] = set()   # logged once each
         self._view = view
         self._timeout_s = conf["nimbus.task.timeout.secs"]
         self._launch_s = conf["nimbus.task.launch.secs"]
@@ -140,9 +161,14 @@ class Scheduler:
         return written
 
     def _schedule(self, fence: Fence, counts: dict[str, int]) -> dict[str, Assignment]:
+        now = self._clock()
         if self._fresh:
+            # Releases are kept: they were this process's own, and still hold.
             self._fresh = False
             self._observer.reset()
+        quarantine = self._quarantine_s()
+        self._released = {k: v for k, v in self._released.items()
+                          if now < v[1] + quarantine}
         # A constant number of round trips, whatever the cluster's size; then memory only.
         self._view.barrier(directories=self.READS)
         supervisors = self._view.supervisors()
@@ -171,7 +197,7 @@ class Scheduler:
             if old is None:
                 continue  # being created or removed; the next pass sees it settled
             workers = self._grow(topology_id, kept[topology_id], wanted[topology_id],
-                                 free, used)
+                                 free, used, now, quarantine)
             placed = [s for e, s in workers.items() if before[topology_id].get(e) != s]
             if placed:
                 beats = self._view.worker_beat_versions(topology_id)
@@ -183,8 +209,47 @@ class Scheduler:
                 self._state.set_assignment(fence, topology_id, new)
                 written[topology_id] = new
                 self._log_change(topology_id, base, old, new, wanted[topology_id])
+                self._note_releases(topology_id, old, new, supervisors)
         self._observer.keep_only(observed)
         return written
+
+    def next_release_s(self) -> float | None:
+        """Seconds until the earliest release quarantine ends (None: none pending), so
+        that the duty loop runs a pass then rather than at its next period."""
+        ends = self._quarantine_ends()
+        return min(ends) if ends else None
+
+    def last_release_s(self) -> float | None:
+        """Seconds until the last release quarantine ends (None: none pending): how long
+        a leader that stops on purpose waits before it leaves the election."""
+        ends = self._quarantine_ends()
+        return max(ends) if ends else None
+
+    def _quarantine_ends(self) -> list[float]:
+        quarantine = self._quarantine_s()
+        now = self._clock()
+        ends = [when + quarantine - now for _, when in list(self._released.values())]
+        return [end for end in ends if end > 0]
+
+    def _note_releases(self, topology_id: str, old: Assignment, new: Assignment,
+                       supervisors: dict[str, SupervisorInfo]) -> None:
+        """Remember the workers this write took off slots of supervisors that still live:
+        their leases may run a while yet (measured from after the write)."""
+        written_at = self._clock()
+        for executor, (supervisor_id, port) in old.executor_node_port.items():
+            if supervisor_id in supervisors and \
+                    new.executor_node_port.get(executor) != [supervisor_id, port]:
+                self._released[(topology_id, executor)] = (Slot(supervisor_id, int(port)),
+                                                           written_at)
+
+    def _held_back_from(self, topology_id: str, executor: str, now: float,
+                        quarantine: float) -> tuple[Slot, float] | None:
+        """(the only slot it may take now, seconds left) while the executor is in its
+        release quarantine; None when it may go anywhere."""
+        released = self._released.get((topology_id, executor))
+        if released is not None and now < released[1] + quarantine:
+            return released[0], released[1] + quarantine - now
+        return None
 
     # -- reading ----------------------------------------------------------------------------
     def _assignment_of(self, topology_id: str) -> Assignment | None:
@@ -247,13 +312,24 @@ class Scheduler:
         free.sort()
 
     def _grow(self, topology_id: str, workers: dict[str, Slot], wanted: int,
-              free: list[Slot], used: set[Slot]) -> dict[str, Slot]:
-        """``workers`` grown to ``wanted`` as far as free slots allow."""
+              free: list[Slot], used: set[Slot], now: float,
+              quarantine: float) -> dict[str, Slot]:
+        """``workers`` grown to ``wanted`` as far as free slots and release quarantines
+        allow."""
         for index in range(wanted):
             executor = f"{WORKER_PREFIX}{index}"
             if executor in workers:
                 continue
-            slot = self._pick(workers, free, used)
+            held = self._held_back_from(topology_id, executor, now, quarantine)
+            if held is not None and held[0] not in free:
+                key = (topology_id, executor, round(now + held[1], 1))
+                if key not in self._held_back:
+                    self._held_back = {k for k in self._held_back if k[2] > now} | {key}
+                    log.info("%s: %s waits %.1fs before it is placed elsewhere: its "
+                             "previous worker's lease may run until then", topology_id,
+                             executor, held[1])
+                continue
+            slot = held[0] if held is not None else self._pick(workers, free, used)
             if slot is None:
                 log.warning("%s: no free slot for %s (%d of %d workers placed)",
                             topology_id, executor, len(workers), wanted)

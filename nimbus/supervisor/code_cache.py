@@ -13,6 +13,7 @@ import logging
 import lzma
 import shutil
 import tarfile
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -29,8 +30,12 @@ TOPOLOGY_FILE = "stormcode.ser"
 CODE_FILES = (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)
 RESOURCES_DIR = "resources"
 
-# fetch(peer "host:port", remote path "<topology-id>/<file>", destination) -> sha256
-Fetch = Callable[[str, str, Path], str]
+# fetch(peer "host:port", remote path "<topology-id>/<file>", destination, timeout_s=...)
+# -> sha256; timeout_s bounds each connect and read.
+Fetch = Callable[..., str]
+
+#: How long one connect or read of a fetch may take at most (a deadline may cut it).
+FETCH_IO_TIMEOUT_S = 30.0
 
 
 class CodeUnavailableError(RuntimeError):
@@ -41,10 +46,11 @@ class CodeVerificationError(CodeUnavailableError):
     """Fetched code does not match the Assignment's sha256, or its bundle is unsafe."""
 
 
-def _default_fetch(peer: str, remote_path: str, dest: Path) -> str:
+def _default_fetch(peer: str, remote_path: str, dest: Path,
+                   timeout_s: float = FETCH_IO_TIMEOUT_S) -> str:
     from nimbus.thrift.client import fetch_file
 
-    return fetch_file(peer, remote_path, dest)
+    return fetch_file(peer, remote_path, dest, timeout_s=timeout_s)
 
 
 class CodeCache:
@@ -74,13 +80,15 @@ class CodeCache:
                 if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
 
     def ensure(self, topology_id: str, code_sha256: dict[str, str],
-               peers: Iterable[str]) -> Path:
+               peers: Iterable[str], deadline: float | None = None) -> Path:
         """The topology's directory, fetched and verified first if it is not here yet.
 
         ``peers`` are nimbus addresses to try in order. Raises CodeUnavailableError when
         none delivers every file with the expected sha256 (each file is tried on every
-        peer, so one corrupt copy does not block the others), and CodeVerificationError
-        when the files match but the bundle holds an unsafe entry.
+        peer, so one corrupt copy does not block the others), or when ``deadline`` (a
+        ``time.monotonic()`` value) passes first: no peer is tried after it, and each
+        connect and read is bounded by the time left. Raises CodeVerificationError when
+        the files match but the bundle holds an unsafe entry.
         """
         dest = self.path(topology_id)
         if dest.is_dir():
@@ -95,17 +103,25 @@ class CodeCache:
             raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
         with atomic_dir(dest) as staging:
             for name in CODE_FILES:
-                self._fetch_one(topology_id, name, code_sha256[name], peers, staging / name)
+                self._fetch_one(topology_id, name, code_sha256[name], peers, staging / name,
+                                deadline)
             self._unpack(topology_id, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
         log.info("fetched and verified the code of %s", topology_id)
         return dest
 
     def _fetch_one(self, topology_id: str, name: str, expected: str, peers: list[str],
-                   dest: Path) -> None:
+                   dest: Path, deadline: float | None = None) -> None:
         problems = []
         for peer in peers:
+            timeout_s = FETCH_IO_TIMEOUT_S
+            if deadline is not None:
+                timeout_s = min(timeout_s, deadline - time.monotonic())
+                if timeout_s <= 0:
+                    problems.append("the fetch deadline passed "
+                                    "(supervisor.code.fetch.timeout.secs)")
+                    break
             try:
-                got = self._fetch(peer, f"{topology_id}/{name}", dest)
+                got = self._fetch(peer, f"{topology_id}/{name}", dest, timeout_s=timeout_s)
             except Exception as exc:  # a peer down or without the file: try the next
                 problems.append(f"{peer}: {exc or type(exc).__name__}")
                 continue

@@ -6,8 +6,12 @@ Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.s
   assignments, by connection changes and by worker exits, and at least every
   ``supervisor.monitor.frequency.secs`` as a safety net. One pass reaps exited workers,
   (re)registers after a new session, reads every assignment, stops the workers whose slot
-  is no longer theirs, kills silent ones, and starts the missing ones (fetching code).
+  is no longer theirs, kills silent ones, and starts the missing ones whose code is here
+  (asking the fetch thread for the others).
 * ``supervisor-lease``: :class:`nimbus.supervisor.lease.LeaseKeeper`.
+* ``supervisor-code-fetch``: :class:`nimbus.supervisor.code_fetcher.CodeFetcher`, so that
+  no fetch (a nimbus far away or cut off, a large bundle to unpack) ever holds up the
+  reconcile loop, which is also what stops unassigned workers.
 * ``supervisor-heartbeat``: rewrites ``/supervisors/<id>`` every
   ``supervisor.heartbeat.frequency.secs``.
 * ``worker-status-<topology>:<port>``: one per worker, reading its status pipe; beats go
@@ -52,6 +56,7 @@ from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
 from nimbus.supervisor.code_cache import CONF_FILE, CodeCache, CodeUnavailableError
+from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.lease import LeaseKeeper, session_id
 from nimbus.supervisor.policy import (
     DesiredWorker,
@@ -87,7 +92,8 @@ class _SlotRecord:
 def check_supervisor_conf(conf: Config) -> None:
     """Raise ConfigError for supervisor keys the loop cannot work with."""
     for key in ("supervisor.heartbeat.frequency.secs", "supervisor.worker.timeout.secs",
-                "supervisor.worker.start.timeout.secs", "supervisor.monitor.frequency.secs"):
+                "supervisor.worker.start.timeout.secs", "supervisor.monitor.frequency.secs",
+                "supervisor.code.fetch.timeout.secs"):
         if conf[key] <= 0:
             raise ConfigError(f"key {key!r} must be positive, got {conf[key]}")
     if conf["supervisor.worker.shutdown.sleep.secs"] < 0:
@@ -190,8 +196,13 @@ class Supervisor:
             audit_nodes_per_s=conf["supervisor.view.audit.nodes.per.sec"])
         self.view.listen(lambda _directory, _topology: self._wake.set())
         self._view_started = False
-        self._lease = LeaseKeeper(self.zk, lambda: self.node_path, conf.session_timeout_s,
-                                  self._running_handles, may_renew=self._connected.is_set)
+        self.fetcher: CodeFetcher | None = None   # made by start()
+        self._lease = LeaseKeeper(
+            self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
+            self._running_handles,
+            assignment_path=lambda topology_id: self.state.path("assignments", topology_id),
+            holds=self._assignment_holds, may_renew=self._connected.is_set,
+            on_unassigned=self._on_unassigned)
         self._monitor = threading.Thread(target=self._monitor_loop, name="supervisor-monitor",
                                          daemon=True)
         self._heartbeat = threading.Thread(target=self._heartbeat_loop,
@@ -225,6 +236,11 @@ class Supervisor:
         session = session_id(self.zk)
         if session is not None:
             self._register(session)
+        # Made here, not in __init__: it fetches into whatever self.code is by now.
+        self.fetcher = CodeFetcher(self.code, lambda topology_id: self._peers(topology_id),
+                                   on_done=self._wake.set,
+                                   timeout_s=float(self.conf["supervisor.code.fetch.timeout.secs"]))
+        self.fetcher.start()
         self._lease.start()
         self._heartbeat.start()
         self._monitor.start()
@@ -248,6 +264,8 @@ class Supervisor:
         if handles:
             log.info("stopping %d workers", len(handles))
             stop_all(handles, self._grace_s)
+        if self.fetcher is not None:
+            self.fetcher.stop()
         self._lease.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
@@ -287,6 +305,29 @@ class Supervisor:
             running += handle.exit_code() is None   # one may have died of its lease already
             handle.kill(reason)
         return running
+
+    def _assignment_holds(self, handle: WorkerHandle, data: bytes | None) -> bool:
+        """Whether the assignment ``data`` (ZooKeeper's answer; None: no node) still places
+        ``handle`` on this supervisor and port. An assignment this release cannot read is
+        counted as holding: the leader cannot read it either, so it moves nothing (the
+        reconcile loop leaves such topologies alone too)."""
+        if data is None:
+            return False
+        try:
+            assignment = Assignment.decode(data)
+        except RecordError:
+            return True
+        placed = assignment.executor_node_port.get(handle_executor(handle))
+        return placed is not None and list(placed) == [self.id, handle.port]
+
+    def _on_unassigned(self, handle: WorkerHandle) -> None:
+        # The lease thread: its lease is not renewed any more; the reconcile loop stops it
+        # (and if it cannot, say its view lags, the lease ends it within T/2).
+        if not handle.unassigned_seen:
+            handle.unassigned_seen = True
+            log.info("worker %s is no longer assigned here: its lease is not renewed",
+                     handle.name)
+        self._wake.set()
 
     def _running_handles(self) -> list[WorkerHandle]:
         with self._lock:
@@ -491,11 +532,14 @@ class Supervisor:
         if record.not_before > time.monotonic():
             return
         try:
-            code_dir = self.code.ensure(want.topology_id, assignment.code_sha256,
-                                        self._peers(want.topology_id))
+            # Never waits: the fetch runs on its own thread and wakes this loop when done.
+            assert self.fetcher is not None, "start() makes the fetcher"
+            code_dir = self.fetcher.request(want.topology_id, assignment.code_sha256)
         except CodeUnavailableError as exc:
             log.warning("cannot start worker %s:%d yet: %s", want.topology_id, want.port, exc)
             record.not_before = time.monotonic() + CODE_RETRY_S
+            return
+        if code_dir is None:
             return
         conf = self.worker_conf(code_dir)
         worker_dir = self.workers_dir / f"{want.topology_id}-{want.port}"
@@ -520,10 +564,8 @@ class Supervisor:
         handle.start(write_spec, env=_worker_env())
         with self._lock:
             self._workers[want.port] = handle
-        # Its first lease at once if this session has earned one: it starts nothing before.
-        deadline = self._lease.current(session)
-        if deadline is not None:
-            handle.renew(deadline)
+        # Its first lease from a round trip that shows its assignment: asked for now.
+        self._lease.wake()
         if not self._connected.is_set():
             handle.kill("lost")  # the connection went while it was being started
 
@@ -555,6 +597,8 @@ class Supervisor:
     def _clean_up(self, desired: dict[int, DesiredWorker], frozen: set[str]) -> None:
         keep = {w.topology_id for w in desired.values()} | frozen
         keep |= {h.topology_id for h in self._running_handles()}
+        if self.fetcher is not None:
+            self.fetcher.forget_except(keep)
         self.code.remove_except(keep)
         for topology_id in list(self._slots):
             if topology_id[0] not in keep:

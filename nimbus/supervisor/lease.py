@@ -1,17 +1,22 @@
-"""The lease thread: workers live only while this supervisor's ZooKeeper session does.
+"""The lease thread: workers live only while this supervisor's ZooKeeper session does,
+and only while their slot is still assigned to them.
 
-Roughly every second the thread makes one ZooKeeper round trip on the current session
-(``exists`` of the supervisor's own ephemeral node), noting ``time.monotonic()`` *before*
-sending it. If the node exists and belongs to that same session, the server heard from
-the session after that moment, so the session cannot expire, and the leader cannot
-move the workers, before ``sent + session_timeout / 2``: that deadline is written to the
-lease pipe of every worker started under this session (docs/runtime.md). A frozen,
+Roughly every second the thread sends, pipelined on the current session, one ``exists``
+of the supervisor's own ephemeral node and one ``get`` of the assignment of every
+topology it runs a worker of, noting ``time.monotonic()`` *before* sending them. If the
+node exists and belongs to that same session, the server heard from the session after
+that moment, so the session cannot expire, and the leader cannot move the workers, before
+``sent + T / 2`` (``T`` the negotiated session timeout). A worker is renewed up to that
+deadline only if the assignment the server answered with still places it (its
+``worker-<i>`` on this supervisor and port): an answer given after ``sent`` shows the
+assignment unchanged at a moment after ``sent``. So a worker's lease ends at most
+``T / 2`` after the leader changed its assignment, whatever this supervisor's reconcile
+loop is doing, and the leader's scheduler waits that long before it places the work
+anywhere else (docs/runtime.md, "A worker runs only while it is assigned"). A frozen,
 partitioned or expired supervisor renews nothing, and its workers kill themselves.
 
-The session timeout used is the one this supervisor asked for
-(``storm.zookeeper.session.timeout``); kazoo does not expose the negotiated one. The
-server may only raise it (its minSessionTimeout) or lower it to its maxSessionTimeout
-(default 40 s): keep ``storm.zookeeper.session.timeout`` at or below the server's maximum.
+A newly started worker gets its first lease from the next round trip (the supervisor
+asks for one at once): it starts nothing before.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from nimbus.supervisor.worker_handle import WorkerHandle
 
@@ -37,56 +43,81 @@ def session_id(zk: KazooClient) -> int | None:
 
 
 class LeaseKeeper:
-    """Renew the leases of ``workers()`` after each good round trip; see module doc."""
+    """Renew the leases of ``workers()`` after each good round trip; see module doc.
 
-    def __init__(self, zk: KazooClient, node_path: Callable[[], str], session_timeout_s: float,
+    ``assignment_path(topology_id)`` is the node of a topology's assignment, and
+    ``holds(worker, data)`` tells whether the assignment ``data`` (None: no node) still
+    places ``worker``. ``on_unassigned(worker)`` is called (from this thread) when a round
+    trip showed that it no longer does, so that the supervisor stops it at once.
+    ``session_timeout_s()`` is the negotiated session timeout, read at every renewal.
+    """
+
+    def __init__(self, zk: KazooClient, node_path: Callable[[], str],
+                 session_timeout_s: Callable[[], float],
                  workers: Callable[[], Iterable[WorkerHandle]],
+                 assignment_path: Callable[[str], str],
+                 holds: Callable[[WorkerHandle, bytes | None], bool],
                  may_renew: Callable[[], bool] = lambda: True,
+                 on_unassigned: Callable[[WorkerHandle], None] = lambda worker: None,
                  interval_s: float = RENEW_INTERVAL_S):
         self._zk = zk
         self._node_path = node_path
-        self._half_s = session_timeout_s / 2.0
+        self._session_timeout_s = session_timeout_s
         self._workers = workers
+        self._assignment_path = assignment_path
+        self._holds = holds
         self._may_renew = may_renew
-        # Never longer than a quarter of the lease, so one lost round trip is not fatal.
-        self._interval_s = min(interval_s, self._half_s / 4)
+        self._on_unassigned = on_unassigned
+        self._max_interval_s = interval_s
         self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._last: tuple[int, float] | None = None   # (session id, deadline)
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor-lease",
                                         daemon=True)
+
+    @property
+    def half_s(self) -> float:
+        """The lease one round trip earns: half the negotiated session timeout."""
+        return self._session_timeout_s() / 2.0
+
+    @property
+    def interval_s(self) -> float:
+        # Never longer than a quarter of the lease, so one lost round trip is not fatal.
+        return min(self._max_interval_s, self.half_s / 4)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def current(self, session: int | None) -> float | None:
-        """The newest deadline earned under ``session`` that lies in the future, so a
-        worker that was just started under it gets its first lease at once."""
-        with self._lock:
-            if self._last is None or session is None or self._last[0] != session:
-                return None
-            deadline = self._last[1]
-        return deadline if deadline > time.monotonic() else None
+    def wake(self) -> None:
+        """Renew now: a worker was just started and waits for its first lease."""
+        self._wake.set()
 
     def renew_once(self) -> float | None:
-        """One round trip and, if it proves the session, one renewal; returns the
-        deadline sent (None: nothing renewed)."""
+        """One round trip and, if it proves the session, one renewal of every worker whose
+        assignment still holds; returns the deadline sent (None: nothing renewed)."""
         if not self._may_renew():
             return None
         before = session_id(self._zk)
         if before is None:
             return None
+        half_s = self.half_s
+        workers = [w for w in list(self._workers())
+                   if w.session_id == before and not w.ended_by]
         sent = time.monotonic()
         try:
-            # One round trip, no retry. While disconnected kazoo queues the request; a
-            # late answer would still be safe (the deadline counts from ``sent``), the
-            # timeout only keeps this thread responsive.
-            stat = self._zk.exists_async(self._node_path()).get(timeout=self._half_s)
+            # One pipelined round trip, no retry. While disconnected kazoo queues the
+            # requests; a late answer would still be safe (the deadline counts from
+            # ``sent``), the timeout only keeps this thread responsive.
+            node = self._zk.exists_async(self._node_path())
+            assignments = {t: self._zk.get_async(self._assignment_path(t))
+                           for t in sorted({w.topology_id for w in workers})}
+            stat = node.get(timeout=half_s)
+            data = {t: _data_or_none(r, half_s) for t, r in assignments.items()}
         except Exception as exc:
             log.debug("lease round trip failed: %s", exc)
             return None
@@ -96,12 +127,14 @@ class LeaseKeeper:
             return None
         if not self._may_renew():
             return None
-        deadline = sent + self._half_s
-        with self._lock:
-            self._last = (before, deadline)
-        for worker in list(self._workers()):
-            if worker.session_id == before and not worker.ended_by:
+        deadline = sent + half_s
+        for worker in workers:
+            if worker.ended_by:
+                continue
+            if self._holds(worker, data[worker.topology_id]):
                 worker.renew(deadline)
+            else:
+                self._on_unassigned(worker)
         return deadline
 
     def _run(self) -> None:
@@ -111,4 +144,14 @@ class LeaseKeeper:
                 self.renew_once()
             except Exception:
                 log.exception("lease renewal failed")
-            self._stop.wait(max(0.0, self._interval_s - (time.monotonic() - started)))
+            if self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - started))):
+                self._wake.clear()
+
+
+def _data_or_none(result: object, timeout_s: float) -> bytes | None:
+    """The data of a ``get_async`` answer; None when the node does not exist."""
+    try:
+        data, _stat = result.get(timeout=timeout_s)  # type: ignore[attr-defined]
+    except NoNodeError:
+        return None
+    return data

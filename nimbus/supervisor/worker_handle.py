@@ -69,6 +69,7 @@ class WorkerHandle:
         self.last_status_at: float | None = None
         self.errors_reported = 0
         self.lease_deadline: float | None = None   # the newest deadline sent
+        self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".
         self.ended_by = ""

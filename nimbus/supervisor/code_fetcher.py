@@ -1,0 +1,130 @@
+"""Topology code fetched apart from the reconcile loop, each fetch within a deadline.
+
+A code fetch talks to nimbuses, which may be slow, far or cut off; unpacking a large
+bundle takes time too. The reconcile loop must never wait for either: it is also what
+stops workers that are no longer assigned here. So the loop only *asks*
+(:meth:`CodeFetcher.request`) and goes on; the ``supervisor-code-fetch`` thread fetches,
+verifies and unpacks one topology at a time (:class:`~nimbus.supervisor.code_cache.
+CodeCache`), gives up on it after ``supervisor.code.fetch.timeout.secs``, and wakes the
+loop when a fetch has ended either way.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nimbus.supervisor.code_cache import CodeCache, CodeUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    code_sha256: dict[str, str]
+    error: CodeUnavailableError | None = None   # set when the fetch failed
+
+
+class CodeFetcher:
+    """Fetch requested topologies' code on a thread of its own; see the module doc.
+
+    ``peers(topology_id)`` lists the nimbuses to try (it may read ZooKeeper: it runs on
+    the fetch thread); ``on_done()`` is called after each fetch, whatever its outcome.
+    """
+
+    def __init__(self, cache: CodeCache, peers: Callable[[str], list[str]],
+                 on_done: Callable[[], None], timeout_s: float):
+        self.cache = cache
+        self._peers = peers
+        self._on_done = on_done
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+        self._queue: collections.deque[str] = collections.deque()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.current: str | None = None   # the topology being fetched now
+        self._thread = threading.Thread(target=self._run, name="supervisor-code-fetch",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the fetch under way, if any (bounded by its deadline)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.timeout_s + 10)
+
+    def request(self, topology_id: str, code_sha256: dict[str, str]) -> Path | None:
+        """The topology's verified code directory if it is here; otherwise None, and a
+        fetch is queued (once). Raises the error of a fetch that failed since the last
+        request, once: the next request queues a new attempt."""
+        if self.cache.has(topology_id):
+            return self.cache.path(topology_id)
+        with self._lock:
+            job = self._jobs.get(topology_id)
+            if job is not None and job.error is not None:
+                del self._jobs[topology_id]
+                raise job.error
+            if job is None or job.code_sha256 != code_sha256:
+                self._jobs[topology_id] = _Job(dict(code_sha256))
+                if topology_id not in self._queue:
+                    self._queue.append(topology_id)
+                self._wake.set()
+        return None
+
+    def forget_except(self, keep: set[str]) -> None:
+        """Drop the queued fetches of topologies not in ``keep`` (the one under way ends
+        by itself; its code is removed by the next clean-up if still unwanted)."""
+        with self._lock:
+            for topology_id in list(self._jobs):
+                if topology_id not in keep and topology_id != self.current:
+                    del self._jobs[topology_id]
+            self._queue = collections.deque(t for t in self._queue if t in self._jobs)
+
+    def _next(self) -> tuple[str, dict[str, str]] | None:
+        with self._lock:
+            while self._queue:
+                topology_id = self._queue.popleft()
+                job = self._jobs.get(topology_id)
+                if job is not None and job.error is None:
+                    self.current = topology_id
+                    return topology_id, job.code_sha256
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            found = self._next()
+            if found is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            topology_id, code_sha256 = found
+            error: CodeUnavailableError | None = None
+            started = time.monotonic()
+            try:
+                self.cache.ensure(topology_id, code_sha256, self._peers(topology_id),
+                                  deadline=started + self.timeout_s)
+            except CodeUnavailableError as exc:
+                error = exc
+            except Exception as exc:  # a ZooKeeper error listing the peers, say
+                error = CodeUnavailableError(f"{topology_id}: {exc}")
+            with self._lock:
+                self.current = None
+                job = self._jobs.get(topology_id)
+                if job is not None and job.code_sha256 == code_sha256:
+                    if error is None:
+                        del self._jobs[topology_id]
+                    else:
+                        job.error = error
+            if error is None:
+                log.info("code of %s ready after %.1f s", topology_id,
+                         time.monotonic() - started)
+            self._on_done()
