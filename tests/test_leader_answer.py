@@ -79,8 +79,12 @@ def test_a_nimbus_cut_from_zookeeper_refuses_leader_calls_from_memory(cached_lea
     """Issue 18, bug 3: a leader-only call to a nimbus that gets no answer from ZooKeeper
     is refused at once, naming the last leader it knew of, without a ZooKeeper read."""
     cut = handler(leading=False, cached_leader=cached_leader)
+    def lookup(timeout_s: float) -> str:
+        assert timeout_s <= 1.0, "a bounded look at ZooKeeper only"
+        raise TimeoutError("no answer")
+
     cut.elector = SimpleNamespace(is_leader=lambda: False, zookeeper_answering=lambda: False,
-                                  get_leader_address=_never)
+                                  get_leader_address=_never, leader_address_within=lookup)
     with pytest.raises(TApplicationException) as refused:
         cut.activate("wc")
     assert refused.value.message == f"{NOT_LEADER_PREFIX}{named}"

@@ -36,12 +36,19 @@ import logging
 import posixpath
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.protocol.states import KazooState
 
 from nimbus.master.leader_lease import LeaderLease
@@ -165,6 +172,31 @@ class LeaderElector:
         if not queue:
             raise NoLeaderError("no nimbus holds the leader lock")
         return queue[0][1]
+
+    def leader_address_within(self, timeout_s: float) -> str:
+        """:meth:`get_leader_address`, giving up after ``timeout_s`` (TimeoutError, or a
+        kazoo error) instead of waiting as long as kazoo queues the reads: for answers
+        that must not hang while ZooKeeper may be unreachable."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._leader_address_by(deadline)
+            except (ConnectionLoss, SessionExpiredError, ConnectionClosedError):
+                # Reconnecting (a thawed or healed process): worth another try in time.
+                if time.monotonic() + 0.05 >= deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _leader_address_by(self, deadline: float) -> str:
+        lock_path = self._state.leader_lock_path
+        children = self._zk.get_children_async(lock_path).get(
+            timeout=max(0.0, deadline - time.monotonic()))
+        nodes = sorted((n for n in children if lock_sequence(n) is not None), key=_seq)
+        if not nodes:
+            raise NoLeaderError("no nimbus holds the leader lock")
+        data, _stat = self._zk.get_async(posixpath.join(lock_path, nodes[0])).get(
+            timeout=max(0.0, deadline - time.monotonic()))
+        return data.decode("utf-8", "replace")
 
     def get_all_nimbus_addresses(self) -> list[str]:
         """Addresses of every live nimbus, the leader included."""

@@ -82,6 +82,10 @@ def _readable(read: Callable[[], Any]) -> Any:
         raise TApplicationException(TApplicationException.INTERNAL_ERROR, str(exc)) from None
 
 
+#: How long a refusal may spend asking ZooKeeper that has not answered lately.
+LEADER_LOOKUP_S = 1.0
+
+
 class NimbusHandler:
     """Implements ``storm.Nimbus``; one instance per nimbus process."""
 
@@ -125,6 +129,12 @@ class NimbusHandler:
                 return self.elector.get_leader_address()
             except Exception:
                 return "unknown (no nimbus holds the lock)"
+        try:  # perhaps it answers again (a thawed process): asked briefly, never waited on
+            named = self.elector.leader_address_within(LEADER_LOOKUP_S)
+            if named != self.address:
+                return named
+        except Exception:
+            pass
         last = self.cache.snapshot.leader
         if last and last != self.address:
             return last
@@ -336,15 +346,21 @@ class NimbusHandler:
         for summary in self._nimbus_summaries():
             if summary.isLeader:
                 return summary
-        if not self.elector.zookeeper_answering():
-            raise TApplicationException(
-                TApplicationException.INTERNAL_ERROR,
-                "no leader known: this nimbus gets no answer from ZooKeeper; ask another")
+        unknown = TApplicationException(
+            TApplicationException.INTERNAL_ERROR,
+            "no leader known: this nimbus gets no answer from ZooKeeper; ask another")
         try:
-            leader = self.elector.get_leader_address()
+            if self.elector.zookeeper_answering():
+                leader = self.elector.get_leader_address()
+            else:
+                leader = self.elector.leader_address_within(LEADER_LOOKUP_S)
         except NoLeaderError:
             raise TApplicationException(TApplicationException.INTERNAL_ERROR,
                                         "no leader: no nimbus holds the leader lock") from None
+        except Exception:
+            raise unknown from None
+        if leader == self.address:  # heads the queue, but its lease does not hold
+            raise unknown
         host, _, port = leader.rpartition(":")
         if not port.isascii() or not port.isdigit():
             raise TApplicationException(TApplicationException.INTERNAL_ERROR,
