@@ -50,7 +50,8 @@ TOPOLOGY = "demo-1-1700000000"
 # kills its group when the lease runs out (or its pipe closes). It starts a child
 # (`sleep`) in its group, so tests can see that group kills reach children. Behaviour
 # knobs come from the topology conf: topology.stub.exit_after (seconds, then exit 3 with
-# an error line) and topology.stub.silent (never beat).
+# an error line), topology.stub.silent (never beat) and topology.stub.status_file (bytes
+# copied to the status pipe as they are, once the first lease is in).
 STUB_WORKER = textwrap.dedent('''
     import json, os, select, signal, subprocess, sys, threading, time
     spec = json.load(open(os.path.join(sys.argv[1], "worker.json")))
@@ -76,8 +77,14 @@ STUB_WORKER = textwrap.dedent('''
     threading.Thread(target=leases, daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: (child.kill(), sys.exit(0)))
     started = time.monotonic()
+    sent_file = [False]
     while True:
         now = time.monotonic()
+        if deadline[0] is not None and conf.get("topology.stub.status_file") \
+                and not sent_file[0]:
+            sent_file[0] = True
+            status.flush()
+            os.write(spec["status_fd"], open(conf["topology.stub.status_file"], "rb").read())
         if deadline[0] is not None and now > deadline[0]:
             die("expired")
         if deadline[0] is None and now - started > 10:

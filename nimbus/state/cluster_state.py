@@ -41,6 +41,7 @@ from kazoo.protocol.states import ZnodeStat
 
 from nimbus.distribution.local_code import TOPOLOGY_ID_RE
 from nimbus.state import leader_audit
+from nimbus.state.component_ids import check_component_id
 from nimbus.state.records import (
     Assignment,
     CodeMeta,
@@ -80,6 +81,15 @@ def is_topology_id(name: str) -> bool:
     them); any other child of a topology directory is no topology."""
     return bool(TOPOLOGY_ID_RE.fullmatch(name)) and ".." not in name
 
+
+
+def check_path_part(part: str) -> str:
+    """``part`` if it names exactly one node below its parent (no ``/``, not ``.`` or
+    ``..``, not empty); ValueError otherwise."""
+    if not isinstance(part, str) or not part or "/" in part or part in (".", "..") \
+            or "\x00" in part:
+        raise ValueError(f"not one ZooKeeper path part: {part!r:.80}")
+    return part
 
 class NotLeaderError(RuntimeError):
     """A leader-only write was refused: the writer no longer holds the leader lock."""
@@ -456,11 +466,19 @@ class StormClusterState:
     def report_error(self, topology_id: str, component_id: str, error: ErrorInfo) -> bool:
         """Append an error for a component, keeping only the newest ten.
 
+        Raises InvalidComponentError (a ValueError) for a component id that is not one
+        (:mod:`nimbus.state.component_ids`) and ValueError for a topology id that is not
+        one path part, writing nothing.
+
         Returns False, writing nothing, when ``/errors/<topology-id>`` is gone: the
         topology was removed (its directory is made at submit and deleted at removal), and
         a late report from one of its workers must not bring the node back, where nothing
         would ever delete it again. Returns True once the error is stored.
         """
+        # Both parts come from a worker (a tenant's code): they must name one node each,
+        # or an absolute "component" would aim the trim below at any node of the cluster.
+        check_component_id(component_id)
+        check_path_part(topology_id)
         topology_dir = self.path("errors", topology_id)
         base = posixpath.join(topology_dir, component_id)
         for _ in range(3):

@@ -64,6 +64,11 @@ from nimbus.supervisor.policy import (
     check_ports_free,
     desired_workers,
 )
+from nimbus.supervisor.status_input import (
+    ERRORS_PER_MINUTE,
+    checked_components,
+    checked_error,
+)
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
 from nimbus.thrift.tls import configure_clients
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec
@@ -612,16 +617,21 @@ class Supervisor:
     def _on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:
         beat = status.get("beat")
         if isinstance(beat, dict):
-            self.metrics.progress.observe(handle, beat.get("components"))
+            self.metrics.progress.observe(handle, checked_components(beat.get("components")))
             self._write_beat(handle, beat)
-        error = status.get("error")
-        if isinstance(error, dict):
+        if "error" in status:
             handle.errors_reported += 1
-            component = str(error.get("component") or handle_executor(handle))
-            text = str(error.get("error") or "unknown error")
-            log.warning("worker %s: %s: %s", handle.name, component, text.splitlines()[0]
-                        if text else text)
-            self._report(handle, component, text)
+            # Untrusted: only a valid component id becomes a node (status_input).
+            error = checked_error(status["error"], handle_executor(handle))
+            if not handle.error_budget.take():
+                if handle.error_budget.dropped == 1:
+                    log.warning("worker %s reports more than %d errors a minute: the "
+                                "excess is dropped", handle.name, ERRORS_PER_MINUTE)
+                return
+            first = error.text.splitlines()[0] if error.text else error.text
+            log.warning("worker %s: %s: %s", handle.name, error.component,
+                        first if len(first) <= 300 else first[:297] + "...")
+            self._report(handle, error.component, error.text)
 
     def _on_closed(self, _handle: WorkerHandle) -> None:
         self._wake.set()   # the worker has exited: reap it now
@@ -631,11 +641,9 @@ class Supervisor:
         if handle.ended_by or session_id(self.zk) != handle.session_id \
                 or not self._connected.is_set():
             return
-        components = beat.get("components")
-        # Only what WorkerBeat holds (component -> mapping): a worker's odd entry must
-        # not make the whole beat unreadable.
-        components = {str(name): stats for name, stats in components.items()
-                      if isinstance(stats, dict)} if isinstance(components, dict) else {}
+        # Only what WorkerBeat holds, bounded: a worker's odd entry must neither make the
+        # whole beat unreadable nor grow the node without limit.
+        components = checked_components(beat.get("components"))
         record = WorkerBeat(
             time_secs=int(time.time()), topology_id=handle.topology_id, supervisor_id=self.id,
             host=self.host, port=handle.port,

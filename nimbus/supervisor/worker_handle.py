@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nimbus.supervisor.status_input import ErrorBudget
+
 log = logging.getLogger(__name__)
 
 WORKER_COMMAND = (sys.executable, "-m", "nimbus.worker")
@@ -68,6 +70,7 @@ class WorkerHandle:
         self.started_at = 0.0            # time.monotonic()
         self.last_status_at: float | None = None
         self.errors_reported = 0
+        self.error_budget = ErrorBudget()   # errors it may still record (status_input)
         self.lease_deadline: float | None = None   # the newest deadline sent
         self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
         # Why the supervisor ended it ("" while it runs or when it exited by itself):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
-import re
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nimbus.state.component_ids import InvalidComponentError, check_component_id
 from nimbus.worker.exits import (
     EXIT_FAILED,
     EXIT_INVALID_TOPOLOGY,
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 TOPOLOGY_PY = "topology.py"
 MAIN = "main"
 # Component names end up in paths and query names.
-_COMPONENT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 Build = Callable[["SparkSession", dict[str, Any]], Any]
 
@@ -86,9 +85,11 @@ def writers_of(result: Any) -> dict[str, DataStreamWriter]:
             raise InvalidTopology("build() returned an empty dict: no component to run")
         writers: dict[str, DataStreamWriter] = {}
         for name, writer in result.items():
-            if not isinstance(name, str) or not _COMPONENT_NAME.match(name):
-                raise InvalidTopology(f"build() returned component name {name!r}: names "
-                                      "must be letters, digits, '_', '.', '-'")
+            try:
+                check_component_id(name)
+            except InvalidComponentError as exc:
+                raise InvalidTopology(f"build() returned an unusable component name: "
+                                      f"{exc}") from None
             if not isinstance(writer, DataStreamWriter):
                 raise InvalidTopology(f"build() returned {type(writer).__name__} for "
                                       f"component {name!r}, not a DataStreamWriter: "

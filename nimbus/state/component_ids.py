@@ -1,0 +1,38 @@
+"""Component ids: the one rule for a name that becomes a ZooKeeper path part.
+
+A component id names a node, ``/storm/errors/<topology-id>/<component>``, and comes from
+a tenant's code (a pipeline's ``build()`` names its queries; a worker reports errors and
+progress under them over its status pipe). So it is checked wherever it enters: a
+bounded charset and length, never ``.``/``..``, never a ``/``. Storm's own ids
+(``spout``, ``split-bolt``, ``__system``) all pass.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: The longest component id accepted.
+MAX_COMPONENT_ID = 64
+_COMPONENT_ID = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{MAX_COMPONENT_ID - 1}}}")
+
+
+class InvalidComponentError(ValueError):
+    """A component id that may not become a path part."""
+
+
+def is_component_id(name: object) -> bool:
+    """Whether ``name`` is a valid component id (letters, digits, ``_ . -``; starting
+    with a letter, digit or ``_``; at most 64 characters)."""
+    return isinstance(name, str) and _COMPONENT_ID.fullmatch(name) is not None
+
+
+def check_component_id(name: object) -> str:
+    """``name`` if it is a valid component id; InvalidComponentError naming it otherwise."""
+    if not is_component_id(name):
+        shown = repr(name)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise InvalidComponentError(
+            f"component id {shown} is not valid: use at most {MAX_COMPONENT_ID} letters, "
+            "digits, '_', '.' or '-', starting with a letter, digit or '_'")
+    return name  # type: ignore[return-value]

@@ -1,0 +1,115 @@
+"""A worker's status pipe, read as what it is: input from a tenant's code.
+
+The worker runs a tenant's pipeline or command in its own process, and that code can
+write anything to the status pipe (it can reopen the inherited descriptor). Whatever a
+line says, the supervisor writes only below the worker's own nodes:
+
+* an error's component must be a component id (:mod:`nimbus.state.component_ids`);
+  anything else is refused and recorded as an error of the worker itself
+  (``worker-<i>``), naming what was sent;
+* error texts are cut to :data:`MAX_ERROR_CHARS`, and a worker may record at most
+  :data:`ERRORS_PER_MINUTE` errors a minute (ZooKeeper keeps the newest 10 per
+  component anyway; the budget bounds the writes), the excess dropped with one log line;
+* a beat keeps at most :data:`MAX_BEAT_COMPONENTS` components, valid ids only, each with
+  the known progress fields only, as numbers or short strings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nimbus.state.component_ids import is_component_id
+
+#: The longest error text recorded (characters); the rest is cut, and says so.
+MAX_ERROR_CHARS = 8192
+#: Errors a worker may record per minute (a token bucket; a burst of that many).
+ERRORS_PER_MINUTE = 12
+#: Components a beat may report.
+MAX_BEAT_COMPONENTS = 64
+#: The fields of a component's progress a beat carries (WorkerBeat, docs/runtime.md).
+BEAT_FIELDS = ("batch_id", "num_input_rows", "input_rows_per_second",
+               "processed_rows_per_second", "timestamp", "pid")
+_MAX_FIELD_CHARS = 64
+
+
+@dataclass(frozen=True)
+class ReportedError:
+    """What to record for one ``{"error": ...}`` line."""
+
+    component: str
+    text: str
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return text[:MAX_ERROR_CHARS] + f"\n[... {len(text) - MAX_ERROR_CHARS} more characters cut]"
+
+
+def checked_error(raw: Any, own_component: str) -> ReportedError:
+    """The error to record for ``{"error": raw}`` from the worker whose own component is
+    ``own_component`` (``worker-<i>``)."""
+    if not isinstance(raw, dict):
+        return ReportedError(own_component, _cut(
+            f"the worker sent an error that is not an object: {_shown(raw)}"))
+    component = raw.get("component") or own_component
+    text = raw.get("error")
+    text = text if isinstance(text, str) and text else "unknown error"
+    if not is_component_id(component):
+        return ReportedError(own_component, _cut(
+            f"the worker reported an error under {_shown(component)}, which is not a "
+            f"component id (refused): {text}"))
+    return ReportedError(component, _cut(text))
+
+
+def checked_components(raw: Any) -> dict[str, dict[str, Any]]:
+    """A beat's ``components``, keeping what a WorkerBeat may hold (see module doc)."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, stats in raw.items():
+        if len(out) >= MAX_BEAT_COMPONENTS:
+            break
+        if not is_component_id(name) or not isinstance(stats, dict):
+            continue
+        out[name] = {key: value for key, value in stats.items()
+                     if key in BEAT_FIELDS and _plain(value)}
+    return out
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float):
+        return True
+    return isinstance(value, str) and len(value) <= _MAX_FIELD_CHARS
+
+
+class ErrorBudget:
+    """At most ``per_minute`` errors a minute, in bursts of as many (a token bucket)."""
+
+    def __init__(self, per_minute: int = ERRORS_PER_MINUTE,
+                 clock: Callable[[], float] = time.monotonic):
+        self._rate_s = per_minute / 60.0
+        self._capacity = float(per_minute)
+        self._tokens = float(per_minute)
+        self._clock = clock
+        self._at = clock()
+        self.dropped = 0
+
+    def take(self) -> bool:
+        """Whether one more error may be recorded now (counts it if so)."""
+        now = self._clock()
+        self._tokens = min(self._capacity, self._tokens + (now - self._at) * self._rate_s)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.dropped += 1
+        return False

@@ -1,0 +1,186 @@
+"""The status pipe is untrusted input (issue 19, W4/W5/W6): whatever a worker writes, the
+supervisor changes nothing in ZooKeeper outside the worker's own nodes.
+
+Against a real ZooKeeper and a real supervisor. The first test sends hostile lines
+through a real worker's status pipe; the second drives the supervisor's status handler
+with a seeded fuzzer of messages (the error budget lifted, so every message reaches
+ZooKeeper). Both compare the whole tree under the cluster's root before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+from test_supervisor import (
+    TOPOLOGY,
+    _code,
+    _free_port,
+    _submit_directly,
+    _supervisor,
+    _tar,
+    stub_worker,  # noqa: F401 - a fixture
+)
+
+from nimbus.devcluster import wait_for
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, WorkerBeat
+from nimbus.supervisor import status_input
+from nimbus.supervisor.status_input import MAX_ERROR_CHARS
+
+pytestmark = pytest.mark.integration
+
+VICTIM = "alice-7-1700000001"
+
+
+@pytest.fixture
+def cluster_state(make_zk, zk_root):
+    state = StormClusterState(make_zk(), zk_root)
+    state.setup()
+    return state
+
+
+def _victim(state: StormClusterState) -> None:
+    """Another user's topology, with an error of its own: what the attack aimed at."""
+    zk = state.zk
+    zk.create(state.storm_path(VICTIM), StormBase("alice", 1, ACTIVE, 1).encode())
+    zk.create(state.path("assignments", VICTIM), Assignment(master_code_dir="/x").encode())
+    zk.create(state.path("workerbeats", VICTIM), b"")
+    zk.create(state.path("errors", VICTIM), b"")
+    state.report_error(VICTIM, "counts", ErrorInfo(error="alice's", error_time_secs=1))
+
+
+def _tree(state: StormClusterState) -> dict[str, tuple[bytes, int]]:
+    """Every node under the root: path -> (data, version)."""
+    out = {}
+    pending = [state.root]
+    while pending:
+        path = pending.pop()
+        data, stat = state.zk.get(path)
+        out[path] = (data, stat.version)
+        pending += [f"{path}/{child}" for child in state.zk.get_children(path)]
+    return out
+
+
+def _outside_own_nodes(state: StormClusterState, tree: dict, sup_id: str, port: int) -> dict:
+    own = (state.path("errors", TOPOLOGY) + "/", state.path("workerbeats", TOPOLOGY) + "/",
+           state.path("supervisors", sup_id))
+    return {p: v for p, v in tree.items() if not p.startswith(own)}
+
+
+def _hostile(state: StormClusterState) -> list[object]:
+    """Messages that aim at other nodes, or at size."""
+    storms = state.path("storms")
+    return [
+        {"error": {"component": storms, "error": "absolute: the trim would delete them"}},
+        {"error": {"component": f"../../storms/{VICTIM}", "error": "climbs out"}},
+        {"error": {"component": f"../{VICTIM}/counts", "error": "into alice's errors"}},
+        {"error": {"component": "..", "error": "dot dot"}},
+        {"error": {"component": ".", "error": "dot"}},
+        {"error": {"component": "a/b", "error": "two parts"}},
+        {"error": {"component": "x" * 65, "error": "too long"}},
+        {"error": {"component": "nul\x00", "error": "a NUL"}},
+        {"error": {"component": 42, "error": "not a string"}},
+        {"error": "not an object"},
+        {"error": {"component": "main", "error": "y" * 900_000}},
+        {"beat": {"components": {storms: {"pid": 1}, "ok": {"batch_id": "z" * 10_000,
+                                                             "evil": {"deep": 1}}}}},
+        {"beat": {"components": {f"c{i}": {"batch_id": i} for i in range(1000)}}},
+    ]
+
+
+def test_hostile_lines_on_a_real_status_pipe_touch_only_the_workers_own_nodes(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):  # noqa: F811
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    lines = [json.dumps(m).encode() for m in _hostile(cluster_state)]
+    lines += [b"not json at all", b"\xff\xfe invalid utf-8", b"[1, 2, 3]", b"x" * (2 << 20),
+              json.dumps({"beat": {"components": {"marker": {"batch_id": 7}}}}).encode()]
+    status_file = tmp_path / "hostile.jsonl"
+    status_file.write_bytes(b"\n".join(lines) + b"\n")
+    files["stormconf.json"] = json.dumps({"topology.stub.status_file": str(status_file),
+                                          "topology.stub.silent": True}).encode()
+    _victim(cluster_state)
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+    before = _outside_own_nodes(cluster_state, _tree(cluster_state), sup.id, port)
+    sup.start()
+    try:
+        def marker_seen() -> bool:
+            data = cluster_state.get_worker_heartbeat(TOPOLOGY, sup.id, port)
+            return bool(data) and "marker" in WorkerBeat.decode(data).components
+
+        wait_for(marker_seen, 30, "the last line to be handled")
+        after = _outside_own_nodes(cluster_state, _tree(cluster_state), sup.id, port)
+        assert after == before
+        components = set(cluster_state.error_components(TOPOLOGY))
+        assert components == {"worker-0", "main"}, components
+        refused = [e.error for e in cluster_state.errors(TOPOLOGY, "worker-0")]
+        assert any(f"under {cluster_state.path('storms')!r}, which is not a component id"
+                   in text for text in refused), refused
+        assert all(len(e.error) <= MAX_ERROR_CHARS + 64
+                   for e in cluster_state.errors(TOPOLOGY, "main"))
+        assert [e.error for e in cluster_state.errors(VICTIM, "counts")] == ["alice's"]
+    finally:
+        sup.stop()
+
+
+def _fuzzed(rng: random.Random, state: StormClusterState) -> object:
+    atoms = ["main", "/", "..", ".", "", "a/b", "/storm", state.root, state.path("storms"),
+             f"../{VICTIM}", "worker-0", "é", "x" * rng.randint(60, 70), "\n", "\x00",
+             "__system", "-lead", "ok.name", None, 7, 1.5, True, [], {}]
+
+    def atom() -> object:
+        value = rng.choice(atoms)
+        if isinstance(value, str) and rng.random() < 0.3:
+            value = value + rng.choice(atoms[:8])  # type: ignore[operator]
+        return value
+
+    kind = rng.random()
+    if kind < 0.5:
+        return {"error": {"component": atom(), "error": rng.choice(
+            ["e", "", None, "m" * rng.randint(0, 20_000), 5])}}
+    if kind < 0.8:
+        return {"beat": {"components": {str(atom()): {"batch_id": atom(), "pid": atom()}
+                                        for _ in range(rng.randint(0, 5))}}}
+    key = atom()
+    return rng.choice([{"error": atom()}, {"beat": atom()}, {"beat": {"components": atom()}},
+                       {key if isinstance(key, str) else "k": atom()}])
+
+
+def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker, monkeypatch):  # noqa: F811
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    _victim(cluster_state)
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        _submit_directly(cluster_state, files, {})  # no worker: the test speaks for it
+        before = _outside_own_nodes(cluster_state, _tree(cluster_state), sup.id, port)
+        handle = SimpleNamespace(
+            topology_id=TOPOLOGY, port=port, worker_index=0, num_workers=1,
+            name=f"{TOPOLOGY}:{port}", session_id=sup.zk.client_id[0], ended_by="",
+            errors_reported=0, started_at=0.0, restarts=0,
+            error_budget=status_input.ErrorBudget(per_minute=10**9))
+        monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
+        rng = random.Random(19)
+        for _ in range(400):
+            sup._on_status(handle, _fuzzed(rng, cluster_state))
+        after = _outside_own_nodes(cluster_state, _tree(cluster_state), sup.id, port)
+        assert after == before
+        for component in cluster_state.error_components(TOPOLOGY):
+            assert status_input.is_component_id(component), component
+        assert [e.error for e in cluster_state.errors(VICTIM, "counts")] == ["alice's"]
+    finally:
+        sup.stop()
+
+
+def test_the_error_budget_drops_a_flood():
+    now = [0.0]
+    budget = status_input.ErrorBudget(per_minute=12, clock=lambda: now[0])
+    assert [budget.take() for _ in range(14)] == [True] * 12 + [False, False]
+    now[0] += 5.0  # one token every 5 s
+    assert (budget.take(), budget.take(), budget.dropped) == (True, False, 3)
