@@ -23,14 +23,41 @@ from types import TracebackType
 from typing import Any
 
 REDACTED = "********"
-# Suffixes of Storm-style keys whose values are credentials.
+# Suffixes of Storm-style keys whose values are credentials: the common names (AWS's
+# secret access key, API keys, Azure's account keys, private keys, passphrases) and
+# ZooKeeper's superACL (a digest of the super user's password).
 SECRET_SUFFIXES = ("password", "passwd", "secret", "secret.key", "secret_key", "secretkey",
-                   "payload", "token", "tokens", "credentials")
+                   "secret_access_key", "secret.access.key", "payload", "token", "tokens",
+                   "credentials", "api.key", "api_key", "apikey", "account.key",
+                   "account_key", "private.key", "private_key", "passphrase", "superacl")
+
+# Keys a plugin marked as secret (its config_defaults gave a Secret), whatever their name.
+_MARKED: set[str] = set()
+
+
+class Secret:
+    """A default that marks its key as a credential, for plugins whose settings have names
+    redaction would not recognise (docs/hooks.md, ``config_defaults``)::
+
+        return {"nimbus.codedistributor.azure.account.key": Secret(None)}
+    """
+
+    def __init__(self, default: Any = None):
+        self.default = default
+
+    def __repr__(self) -> str:
+        return "Secret(...)"
+
+
+def mark_secret(key: str) -> None:
+    """Treat ``key`` as a credential from now on (in this process)."""
+    _MARKED.add(str(key))
 
 
 def is_secret_key(key: str) -> bool:
-    """True when ``key`` names a credential (e.g. ``nimbus.codedistributor.s3.secret.key``)."""
-    return str(key).lower().endswith(SECRET_SUFFIXES)
+    """True when ``key`` names a credential (e.g. ``nimbus.codedistributor.s3.secret.key``)
+    or a plugin marked it as one."""
+    return str(key).lower().endswith(SECRET_SUFFIXES) or str(key) in _MARKED
 
 
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:

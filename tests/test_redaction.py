@@ -18,7 +18,11 @@ SECRET = "s3cr3t-Value-42"
 @pytest.mark.parametrize("key", [
     "nimbus.codedistributor.s3.secret.key", "storm.zookeeper.auth.payload",
     "storm.zookeeper.topology.auth.payload", "ui.http.creds.plugin.password",
-    "topology.auth.token", "nimbus.some_secret", "java.keystore.password"])
+    "topology.auth.token", "nimbus.some_secret", "java.keystore.password",
+    # issue 19, T2.12/U13/U14: the common credential names, and the superACL digest
+    "fs.s3a.aws_secret_access_key", "aws_secret_access_key", "openai.api.key",
+    "nimbus.codedistributor.azure.account.key", "ssl.private.key",
+    "storm.zookeeper.superACL", "tls.key.passphrase"])
 def test_secret_keys(key):
     assert is_secret_key(key)
 
@@ -210,3 +214,24 @@ def test_a_running_nimbus_never_logs_or_serves_its_secrets(zk_server, zk_root, t
     assert f"deprecated credential {REDACTED}" in text
     assert "uncaught exception in thread careless-connect" in text
     assert f"ConnectionError: connect as nimbus with password {REDACTED} refused" in text
+
+
+def test_a_plugin_marks_a_setting_secret_whatever_its_name():
+    """A plugin's config_defaults may wrap a default in Secret: the key is redacted."""
+    from nimbus.distribution.distributors import CodeDistributor, resolve_distributor_class
+    from nimbus.distribution.hookspecs import hookimpl
+    from nimbus.redaction import Secret
+
+    class Azure(resolve_distributor_class("localfs")):  # every other hook a real one
+        @hookimpl
+        def config_defaults(self):
+            return {"nimbus.codedistributor.azuretest.sas": Secret(None),
+                    "nimbus.codedistributor.azuretest.container": "code"}
+
+    assert not is_secret_key("nimbus.codedistributor.azuretest.sas")
+    defaults = CodeDistributor(Azure).config_defaults()
+    assert defaults == {"nimbus.codedistributor.azuretest.sas": None,
+                        "nimbus.codedistributor.azuretest.container": "code"}
+    assert is_secret_key("nimbus.codedistributor.azuretest.sas")
+    assert redact({"nimbus.codedistributor.azuretest.sas": "sv=2024&sig=abc"}) == {
+        "nimbus.codedistributor.azuretest.sas": REDACTED}

@@ -590,3 +590,38 @@ def test_a_fetch_that_does_not_finish_in_time_is_given_up_and_tried_again(tmp_pa
     finally:
         fetcher.stop()
     assert not any(t.name == "supervisor-code-fetch" for t in threading.enumerate())
+
+
+def test_a_worker_gets_no_credential_of_the_cluster(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker, monkeypatch):
+    """Issue 19, W1: worker.json and the worker's environment hold nothing of the
+    supervisor's credentials (ZooKeeper digest, superACL, TLS key, store secrets, secret
+    environment variables); the topology's own keys still reach it."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-1234")
+    monkeypatch.setenv("NIMBUS_TEST_PLAIN", "kept")
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    files["stormconf.json"] = b'{"pipeline.input": "in", "pipeline.db.password": "alices"}'
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    secrets = {"storm.zookeeper.auth.payload": "nimbus:digest-secret",
+               "storm.zookeeper.superACL": "digest:super:abc=",
+               "storm.thrift.tls.key.file": "/etc/nimbus/supervisor.key",
+               "nimbus.codedistributor.s3.secret.key": "s3-secret-5678"}
+    sup.conf = sup.conf.__class__({**sup.conf.as_dict(), **secrets})
+    sup.start()
+    try:
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        spec_file = sup.workers_dir / f"{TOPOLOGY}-{port}" / "worker.json"
+        written = spec_file.read_text()
+        conf = json.loads(written)["conf"]
+        for key, value in secrets.items():
+            assert key not in conf and value not in written, key
+        assert "nimbus.seeds" not in conf and "storm.zookeeper.servers" not in conf
+        assert (conf["pipeline.input"], conf["pipeline.db.password"]) == ("in", "alices")
+        assert conf["topology.spark.master"] == sup.conf["topology.spark.master"]
+        environ = Path(f"/proc/{handle.process.pid}/environ").read_bytes().split(b"\0")
+        assert b"NIMBUS_TEST_PLAIN=kept" in environ
+        assert not any(item.startswith(b"AWS_SECRET_ACCESS_KEY=") for item in environ)
+    finally:
+        sup.stop()

@@ -22,6 +22,7 @@ from typing import Any
 import pluggy
 
 from nimbus.distribution import hookspecs
+from nimbus.redaction import Secret, mark_secret
 
 log = logging.getLogger(__name__)
 
@@ -276,9 +277,16 @@ class CodeDistributor:
         return cls(resolve_distributor_class(conf["storm.codedistributor.class"]))
 
     def config_defaults(self) -> dict[str, Any]:
+        """The plugin's keys and defaults; a default given as a
+        :class:`~nimbus.redaction.Secret` marks its key as a credential (redacted
+        everywhere) and is unwrapped."""
         merged: dict[str, Any] = {}
         for part in self._pm.hook.config_defaults():
-            merged.update(part or {})
+            for key, default in (part or {}).items():
+                if isinstance(default, Secret):
+                    mark_secret(key)
+                    default = default.default
+                merged[key] = default
         return merged
 
     def prepare(self, conf: Any, context: hookspecs.DistributorContext) -> None:

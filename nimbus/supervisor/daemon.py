@@ -34,6 +34,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -52,6 +53,7 @@ from nimbus import __version__
 from nimbus.config import Config, ConfigError
 from nimbus.master.daemon import make_zk_client
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
+from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
@@ -74,6 +76,15 @@ from nimbus.thrift.tls import configure_clients
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec
 
 log = logging.getLogger(__name__)
+
+#: What a worker gets of its supervisor's configuration: keys under these prefixes...
+WORKER_KEY_PREFIXES = ("topology.", "worker.")
+#: ... and these (docs/runtime.md, "Configuration of a worker").
+WORKER_KEYS = ("storm.local.dir", "supervisor.worker.start.timeout.secs",
+               "java.library.path")
+# Environment variables that hold credentials by their names: kept from workers.
+_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_?KEY|"
+                         r"PRIVATE_?KEY|PASSPHRASE|SESSION_?KEY)", re.IGNORECASE)
 
 ID_FILE = "id"
 LOCK_FILE = "supervisor.lock"
@@ -575,12 +586,19 @@ class Supervisor:
             handle.kill("lost")  # the connection went while it was being started
 
     def worker_conf(self, code_dir: Path) -> dict[str, Any]:
-        """A worker's configuration: this supervisor's, then every key of the topology's
+        """A worker's configuration: this supervisor's ``topology.*`` and ``worker.*``
+        keys (the cluster's defaults for topologies) and the few others a worker reads
+        (:data:`WORKER_KEYS`), without any credential; then every key of the topology's
         ``stormconf.json`` (Storm merges a topology's configuration over the cluster's
         the same way; a pipeline's own keys, such as its input directory, reach its
         ``build(spark, conf)`` like this). ``storm.local.dir`` stays this supervisor's,
         made absolute, since the worker runs in its own directory."""
-        conf = self.conf.as_dict()
+        # Only what a worker needs of this supervisor's configuration, and never a
+        # credential of the cluster's (ZooKeeper digests, TLS keys, store secrets): the
+        # worker runs a tenant's code (docs/security.md).
+        conf = {key: value for key, value in self.conf.as_dict().items()
+                if (key.startswith(WORKER_KEY_PREFIXES) or key in WORKER_KEYS)
+                and not is_secret_key(key)}
         try:
             topology_conf = json.loads((code_dir / CONF_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -677,14 +695,20 @@ def write_worker_spec(path: Path, fields: dict[str, Any]) -> None:
 
 
 def _worker_env() -> dict[str, str]:
-    """The supervisor's environment, with this nimbus package importable by the worker
-    (which runs in its own directory) even when it is not installed."""
-    env = dict(os.environ)
+    """The supervisor's environment without its credentials (variables named like
+    ``AWS_SECRET_ACCESS_KEY``, ``*_PASSWORD``, ``*_TOKEN``), with this nimbus package
+    importable by the worker (which runs in its own directory) even when it is not
+    installed."""
+    env = {name: value for name, value in os.environ.items() if not _secret_env(name)}
     source_root = str(Path(nimbus.__file__).resolve().parent.parent)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if source_root not in paths:
         env["PYTHONPATH"] = os.pathsep.join([source_root, *paths])
     return env
+
+
+def _secret_env(name: str) -> bool:
+    return _SECRET_ENV.search(name) is not None
 
 
 def _hex(session: int | None) -> str:
