@@ -40,6 +40,9 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
     with LocalCluster(tmp_path / "cluster", nimbuses=2, supervisors=1, slots_per_supervisor=1,
                       conf={**daemons.conf(), "nimbus.authorizer": SIMPLE_ACL,
                             "nimbus.admins": ["ops"], "nimbus.monitor.freq.secs": 1,
+                            # the daemons' identity may download code (issue 19, T2.11)
+                            "nimbus.supervisor.users": ["cluster"],
+                            "nimbus.daemon.users": ["cluster"],
                             "supervisor.monitor.frequency.secs": 1}) as cluster:
         base = yaml.safe_load(cluster.config_file.read_text())
 

@@ -166,6 +166,55 @@ def test_only_owner_users_readonly_users_and_admins_read_a_topology(tls_nimbus, 
         client_as(conf, dave).deactivate("alices")  # read-only means read only
 
 
+def test_only_readers_supervisors_nimbuses_and_admins_download_code(zk_server, zk_root,
+                                                                     tmp_path, ca):
+    """Issue 19, T2.11: beginFileDownload of another user's code and conf was open to any
+    client; Storm allows fileDownload to admins and nimbus.supervisor.users only, and
+    nimbus-ha to a topology's own readers and peer nimbuses (nimbus.daemon.users) too."""
+    from nimbus.master.daemon import NimbusDaemon
+
+    conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue("nimbus-1"), free_port(),
+                       **{"nimbus.supervisor.users": ["supervisor-1"],
+                          "nimbus.daemon.users": ["nimbus-2"]})
+    daemon = NimbusDaemon(conf)
+    daemon.start()
+    try:
+        wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+        _downloads(conf, ca, tmp_path)
+    finally:
+        daemon.stop()
+        configure_clients(load_config(overrides={}))
+
+
+def _downloads(conf, ca, tmp_path) -> None:
+    from nimbus.thrift.client import connect
+
+    alice, bob, dave = ca.issue("alice"), ca.issue("bob"), ca.issue("dave")
+    topology_id = client_as(conf, alice).submit("alices", bundle(tmp_path), {
+        "topology.readonly.users": ["dave"]})
+    seed = conf["nimbus.seeds"][0]
+
+    def download(identity, name="stormconf.json") -> str:
+        client_as(conf, identity)
+        with connect(seed) as client:
+            return client.beginFileDownload(f"{topology_id}/{name}")
+
+    for allowed in ("alice", "dave", "ops", "supervisor-1", "nimbus-2"):
+        assert download(ca.issue(allowed)), allowed
+    for name in ("stormconf.json", "stormjar.jar"):
+        with pytest.raises(storm.AuthorizationException) as refused:
+            download(bob, name)
+        assert refused.value.msg == (
+            "bob may not read alices: not its submitter, not in its topology.users or "
+            "topology.readonly.users, not in nimbus.admins (nor download its code: not in "
+            "nimbus.supervisor.users or nimbus.daemon.users)")
+    with pytest.raises(storm.AuthorizationException, match="may not download"):
+        client_as(conf, bob)
+        with connect(seed) as client:
+            client.beginFileDownload("nosuch-1-1/stormconf.json")
+    assert download(dave)  # the rule did not stick on the refusals
+
+
 def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):
     """Replication between nimbuses (localfs: Thrift downloads) works with TLS on."""
     from nimbus.master.daemon import NimbusDaemon
@@ -175,10 +224,13 @@ def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):
     try:
         for i, port in enumerate(ports):
             conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue(f"nimbus-{i}"), port,
-                               **{"nimbus.seeds": [f"127.0.0.1:{p}" for p in ports]})
+                               **{"nimbus.seeds": [f"127.0.0.1:{p}" for p in ports],
+                                  "nimbus.daemon.users": ["nimbus-0", "nimbus-1"]})
             daemons.append(NimbusDaemon(conf))
             daemons[-1].start()
-        client = client_as(daemons[0].conf, ca.issue("alice"))
+        # One process: its client certificate is also the one both daemons fetch with
+        # (configure_clients is per process), so it must be a nimbus's or an admin's.
+        client = client_as(daemons[0].conf, ca.issue("nimbus-1"))
         topology_id = client.submit("replicated", bundle(tmp_path),
                                     {"topology.min.replication.count": 2})
         assert all(d.store.has(topology_id) for d in daemons)

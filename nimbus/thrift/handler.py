@@ -264,6 +264,7 @@ class NimbusHandler:
             raise storm.AuthorizationException(msg=str(exc)) from None
 
     def beginFileDownload(self, file: str) -> str:
+        self._authorize_download(file)
         try:
             return self.transfers.begin_download(file)
         except (UnsafePathError, OSError, TransferError) as exc:  # OSError: name too long
@@ -377,6 +378,30 @@ class NimbusHandler:
         if base is None:
             raise storm.NotAliveException(msg=f"no live topology with id {topology_id!r}")
         return base
+
+    def _authorize_download(self, file: str) -> None:
+        """Storm's rule for ``fileDownload``, with an authorizer: admins, the supervisors
+        (``nimbus.supervisor.users``) and peer nimbuses (``nimbus.daemon.users``) may
+        download any topology's code; anyone else only that of a topology they may read
+        (its submitter, ``topology.users``, ``topology.readonly.users``)."""
+        if self.authorizer is None:
+            return
+        who = caller()
+        daemons = {str(u) for u in [*(self.conf["nimbus.supervisor.users"] or []),
+                                    *(self.conf["nimbus.daemon.users"] or [])]}
+        if self.authorizer.is_admin(who) or (who is not None and who in daemons):
+            return
+        topology_id = str(file).split("/", 1)[0]
+        try:
+            self._authorize_read(topology_id)
+        except storm.NotAliveException:
+            raise storm.AuthorizationException(
+                msg=f"{who or 'an unauthenticated client'} may not download {file!r}: not "
+                    "an admin, a supervisor or a nimbus, and no topology of theirs") from None
+        except storm.AuthorizationException as exc:
+            raise storm.AuthorizationException(
+                msg=f"{exc.msg} (nor download its code: not in nimbus.supervisor.users or "
+                    "nimbus.daemon.users)") from None
 
     def _authorize_read(self, topology_id: str) -> None:
         """Storm's read-only topology operations (its info, configuration and topology):
