@@ -178,3 +178,38 @@ def test_a_supervisor_with_the_credentials_registers(zk_server, zk_root, tmp_pat
         for c in (zk, anonymous):
             c.stop()
             c.close()
+
+
+def test_a_root_someone_else_made_is_not_adopted(zk_server, zk_root, tmp_path):
+    """Issue 19, Z6: a root created before the cluster's first start by a client without
+    its credentials (open to anyone) used to be adopted, ACL and all, without a word."""
+    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.state.zk_auth import ForeignAclError
+
+    squatter = client(zk_server)
+    squatter.create(zk_root, b"")
+    squatter.create(posixpath.join(zk_root, "storms"), b"")
+    try:
+        conf = auth_conf(zk_server, zk_root, tmp_path)
+        with pytest.raises(ForeignAclError) as refused:
+            NimbusDaemon(conf)
+        message = str(refused.value)
+        assert message.startswith(
+            f"ZooKeeper nodes carry an ACL other than this cluster's: {zk_root} "
+            f"(world:anyone); {zk_root}/storms (world:anyone). ")
+        assert "nimbus-ha secure-zookeeper" in message and PAYLOAD not in message
+        assert sorted(squatter.get_children(zk_root)) == ["storms"]  # nothing was written
+        # The documented way out: take the nodes over, then the nimbus starts.
+        from nimbus.state.zk_auth import secure_tree
+
+        owner = make_zk_client(conf)
+        try:
+            secure_tree(owner, zk_root, zk_security(conf).acl)
+        finally:
+            owner.stop()
+            owner.close()
+        daemon = NimbusDaemon(conf)
+        daemon._release()
+    finally:
+        squatter.stop()
+        squatter.close()

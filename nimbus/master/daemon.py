@@ -37,7 +37,7 @@ from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.connection_watchdog import WatchedKazooClient
 from nimbus.state.records import NimbusInfo, RecordError
 from nimbus.state.session_renewal import SessionRenewal
-from nimbus.state.zk_auth import zk_security
+from nimbus.state.zk_auth import check_layout_acl, zk_security
 from nimbus.thrift.authorizer import authorizer_from_conf
 from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
@@ -119,6 +119,11 @@ class NimbusDaemon:
         self.state = StormClusterState(
             self.zk, conf.zk_root,
             audit_writer=self.address if conf["nimbus.audit.leader.writes"] else "")
+        security = zk_security(conf)
+        if security is not None:
+            # Before anything is written: a root someone else made is not adopted.
+            check_layout_acl(self.zk, [self.state.root, *(
+                self.state.path(sub) for sub in StormClusterState.SUBTREES)], security.acl)
         cluster_id = self.state.setup()
         self.store = LocalCodeStore(conf.local_dir)
         foreign = self.store.claim(cluster_id)

@@ -59,6 +59,38 @@ def zk_security(conf: Config) -> ZkSecurity | None:
     return ZkSecurity(auth_data=[("digest", payload)], acl=acl)
 
 
+class ForeignAclError(ConfigError):
+    """With auth on, the cluster's root (or a directory of its layout) carries an ACL
+    other than the cluster's: someone created it first, open to anyone, or the cluster
+    ran without auth before."""
+
+
+def check_layout_acl(zk: KazooClient, paths: list[str], acl: list[ACL]) -> None:
+    """Raise :class:`ForeignAclError` naming every path in ``paths`` that exists with an
+    ACL other than ``acl``; paths that do not exist yet are fine (they will be made with
+    ``acl``). Nothing is changed: adopting a node made by someone else would leave it,
+    and whatever they put below it, open to them."""
+    wanted = sorted(acl)
+    foreign = []
+    for path in paths:
+        try:
+            found, _stat = zk.get_acls(path)
+        except NoNodeError:
+            continue
+        if sorted(found) != wanted:
+            schemes = sorted({f"{a.id.scheme}:{a.id.id}" if a.id.scheme != "digest"
+                              else "digest:(another identity)" for a in found
+                              if a not in acl})
+            foreign.append(f"{path} ({', '.join(schemes) or 'fewer rights'})")
+    if foreign:
+        raise ForeignAclError(
+            f"ZooKeeper nodes carry an ACL other than this cluster's: {'; '.join(foreign)}. "
+            "They were made by a client without the cluster's credentials (someone may "
+            "have created the root first), or before storm.zookeeper.auth.* was set. "
+            "Check who made them; to take them over run `nimbus-ha secure-zookeeper "
+            "--config <this storm.yaml>`, then start again")
+
+
 def secure_tree(zk: KazooClient, root: str, acl: list[ACL]) -> int:
     """Set ``acl`` on ``root`` and every node below it; returns how many were set.
 
