@@ -43,6 +43,7 @@ from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
 from nimbus.thrift.server import ThriftServer
 from nimbus.thrift.tls import configure_clients, server_context
+from nimbus.timing import check_timing
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class NimbusDaemon:
         self._duties_error = ""  # the RecordError that last stopped the duties, if any
         self.cycles = 0  # duty cycles completed (tests wait on it)
 
+        check_timing(conf)  # unsafe timing settings: refused before anything starts
         # Fail fast on bad security settings, before anything is started.
         configure_clients(conf)  # peer code downloads present this nimbus's certificate
         self._tls = server_context(conf)

@@ -17,11 +17,14 @@ Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.s
 * ``worker-status-<topology>:<port>``: one per worker, reading its status pipe; beats go
   to ``/workerbeats``, errors to ``/errors``.
 
-Connection loss (kazoo SUSPENDED or LOST) kills every worker at once, on kazoo's event
-thread (signals only, nothing blocks there): that is not a crash, so no restart is
-counted and no backoff applies. Nothing starts until the connection is back; after a new
-session the supervisor registers again and re-reads the assignments first, so work the
-leader moved meanwhile is never started here.
+A suspended connection (kazoo SUSPENDED: a ZooKeeper server restarting, an ensemble
+electing a leader, a network blip) stops nothing: the workers run on their leases, which
+are renewed again as soon as the session is back, and which end on their own, before the
+leader may move the work, if it is not. Nothing starts while it is suspended. A lost
+session (LOST) kills every worker at once, on kazoo's event thread (signals only,
+nothing blocks there): that is not a crash, so no restart is counted and no backoff
+applies. After a new session the supervisor registers again and re-reads the
+assignments first, so work the leader moved meanwhile is never started here.
 
 Slot ports are checked at start (bound and released at once) and not held afterwards:
 the workers, or their commands, may bind them.
@@ -73,6 +76,7 @@ from nimbus.supervisor.status_input import (
 )
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
 from nimbus.thrift.tls import configure_clients
+from nimbus.timing import check_timing
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec
 
 log = logging.getLogger(__name__)
@@ -114,6 +118,7 @@ def check_supervisor_conf(conf: Config) -> None:
             raise ConfigError(f"key {key!r} must be positive, got {conf[key]}")
     if conf["supervisor.worker.shutdown.sleep.secs"] < 0:
         raise ConfigError("key 'supervisor.worker.shutdown.sleep.secs' must be >= 0")
+    check_timing(conf)
     ports = conf["supervisor.slots.ports"]
     if not ports or not all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
                             for p in ports):
@@ -304,10 +309,14 @@ class Supervisor:
 
     # -- ZooKeeper events (kazoo's event thread: signal, never block) -----------------------
     def _on_connection_state(self, state: str) -> None:
-        if state in (KazooState.SUSPENDED, KazooState.LOST):
+        if state == KazooState.SUSPENDED:
+            self._connected.clear()  # nothing starts, nothing is renewed meanwhile
+            log.warning("ZooKeeper connection suspended: workers run on their leases "
+                        "until it is back (at most %.1fs)", self._lease.half_s)
+        elif state == KazooState.LOST:
             self._connected.clear()
             killed = self._kill_all("lost")
-            log.warning("lost ZooKeeper connection (%s): killed %d workers", state, killed)
+            log.warning("ZooKeeper session lost: killed %d workers", killed)
         elif state == KazooState.CONNECTED:
             self._connected.set()
             log.info("ZooKeeper connection back (session %s)", _hex(session_id(self.zk)))

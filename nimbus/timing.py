@@ -1,0 +1,40 @@
+"""The timing relations that safety and liveness need, checked when a daemon starts.
+
+Each relation names the keys it ties together, and a daemon whose configuration breaks
+one refuses to start with an error naming them (docs/runtime.md, "Timing relations").
+Nimbuses and supervisors usually share one ``storm.yaml``, so each checks all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nimbus.config import ConfigError
+
+#: (smaller key, larger key, why the first must be below the second)
+RELATIONS = (
+    ("supervisor.worker.timeout.secs", "nimbus.task.timeout.secs",
+     "a worker that stops sending status must be killed by its supervisor before the "
+     "leader gives up on it and places its work elsewhere"),
+    ("supervisor.worker.start.timeout.secs", "nimbus.task.launch.secs",
+     "a worker that never starts must be killed by its supervisor before the leader "
+     "gives up on it and places its work elsewhere"),
+)
+
+
+def timing_problems(conf: Mapping[str, Any]) -> list[str]:
+    """One sentence per relation ``conf`` breaks (none: all hold)."""
+    problems = []
+    for smaller, larger, why in RELATIONS:
+        a, b = conf[smaller], conf[larger]
+        if a >= b:
+            problems.append(f"{smaller} ({a}) must be below {larger} ({b}): {why}")
+    return problems
+
+
+def check_timing(conf: Mapping[str, Any]) -> None:
+    """Raise ConfigError naming the keys of every broken relation."""
+    problems = timing_problems(conf)
+    if problems:
+        raise ConfigError("unsafe timing settings: " + "; ".join(problems))
