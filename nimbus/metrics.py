@@ -32,21 +32,25 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
+import ssl
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nimbus.config import Config, ConfigError
 from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
+from nimbus.thrift.tls import FILE_KEYS, tls_enabled
+from nimbus.thrift.tls import server_context as tls_server_context
+from nimbus.ui.gate import GatedServer, HeadLimits
+from nimbus.ui.https import ClientCertAdapter
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +59,10 @@ log = logging.getLogger(__name__)
 TOPOLOGY_STATUSES = (ACTIVE, INACTIVE, KILLED)
 # The outcome label of a Thrift call Storm clients follow to the leader (not a failure).
 NOT_LEADER_OUTCOME = "not_leader"
-# A scrape that stops sending is dropped after this, so it cannot hold the only thread.
-REQUEST_TIMEOUT_S = 10.0
-POLL_S = 0.5
+# Scrapes are small GET requests: a head of 16 KiB at most, within 5 s of connecting.
+METRICS_LIMITS = HeadLimits(line_bytes=8192, head_bytes=16384, timeout_s=5.0)
+METRICS_THREADS = 4
+STOP_JOIN_S = 15.0
 
 LEADERSHIP_WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 900, 3600,
                            float("inf"))
@@ -66,69 +71,80 @@ CODE_SYNC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 
 
 # -- serving ---------------------------------------------------------------------------------
-class _QuietHandler(WSGIRequestHandler):
-    """Answers scrapes without logging each one to stderr."""
-
-    timeout = REQUEST_TIMEOUT_S
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
-        pass
+def metrics_tls_context(conf: Config | None) -> ssl.SSLContext | None:
+    """The server context of /metrics with ``storm.thrift.transport: tls`` (client
+    certificates of the cluster's CA required, as on the Thrift port), else None."""
+    if conf is None or not tls_enabled(conf):
+        return None
+    try:
+        return tls_server_context(conf)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"the TLS files of /metrics ({', '.join(FILE_KEYS)}): "
+                          f"{exc}") from None
 
 
 class MetricsServer:
     """Serve ``registry`` as ``/metrics`` on ``host:port`` until :meth:`stop`.
 
-    The socket is bound in the constructor (a taken port fails there, before anything
-    runs); :meth:`start` serves it on one named thread, :meth:`stop` shuts that thread
-    down, joins it and closes the socket. Port 0 binds a free port (see :attr:`port`).
+    The socket is bound in the constructor (a taken port fails there, and no thread
+    starts); :meth:`start` starts ``METRICS_THREADS`` worker threads
+    (``<name>-<port>-worker-<i>``) and the serving thread ``<name>-<port>``, :meth:`stop`
+    stops and joins them all and closes the socket. Port 0 binds a free port (see
+    :attr:`port`).
 
-    prometheus_client's ``start_http_server`` serves each request on an anonymous thread
-    of its own; here one named thread serves them in turn (scrapes come seconds apart,
-    and a stalled client is dropped after ``REQUEST_TIMEOUT_S``).
+    cheroot serves it behind the UI's gate (nimbus/ui/gate.py): a scrape reaches a worker
+    only once its request's head has arrived, so clients that stall their request or
+    their TLS handshake hold up no other scrape, and are dropped after
+    ``METRICS_LIMITS.timeout_s``. With ``conf`` of a cluster with
+    ``storm.thrift.transport: tls`` it serves HTTPS and requires a client certificate of
+    the cluster's CA (docs/security.md); a ConfigError then names unusable TLS files.
     """
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int, name: str):
-        family = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM,
-                                    flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("_MetricsWSGIServer", (WSGIServer,), {"address_family": family})
+    def __init__(self, registry: CollectorRegistry, host: str, port: int, name: str,
+                 conf: Config | None = None):
+        context = metrics_tls_context(conf)
+        self._http = GatedServer(
+            (host or "0.0.0.0", port), make_wsgi_app(registry), name=name,
+            threads=METRICS_THREADS, limits=METRICS_LIMITS, server_name="nimbus-ha-metrics",
+            ssl_adapter=ClientCertAdapter(context) if context is not None else None)
         try:
-            self._httpd = make_server(host or "0.0.0.0", port, make_wsgi_app(registry),
-                                      server_class=server_class, handler_class=_QuietHandler)
+            self._http.bind_now()
         except OSError as exc:
             raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror} "
                           f"(is another daemon using this metrics port?)") from None
         self.host = host
-        self.port: int = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._serve, name=f"{name}-{self.port}",
+        self.port: int = int(self._http.bind_addr[1])
+        self.scheme = "https" if context is not None else "http"
+        self._http.name = f"{name}-{self.port}"
+        self._thread = threading.Thread(target=self._http.serve, name=f"{name}-{self.port}",
                                         daemon=True)
 
     @property
     def url(self) -> str:
-        """``http://host:port/metrics``."""
-        return f"http://{self.host}:{self.port}/metrics"
+        """``http://host:port/metrics`` (``https://`` with TLS)."""
+        return f"{self.scheme}://{self.host}:{self.port}/metrics"
 
     def start(self) -> None:
+        self._http.prepare()
         self._thread.start()
         log.info("serving Prometheus metrics at %s", self.url)
 
-    def _serve(self) -> None:
-        self._httpd.serve_forever(poll_interval=POLL_S)
-
     def stop(self) -> None:
-        """Stop serving, join the thread, close the socket; safe to call more than once
+        """Stop serving, join every thread, close the socket; safe to call more than once
         and on a server never started."""
+        self._http.stop()
         if self._thread.is_alive():
-            self._httpd.shutdown()   # returns once serve_forever has returned
-            self._thread.join(timeout=REQUEST_TIMEOUT_S + 5)
-        self._httpd.server_close()
+            self._thread.join(timeout=STOP_JOIN_S)
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int,
-                  name: str) -> MetricsServer | None:
-    """A bound (not yet started) :class:`MetricsServer`, or None when ``port`` is 0 (off)."""
+                  name: str, conf: Config | None = None) -> MetricsServer | None:
+    """A bound (not yet started) :class:`MetricsServer`, or None when ``port`` is 0 (off).
+    Pass the daemon's ``conf``: with TLS in the cluster, /metrics is HTTPS with client
+    certificates."""
     if not port:
         return None
-    return MetricsServer(registry, host, port, name)
+    return MetricsServer(registry, host, port, name, conf=conf)
 
 
 # -- nimbus ----------------------------------------------------------------------------------
@@ -209,6 +225,12 @@ class NimbusMetrics:
         self.code_sync_bytes.labels(distributor)
         for outcome in ("ok", "error"):
             self.code_sync_duration.labels(distributor, outcome)
+        # The age of the last completed leader duty cycle (the watchdog's measure).
+        self.duty_cycle_age = Gauge(
+            "nimbus_leader_duty_cycle_age_seconds",
+            "Seconds since this nimbus last completed a duty cycle (leader duties: kills, "
+            "orphan code, scheduling); nimbus.leader.watchdog.secs bounds it while leading",
+            registry=self.registry)
         self.thrift_calls = Counter(
             "nimbus_thrift_calls",
             "Thrift calls served, by method and outcome (ok, not_leader, or the exception "

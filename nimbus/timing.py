@@ -26,6 +26,11 @@ RELATIONS = (
 def timing_problems(conf: Mapping[str, Any]) -> list[str]:
     """One sentence per relation ``conf`` breaks (none: all hold)."""
     problems = []
+    watchdog, period = conf["nimbus.leader.watchdog.secs"], conf["nimbus.monitor.freq.secs"]
+    if watchdog < 0 or 0 < watchdog <= period:
+        problems.append(f"nimbus.leader.watchdog.secs ({watchdog}) must be 0 (off) or above "
+                        f"nimbus.monitor.freq.secs ({period}): the leader's duty cycle runs "
+                        "that often, so a smaller watchdog would end a healthy leader")
     for smaller, larger, why in RELATIONS:
         a, b = conf[smaller], conf[larger]
         if a >= b:

@@ -28,6 +28,7 @@ from nimbus.distribution.hookspecs import DistributorContext
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.code_sync import CodeSync
 from nimbus.master.elector import LeaderElector, NoLeaderError
+from nimbus.master.leader_watchdog import LeaderWatchdog
 from nimbus.master.lifecycle import CONF_FILE, TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
@@ -198,6 +199,10 @@ class NimbusDaemon:
                           "nimbus using nimbus.thrift.port?)") from None
         self._duties = threading.Thread(target=self._duty_loop, name="leader-duties",
                                         daemon=True)
+        self.watchdog = LeaderWatchdog(
+            float(conf["nimbus.leader.watchdog.secs"]), self.elector.is_leader,
+            give_up=self.elector.remove_from_leader_lock_queue)
+        self.metrics.duty_cycle_age.set_function(self.watchdog.age_s)
 
     def _release(self) -> None:
         """Give back what a failed construction took: the distributor, then ZooKeeper.
@@ -235,6 +240,7 @@ class NimbusDaemon:
         self.cache.start()
         self.sync.start()
         self._duties.start()
+        self.watchdog.start()
         self.metrics.on_queued()
         self.elector.add_to_leader_lock_queue()
         log.info("nimbus %s started (distributor %s)", self.address, self.distributor.name)
@@ -276,6 +282,7 @@ class NimbusDaemon:
             if self._stopping:
                 return
             self._stopping = True
+        self.watchdog.stop()
         self._stop.set()
         self._duties_wake.set()
         self._duties.join(timeout=10)  # no duty cycle may release work from here on
@@ -364,6 +371,7 @@ class NimbusDaemon:
             self._run_duties()
         finally:
             self.cycles += 1
+            self.watchdog.cycle_completed()
 
     def _run_duties(self) -> None:
         if not self.elector.is_leader():
