@@ -50,7 +50,8 @@ TOPOLOGY = "demo-1-1700000000"
 # kills its group when the lease runs out (or its pipe closes). It starts a child
 # (`sleep`) in its group, so tests can see that group kills reach children. Behaviour
 # knobs come from the topology conf: topology.stub.exit_after (seconds, then exit 3 with
-# an error line), topology.stub.silent (never beat) and topology.stub.status_file (bytes
+# an error line), topology.stub.silent (never beat), topology.stub.batch (beats report a
+# committed batch) and topology.stub.status_file (bytes
 # copied to the status pipe as they are, once the first lease is in).
 STUB_WORKER = textwrap.dedent('''
     import json, os, select, signal, subprocess, sys, threading, time
@@ -94,8 +95,10 @@ STUB_WORKER = textwrap.dedent('''
             status.write(json.dumps({"error": {"component": "main", "error": "boom"}}) + "\\n")
             sys.exit(3)
         if deadline[0] is not None and not conf.get("topology.stub.silent"):
-            status.write(json.dumps({"beat": {"components": {"main": {"pid": os.getpid()}}}})
-                         + "\\n")
+            main = {"pid": os.getpid()}
+            if conf.get("topology.stub.batch"):
+                main["batch_id"] = 1  # as a pipeline that committed a batch reports
+            status.write(json.dumps({"beat": {"components": {"main": main}}}) + "\\n")
         time.sleep(0.2)
 ''')
 
@@ -627,5 +630,36 @@ def test_a_worker_gets_no_credential_of_the_cluster(
         environ = Path(f"/proc/{handle.process.pid}/environ").read_bytes().split(b"\0")
         assert b"NIMBUS_TEST_PLAIN=kept" in environ
         assert not any(item.startswith(b"AWS_SECRET_ACCESS_KEY=") for item in environ)
+    finally:
+        sup.stop()
+
+
+def test_backoff_starts_afresh_for_a_worker_that_had_done_its_work():
+    backoff = RestartBackoff()
+    assert [backoff.delay_after_exit(1.0) for _ in range(3)] == [0, 1, 2]
+    assert backoff.delay_after_exit(1.0, healthy=True) == 0
+    assert [backoff.delay_after_exit(1.0) for _ in range(2)] == [1, 2]
+
+
+@pytest.mark.parametrize(("batch", "delays"), [(True, ["0", "0", "0"]),
+                                               (False, ["0", "1", "2"])])
+def test_only_a_crash_loop_backs_off(tmp_path, zk_server, zk_root, cluster_state,
+                                     stub_worker, caplog, batch, delays):
+    """Issue 20: a worker that dies after it committed is restarted at once; one that
+    dies before (a crash loop) backs off."""
+    port = _free_port()
+    files = _code(_tar({"topology.py": b"def build(spark, conf): ...\n"}))
+    files["stormconf.json"] = json.dumps({"topology.stub.exit_after": 0.6,
+                                          "topology.stub.batch": batch}).encode()
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        with caplog.at_level("WARNING", logger="nimbus.supervisor.daemon"):
+            _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+            wait_for(lambda: sup._slots.get((TOPOLOGY, port)) is not None
+                     and sup._slots[(TOPOLOGY, port)].restarts >= 3, 30, "three restarts")
+        got = [r.getMessage().rsplit("restart in ", 1)[1].rstrip("s") for r in caplog.records
+               if "exited with code 3; restart in" in r.getMessage()]
+        assert got[:3] == delays
     finally:
         sup.stop()

@@ -499,7 +499,12 @@ class Supervisor:
                 continue  # the supervisor or its lease ended it: not a crash
             record = self._slots.setdefault((handle.topology_id, handle.port), _SlotRecord())
             record.restarts += 1
-            delay = record.backoff.delay_after_exit(now - handle.started_at)
+            ran_s = now - handle.started_at
+            # Not a crash loop: a pipeline that committed, a command that got past its
+            # start (issue 20): restarted at once, its backoff afresh.
+            healthy = handle.committed or (handle.kind == "process"
+                                           and ran_s >= self._start_timeout_s)
+            delay = record.backoff.delay_after_exit(ran_s, healthy=healthy)
             record.not_before = now + delay
             if handle.ended_by != "timeout" and handle.errors_reported == 0:
                 self._report(handle, handle_executor(handle),
@@ -573,6 +578,8 @@ class Supervisor:
                               command=self._worker_command)
         handle.worker_index = want.worker_index
         handle.num_workers = num_workers
+        handle.kind = "process" if (
+            self.code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
 
         def write_spec(lease_fd: int, status_fd: int) -> None:
             write_worker_spec(worker_dir / SPEC_FILE, {
@@ -644,7 +651,10 @@ class Supervisor:
     def _on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:
         beat = status.get("beat")
         if isinstance(beat, dict):
-            self.metrics.progress.observe(handle, checked_components(beat.get("components")))
+            components = checked_components(beat.get("components"))
+            self.metrics.progress.observe(handle, components)
+            if any(isinstance(c.get("batch_id"), int) for c in components.values()):
+                handle.committed = True  # a batch went through: it works
             self._write_beat(handle, beat)
         if "error" in status:
             handle.errors_reported += 1

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from nimbus.master.scheduler import WORKER_PREFIX
 from nimbus.state.records import Assignment
 
-# Restart backoff (docs/runtime.md): the first restart is at once (a pipeline that
-# crashed once should lose no more time than its restart costs), then 1 s doubling to
-# 60 s, reset after 5 minutes of good running.
+# Restart backoff (docs/runtime.md): a worker that had done its work (a pipeline that
+# committed a batch, a command that ran past its start timeout) is restarted at once and
+# its backoff starts afresh; only a crash loop (dying before that) backs off: the first
+# restart at once, then 1 s doubling to 60 s, reset after 5 minutes of good running.
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 BACKOFF_RESET_AFTER_S = 300.0
@@ -76,10 +77,11 @@ class RestartBackoff:
         self.reset_after_s = reset_after_s
         self._next_s = 0.0
 
-    def delay_after_exit(self, ran_for_s: float) -> float:
-        """The delay before the next start of a worker that ran ``ran_for_s`` seconds."""
-        if ran_for_s >= self.reset_after_s:
-            self._next_s = 0.0  # it ran well for long enough: start afresh
+    def delay_after_exit(self, ran_for_s: float, healthy: bool = False) -> float:
+        """The delay before the next start of a worker that ran ``ran_for_s`` seconds;
+        ``healthy``: it had done its work before it died (not a crash loop)."""
+        if healthy or ran_for_s >= self.reset_after_s:
+            self._next_s = 0.0  # it ran well: start afresh
         delay = self._next_s
         self._next_s = min(max(self._next_s * 2, self.first_s), self.max_s)
         return delay

@@ -73,6 +73,8 @@ class WorkerHandle:
         self.error_budget = ErrorBudget()   # errors it may still record (status_input)
         self.lease_deadline: float | None = None   # the newest deadline sent
         self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
+        self.kind = "pipeline"           # or "process": what its bundle holds
+        self.committed = False           # a beat showed a completed batch
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".
         self.ended_by = ""
