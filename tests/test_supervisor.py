@@ -51,7 +51,8 @@ TOPOLOGY = "demo-1-1700000000"
 # (`sleep`) in its group, so tests can see that group kills reach children. Behaviour
 # knobs come from the topology conf: topology.stub.exit_after (seconds, then exit 3 with
 # an error line), topology.stub.silent (never beat), topology.stub.batch (beats report a
-# committed batch) and topology.stub.status_file (bytes
+# committed batch), topology.stub.daemonize (also start a child in a session of its own)
+# and topology.stub.status_file (bytes
 # copied to the status pipe as they are, once the first lease is in).
 STUB_WORKER = textwrap.dedent('''
     import json, os, select, signal, subprocess, sys, threading, time
@@ -61,6 +62,10 @@ STUB_WORKER = textwrap.dedent('''
     child = subprocess.Popen(["sleep", "600"])
     with open(os.path.join(sys.argv[1], "child.pid"), "w") as f:
         f.write(str(child.pid))
+    if conf.get("topology.stub.daemonize"):  # a child that leaves the process group
+        daemon = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        with open(os.path.join(sys.argv[1], "daemon.pid"), "w") as f:
+            f.write(str(daemon.pid))
     deadline = [None]
     def die(reason):
         print("lease lost:", reason, flush=True)
@@ -661,5 +666,33 @@ def test_only_a_crash_loop_backs_off(tmp_path, zk_server, zk_root, cluster_state
         got = [r.getMessage().rsplit("restart in ", 1)[1].rstrip("s") for r in caplog.records
                if "exited with code 3; restart in" in r.getMessage()]
         assert got[:3] == delays
+    finally:
+        sup.stop()
+
+
+def test_a_child_that_leaves_the_process_group_dies_with_its_worker(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    """Issue 20 (and 19, W7): a command that calls setsid escaped the group kill and kept
+    running after its work had moved; in the worker's cgroup it cannot."""
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    files["stormconf.json"] = b'{"topology.stub.daemonize": true}'
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        pid_file = sup.workers_dir / f"{TOPOLOGY}-{port}" / "daemon.pid"
+        daemon = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 15,
+                              "the daemonized child"))
+        assert os.getpgid(daemon) != handle.pid  # it did leave the worker's group
+        cgroup = sup.cgroups.path(f"{TOPOLOGY}-{port}")
+        assert str(daemon) in (cgroup / "cgroup.procs").read_text().split()
+        cluster_state.zk.set(cluster_state.path("assignments", TOPOLOGY), Assignment(
+            master_code_dir="/x", code_sha256=_sha(files)).encode())
+        wait_for(lambda: handle.exit_code() is not None, 15, "the worker to stop")
+        wait_for(lambda: not _alive(daemon), 10, "the daemonized child to die")
+        wait_for(lambda: not cgroup.exists(), 10, "its cgroup to go")
     finally:
         sup.stop()

@@ -60,6 +60,7 @@ from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
+from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
 from nimbus.supervisor.code_cache import CONF_FILE, CodeCache, CodeUnavailableError
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.lease import LeaseKeeper, session_id
@@ -218,6 +219,7 @@ class Supervisor:
         self.view.listen(lambda _directory, _topology: self._wake.set())
         self._view_started = False
         self.fetcher: CodeFetcher | None = None   # made by start()
+        self.cgroups: WorkerCgroups | None = None  # found by start()
         self._lease = LeaseKeeper(
             self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
             self._running_handles,
@@ -257,6 +259,13 @@ class Supervisor:
         session = session_id(self.zk)
         if session is not None:
             self._register(session)
+        self.cgroups, why = worker_cgroups(self.id)
+        if self.cgroups is not None:
+            log.info("workers run in cgroups of their own under %s", self.cgroups.base)
+        else:
+            log.warning("workers run without cgroups (%s): a command that leaves its "
+                        "process group (setsid, a daemon) can outlive its worker; see "
+                        "docs/runtime.md", why)
         # Made here, not in __init__: it fetches into whatever self.code is by now.
         self.fetcher = CodeFetcher(self.code, lambda topology_id: self._peers(topology_id),
                                    on_done=self._wake.set,
@@ -291,6 +300,9 @@ class Supervisor:
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
         self.view.close()
+        if self.cgroups is not None:
+            with contextlib.suppress(OSError):  # empty by now; left if not
+                self.cgroups.base.rmdir()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.zk.remove_listener(self._on_connection_state)
@@ -578,6 +590,9 @@ class Supervisor:
                               command=self._worker_command)
         handle.worker_index = want.worker_index
         handle.num_workers = num_workers
+        if self.cgroups is not None:
+            handle.cgroups = self.cgroups
+            handle.cgroup = self.cgroups.make(f"{want.topology_id}-{want.port}")
         handle.kind = "process" if (
             self.code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
 

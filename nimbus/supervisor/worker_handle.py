@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nimbus.supervisor.cgroups import CGROUP_ENV, WorkerCgroups, in_cgroup, kill_cgroup
 from nimbus.supervisor.status_input import ErrorBudget
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ class WorkerHandle:
         self.lease_deadline: float | None = None   # the newest deadline sent
         self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
         self.kind = "pipeline"           # or "process": what its bundle holds
+        self.cgroups: WorkerCgroups | None = None   # set before start() where cgroups work
+        self.cgroup: Path | None = None
         self.committed = False           # a beat showed a completed batch
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".
@@ -100,9 +103,14 @@ class WorkerHandle:
         status_r, status_w = os.pipe()     # gets a copy, so EOF means this one is gone
         try:
             write_spec(lease_r, status_w)
+            command = [*self._command, str(self.worker_dir)]
+            if self.cgroup is not None:  # the worker and all it starts stay in it
+                command = in_cgroup(self.cgroup, command)
+                env = {**(env if env is not None else os.environ),
+                       CGROUP_ENV: str(self.cgroup)}
             with open(self.worker_dir / LOG_FILE, "ab") as out:
                 self.process = subprocess.Popen(
-                    [*self._command, str(self.worker_dir)], stdin=subprocess.DEVNULL,
+                    command, stdin=subprocess.DEVNULL,
                     stdout=out, stderr=subprocess.STDOUT, pass_fds=(lease_r, status_w),
                     start_new_session=True, env=env, cwd=self.worker_dir)
         except BaseException:
@@ -192,11 +200,17 @@ class WorkerHandle:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
 
+    def _kill_everything(self) -> None:
+        self._signal_group(signal.SIGKILL)
+        if self.cgroup is not None:  # what left the group (setsid, a daemon) too
+            kill_cgroup(self.cgroup)
+
     def kill(self, reason: str) -> None:
-        """SIGKILL the worker's group now, without waiting; safe from any thread."""
+        """SIGKILL the worker's group (and cgroup) now, without waiting; safe from any
+        thread."""
         if not self.ended_by:
             self.ended_by = reason
-        self._signal_group(signal.SIGKILL)
+        self._kill_everything()
 
     def stop(self, grace_s: float) -> None:
         """SIGTERM the group, SIGKILL it after ``grace_s``, wait, and release the pipes."""
@@ -205,10 +219,12 @@ class WorkerHandle:
     def release(self) -> None:
         """After the worker exited: kill what is left of its group, reap it, close the
         pipes and join the reader thread."""
-        self._signal_group(signal.SIGKILL)
+        self._kill_everything()
         if self.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
+        if self.cgroup is not None and self.cgroups is not None:
+            self.cgroups.remove(self.cgroup)
         self._reader_stop.set()
         if self._reader is not None:
             self._reader.join(timeout=5)

@@ -41,6 +41,14 @@ def kill_process_group(reason: str) -> None:
     try:
         sys.stderr.flush()
     finally:
+        cgroup = os.environ.get("NIMBUS_HA_CGROUP")  # set by the supervisor (its cgroups)
+        if cgroup:
+            # Everything in the worker's cgroup, what left its process group included.
+            try:
+                with open(os.path.join(cgroup, "cgroup.kill"), "w") as kill:
+                    kill.write("1")
+            except OSError:
+                pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # not reached; belt and braces
 
