@@ -184,7 +184,7 @@ class NimbusDaemon:
         # Bound before the Thrift port, and closed by _release if that one is taken.
         self.metrics_server = serve_metrics(
             self.metrics.registry, conf["nimbus.metrics.bind.address"],
-            conf["nimbus.metrics.port"], "nimbus-metrics")
+            conf["nimbus.metrics.port"], "nimbus-metrics", conf=conf)
         try:
             self.server = ThriftServer(
                 self.metrics.instrument(handler), conf["nimbus.thrift.bind.address"],

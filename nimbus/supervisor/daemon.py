@@ -252,7 +252,7 @@ class Supervisor:
         # First: a taken metrics port fails the start before anything is registered.
         self.metrics_server = serve_metrics(
             self.metrics.registry, self.conf["supervisor.metrics.bind.address"],
-            self.conf["supervisor.metrics.port"], "supervisor-metrics")
+            self.conf["supervisor.metrics.port"], "supervisor-metrics", conf=self.conf)
         if self.metrics_server is not None:
             self.metrics_server.start()
         self.zk.add_listener(self._on_connection_state)

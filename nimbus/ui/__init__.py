@@ -8,5 +8,7 @@ across leader failovers without a restart.
 Modules: ``view`` (cluster snapshot kept by watches, live rates), ``timeline`` (events
 seen while running), ``storm_json`` (Storm UI's JSON shapes), ``actions`` (POSTs to the
 leader), ``app`` (the WSGI application), ``openapi`` (the API's description), ``server``
-(cheroot in a named thread).
+(cheroot in a named thread), ``gate`` and ``request_head`` (TLS handshakes and request
+heads read before a worker thread sees a connection, with limits and deadlines; /metrics
+uses it too), ``hosts`` (the Host names it answers to), ``https`` (client certificates).
 """

@@ -11,21 +11,17 @@ address browsers use can be given to the UI alone.
 ``ui.insecure.allow: true`` serves plain HTTP instead: every caller is then anonymous
 (:func:`ui_transport` says which).
 
-The TLS handshake runs in the worker thread that serves the connection, not in
-cheroot's accepting thread (which is what cheroot's own adapter does): a client that
-connects and never finishes its handshake holds one worker for the server's socket
-timeout (10 s), not every new connection.
+The TLS handshake runs in the server's gate (nimbus/ui/gate.py), without blocking,
+many at once: a client that connects and never finishes its handshake holds no worker
+thread, and is dropped after ``ui.header.timeout.secs``.
 """
 
 from __future__ import annotations
 
-import socket
 import ssl
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cheroot import errors
 from cheroot.ssl import Adapter
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
@@ -88,87 +84,27 @@ def own_identity(conf: Config) -> str | None:
     return common_name(decoded) or None
 
 
-_PLAIN_HTTP_BODY = (b'{"error":"Bad Request","errorMessage":"this port speaks HTTPS '
-                    b'only: use https://"}')
-PLAIN_HTTP_ANSWER = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nContent-Length: "
-                     + str(len(_PLAIN_HTTP_BODY)).encode() + b"\r\n\r\n" + _PLAIN_HTTP_BODY)
-
-
-class _WorkerHandshakeSocket(ssl.SSLSocket):
-    """An SSLSocket that shakes hands on its first read, in the worker thread serving
-    it. A failed handshake (no certificate, another CA's, a timeout) closes the
-    connection quietly as cheroot's FatalSSLAlert; plain HTTP gets a plain 400 first."""
-
-    _shaken = False
-
-    def _shake(self) -> None:
-        if self._shaken:
-            return
-        try:
-            self.do_handshake()
-        except ssl.SSLError as exc:
-            if "http request" in str(exc).lower():
-                try:  # below TLS: the client speaks plain HTTP
-                    socket_send(self, PLAIN_HTTP_ANSWER)
-                except OSError:
-                    pass
-            raise errors.FatalSSLAlert(*exc.args) from None
-        except OSError as exc:  # reset, or timed out mid-handshake
-            raise errors.FatalSSLAlert(*exc.args) from None
-        self._shaken = True
-
-    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
-        self._shake()
-        return super().recv(buflen, flags)
-
-    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
-        self._shake()
-        return super().recv_into(buffer, nbytes, flags)  # type: ignore[arg-type]
-
-
-def socket_send(sock: ssl.SSLSocket, data: bytes) -> None:
-    """Send ``data`` on ``sock``'s TCP connection, around its TLS layer."""
-    socket.socket.sendall(sock, data)
-
-
-class _PeerEnviron(Mapping[str, Any]):
-    """The environ entries of one TLS connection, read when cheroot builds a request's
-    environ (the handshake is over by then: the request came through it)."""
-
-    def __init__(self, sock: ssl.SSLSocket):
-        self._sock = sock
-
-    def _values(self) -> dict[str, Any]:
-        try:
-            identity = common_name(self._sock.getpeercert())
-        except (ValueError, OSError):  # no handshake yet, or the socket closed
-            identity = ""
-        return {"wsgi.url_scheme": "https", "HTTPS": "on", IDENTITY_KEY: identity}
-
-    def __getitem__(self, key: str) -> Any:
-        return self._values()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(("wsgi.url_scheme", "HTTPS", IDENTITY_KEY))
-
-    def __len__(self) -> int:
-        return 3
-
-
 class ClientCertAdapter(BuiltinSSLAdapter):
-    """cheroot's builtin adapter with the UI's context, the handshake deferred to the
-    worker thread, and the caller's identity in the environ."""
+    """cheroot's builtin adapter holding the server's context. The handshake is the
+    gate's (nimbus/ui/gate.py), without blocking and with a deadline; once it is done
+    the gate asks :meth:`peer_environ` for the caller's identity."""
 
     def __init__(self, context: ssl.SSLContext):
         # Not BuiltinSSLAdapter.__init__: it builds its own context and parses the
         # certificate over a loopback connection in a thread of its own.
         Adapter.__init__(self, None, None)
-        context.sslsocket_class = _WorkerHandshakeSocket
         self.context = context
         self._server_env: dict[str, Any] = {}
 
-    def wrap(self, sock: Any) -> tuple[ssl.SSLSocket, Mapping[str, Any]]:
-        wrapped = self.context.wrap_socket(sock, server_side=True,
-                                           do_handshake_on_connect=False)
-        return wrapped, _PeerEnviron(wrapped)
+    def wrap(self, sock: Any) -> tuple[ssl.SSLSocket, dict[str, Any]]:
+        return self.context.wrap_socket(sock, server_side=True,
+                                        do_handshake_on_connect=False), {}
+
+    @staticmethod
+    def peer_environ(sock: ssl.SSLSocket) -> dict[str, Any]:
+        """The environ entries of a connection whose handshake is done."""
+        try:
+            identity = common_name(sock.getpeercert())
+        except (ValueError, OSError):  # closed meanwhile
+            identity = ""
+        return {"wsgi.url_scheme": "https", "HTTPS": "on", IDENTITY_KEY: identity}

@@ -6,6 +6,12 @@ joins them all. It binds only ``ui.host`` (default 127.0.0.1).
 
 With ``storm.thrift.transport: tls`` it serves HTTPS and requires client certificates
 of the cluster's CA (nimbus/ui/https.py); plain HTTP then needs ``ui.insecure.allow``.
+
+Hostile clients (issue 19): the server's gate (nimbus/ui/gate.py) shakes hands and
+reads each request's head before a worker thread sees it, within
+``ui.max.request.line.bytes``, ``ui.max.header.bytes`` and ``ui.header.timeout.secs``;
+a request whose Host header is not one of ``ui.allowed.hosts`` gets 421
+(nimbus/ui/hosts.py).
 """
 
 from __future__ import annotations
@@ -14,14 +20,15 @@ import logging
 import threading
 from typing import Any
 
-from cheroot import wsgi
 from kazoo.client import KazooClient
 
-from nimbus.config import Config
+from nimbus.config import Config, ConfigError
 from nimbus.thrift.authorizer import authorizer_from_conf
 from nimbus.thrift.client import NimbusClient, connect
 from nimbus.thrift.tls import tls_enabled
 from nimbus.ui.app import MAX_BODY_BYTES, UIApp
+from nimbus.ui.gate import GatedServer, HeadLimits
+from nimbus.ui.hosts import ANY, KEY, WILDCARD_BINDS, HostCheck, accepted_hosts, allowed_entries
 from nimbus.ui.https import ClientCertAdapter, own_identity, server_context, ui_transport
 from nimbus.ui.view import ClusterView
 
@@ -29,6 +36,28 @@ log = logging.getLogger(__name__)
 
 HTTP_THREADS = 8
 CONF_FETCH_TIMEOUT_S = 3.0
+MIN_LINE_BYTES = 256
+MAX_HEAD_BYTES = 1024 * 1024
+
+
+def head_limits(conf: Config) -> HeadLimits:
+    """``ui.max.request.line.bytes``, ``ui.max.header.bytes`` and
+    ``ui.header.timeout.secs``, checked (ConfigError)."""
+    line = conf["ui.max.request.line.bytes"]
+    head = conf["ui.max.header.bytes"]
+    timeout = conf["ui.header.timeout.secs"]
+    if line < MIN_LINE_BYTES:
+        raise ConfigError(f"ui.max.request.line.bytes must be at least {MIN_LINE_BYTES} "
+                          f"(got {line})")
+    if head < line:
+        raise ConfigError(f"ui.max.header.bytes ({head}) must be at least "
+                          f"ui.max.request.line.bytes ({line})")
+    if head > MAX_HEAD_BYTES:
+        raise ConfigError(f"ui.max.header.bytes must be at most {MAX_HEAD_BYTES} "
+                          f"(got {head})")
+    if timeout < 1:
+        raise ConfigError(f"ui.header.timeout.secs must be at least 1 (got {timeout})")
+    return HeadLimits(line_bytes=line, head_bytes=head, timeout_s=float(timeout))
 
 
 def ui_client(conf: Config) -> NimbusClient:
@@ -80,7 +109,7 @@ class UIServer:
         self._own_zk = zk is None
         self.zk = zk
         self.view: ClusterView | None = None
-        self._http: wsgi.Server | None = None
+        self._http: GatedServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
         self.scheme = "http"
@@ -98,11 +127,13 @@ class UIServer:
     def start(self, wait_ready_s: float = 15.0) -> UIServer:
         """Check the security settings (ConfigError before anything starts), connect to
         ZooKeeper, read the cluster once, then listen."""
+        limits = head_limits(self.conf)
+        hosts = allowed_entries(self.conf, self.host)
         self.scheme = ui_transport(self.conf)
         context = server_context(self.conf) if self.scheme == "https" else None
         authorizer = authorizer_from_conf(self.conf)
         me = own_identity(self.conf)
-        self._warn_about(authorizer, me)
+        self._warn_about(authorizer, me, hosts)
         if self.zk is None:
             from nimbus.master.daemon import make_zk_client
 
@@ -112,21 +143,34 @@ class UIServer:
         self.view.start()
         self.view.wait_ready(wait_ready_s)
         app = UIApp(self.conf, self.view, ui_client(self.conf), own_identity=me)
-        self._http = wsgi.Server((self.host, self._port), app, numthreads=HTTP_THREADS,
-                                 server_name="nimbus-ha-ui", shutdown_timeout=2)
-        if context is not None:
-            self._http.ssl_adapter = ClientCertAdapter(context)
+        self._http = GatedServer(
+            (self.host, self._port), app, name="ui-http", threads=HTTP_THREADS,
+            limits=limits, server_name="nimbus-ha-ui",
+            ssl_adapter=ClientCertAdapter(context) if context is not None else None)
         # The app answers 413 (in JSON) past MAX_BODY_BYTES without reading the body;
         # this larger cap only bounds what cheroot itself would buffer.
         self._http.max_request_body_size = 16 * MAX_BODY_BYTES
-        self._http.prepare()  # binds now, so a taken port fails here, not in the thread
+        self._http.bind_now()  # a taken port fails here, before any thread of the server
+        if hosts is not None:  # the port is known now (0 picks one)
+            self._http.wsgi_app = HostCheck(app, accepted_hosts(hosts, self.port))
+        self._http.prepare()
         self._thread = threading.Thread(target=self._http.serve, name="ui-http",
                                         daemon=True)
         self._thread.start()
         log.info("UI serving on %s", self.url)
         return self
 
-    def _warn_about(self, authorizer: object, me: str | None) -> None:
+    def _warn_about(self, authorizer: object, me: str | None,
+                    hosts: list[tuple[str, int | None]] | None) -> None:
+        if hosts is None:
+            log.warning("%s contains %r: the UI answers to every host name, so a hostile "
+                        "web page can reach it through a browser by DNS rebinding "
+                        "(docs/security.md)", KEY, ANY)
+        elif self.host in WILDCARD_BINDS and all(
+                name in ("localhost", "127.0.0.1", "[::1]") for name, _ in hosts):
+            log.warning("ui.host is %r but %s names loopback only: requests for any other "
+                        "host name get 421; add the names browsers use to reach the UI",
+                        self.host, KEY)
         if self.scheme == "http" and tls_enabled(self.conf):  # ui.insecure.allow: true
             log.warning("ui.insecure.allow: the UI serves plain HTTP without client "
                         "certificates on %s:%s; %s", self.host, self._port,
