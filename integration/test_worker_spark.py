@@ -1,6 +1,7 @@
-"""The worker with real Spark: the wordcount example end to end, and a broken build().
+"""The worker with real Spark: the wordcount example end to end, a broken build(), a
+failing query and a stalled one.
 
-Each worker start costs a JVM start (5-15 s), so the module starts only three.
+Each worker start costs a JVM start (5-15 s), so the module starts only four.
 """
 
 from __future__ import annotations
@@ -231,5 +232,44 @@ def test_a_failing_query_is_reported_under_its_component_with_exit_3(base):
         assert "started query failing-1-1.fails (checkpoint " \
             f"{base / 'local' / 'checkpoints' / 'failing-1-1' / 'fails'})" in log
         assert "started query failing-1-1.ok" in log
+    finally:
+        worker.close()
+
+
+STALLING_TOPOLOGY = '''
+import time
+
+
+def hang_after_the_first(batch, batch_id):
+    if batch_id >= 1:
+        time.sleep(3600)  # a sink that never answers
+
+
+def build(spark, conf):
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+    return {"hangs": rate.writeStream.foreachBatch(hang_after_the_first)
+            .trigger(processingTime="1 second")}
+'''
+
+
+def test_a_query_that_stops_committing_with_input_waiting_is_restarted(base):
+    """Issue 20: a query that hangs without failing was never replaced; with
+    topology.stall.timeout.secs its worker exits, saying so, for its supervisor to
+    restart it."""
+    code = base / "stalling-code"
+    code.mkdir()
+    (code / "topology.py").write_text(STALLING_TOPOLOGY)
+    worker = WorkerHarness(base / "workers" / "stalling-1-1-6700", topology_id="stalling-1-1",
+                           code_dir=code, conf={**base_conf(base),
+                                                "topology.stall.timeout.secs": 4}).start()
+    try:
+        worker.keep_renewing(ttl=30, every=1)
+        assert worker.wait_exit(timeout=SPARK_TIMEOUT) == EXIT_FAILED
+        worker.wait_for(worker.errors, 5, "the error line")
+        [error] = worker.errors()
+        assert error["component"] == "hangs"
+        assert error["error"].startswith("query stalled: no batch committed for ")
+        assert error["error"].endswith("while input is waiting "
+                                       "(topology.stall.timeout.secs 4); restarting it")
     finally:
         worker.close()

@@ -668,7 +668,8 @@ class Supervisor:
         if isinstance(beat, dict):
             components = checked_components(beat.get("components"))
             self.metrics.progress.observe(handle, components)
-            if any(isinstance(c.get("batch_id"), int) for c in components.values()):
+            if any(isinstance(b := c.get("batch_id"), int) and not isinstance(b, bool)
+                   and b >= 0 for c in components.values()):
                 handle.committed = True  # a batch went through: it works
             self._write_beat(handle, beat)
         if "error" in status:

@@ -27,6 +27,7 @@ from nimbus.worker.exits import (
     worker_component,
 )
 from nimbus.worker.spec import WorkerSpec
+from nimbus.worker.stall import STALL_KEY, StallWatch
 from nimbus.worker.status import StatusWriter, format_error
 
 if TYPE_CHECKING:
@@ -124,6 +125,10 @@ def progress_of(query: StreamingQuery) -> dict[str, Any]:
             "timestamp": progress.get("timestamp")}
 
 
+#: topology.stall.timeout.secs when a worker's conf lacks it (the cluster default).
+DEFAULT_STALL_S = 300.0
+
+
 class PipelineRunner:
     """Runs one worker's share of a pipeline topology; :meth:`run` returns the exit code."""
 
@@ -135,6 +140,7 @@ class PipelineRunner:
         self.queries: dict[str, StreamingQuery] = {}
         # Component of the errors about the whole topology (worker-<i>).
         self.whole = worker_component(spec.worker_index)
+        self.abandon = False   # exit without stopping the queries (one is stuck)
 
     def run(self) -> int:
         try:
@@ -199,6 +205,7 @@ class PipelineRunner:
 
     def _watch(self) -> int:
         interval = self.spec.heartbeat_secs
+        stalls = StallWatch(float(self.spec.conf.get(STALL_KEY, DEFAULT_STALL_S)))
         while not self.stop.is_set():
             try:
                 components = {}
@@ -207,6 +214,15 @@ class PipelineRunner:
                     if failure is not None:
                         return self._fail(name, failure, EXIT_FAILED)
                     components[name] = progress_of(query)
+                    stalled = stalls.observe(
+                        name, components[name]["batch_id"],
+                        bool((query.status or {}).get("isDataAvailable")))
+                    if stalled is not None:
+                        # A stuck query may not stop either (Spark waits for its thread
+                        # for ever): exit without the graceful stop; the JVM goes with
+                        # this process, and the supervisor kills what is left.
+                        self.abandon = True
+                        return self._fail(name, stalled, EXIT_FAILED)
             except Exception as exc:
                 # A JVM gone (or a group SIGTERM that reached it before it was told to
                 # ignore SIGTERM) fails the call; if a stop was requested, that is no error.
@@ -228,6 +244,9 @@ class PipelineRunner:
         return None
 
     def _shutdown(self) -> None:
+        if self.abandon:
+            log.warning("not stopping the queries or Spark: a query is stuck")
+            return
         for name, query in self.queries.items():
             try:
                 if query.isActive:
