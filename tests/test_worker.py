@@ -211,7 +211,15 @@ def test_command_exiting_is_an_error_with_its_code_and_stderr(tmp_path, harnesse
      "topology.yaml: 'command' must be a non-empty list of strings (argv), e.g. "
      "[python3, main.py]; got ['python3', 5]"),
     ("comand: [python3]\n",
-     "topology.yaml: unknown keys ['comand'] (allowed: 'command', 'env')"),
+     "topology.yaml: unknown keys ['comand'] (allowed: 'command', 'env', 'health')"),
+    ("command: [python3]\nhealth: {command: [true], file: hb}\n",
+     "topology.yaml: 'health' needs exactly one of 'command' (argv) and 'file' (a path "
+     "whose modification time advances)"),
+    ("command: [python3]\nhealth: {file: hb, every: 0}\n",
+     "topology.yaml: 'health.every' must be a positive number of seconds, got 0"),
+    ("command: [python3]\nhealth: {file: hb, when: 3}\n",
+     "topology.yaml: unknown keys ['when'] in 'health' (allowed: command, file, every, "
+     "timeout, grace)"),
     ("- python3\n", "topology.yaml: expected a mapping with 'command', got list"),
     ("command: [python3]\nenv: [A]\n", "topology.yaml: 'env' must be a mapping of NAME: value"),
     ("command: [python3\n", None),  # malformed YAML: the parser's message follows
@@ -429,3 +437,35 @@ def test_tailer_resumes_from_its_offset(tmp_path):
         f.write(b"ial\nthree\n")
     run_until(b"one\ntwo\npartial\nthree\n")
     assert (state / "offset").read_text() == str(len(b"one\ntwo\npartial\nthree\n"))
+
+
+# -- (g) health checks (issue 20: liveness by health, not by pid) --------------------------
+
+LOOP = f"[{json.dumps(sys.executable)}, -c, 'import time; time.sleep(600)']"
+
+
+@pytest.mark.parametrize(("health", "reason"), [
+    ("{file: heartbeat, timeout: 1, grace: 0}",
+     "health check failed: {state}/heartbeat does not exist for "),
+    ("{command: [sh, -c, 'echo down; exit 4'], every: 0.5, grace: 0}",
+     "health check failed: ['sh', '-c', 'echo down; exit 4'] exited with code 4: down"),
+    ("{command: [sleep, '5'], every: 0.5, timeout: 0.5, grace: 0}",
+     "health check failed: ['sleep', '5'] took more than 0.5s (health.timeout)"),
+])
+def test_an_unhealthy_command_is_stopped_and_reported(tmp_path, harnesses, health, reason):
+    worker = harnesses(make_worker(tmp_path, f"command: {LOOP}\nhealth: {health}\n"))
+    worker.keep_renewing()
+    assert worker.wait_exit(timeout=START_TIMEOUT) == EXIT_FAILED
+    worker.wait_for(worker.errors, 5, "the error line")
+    [error] = worker.errors()
+    assert error["component"] == "main"
+    assert error["error"].startswith(reason.format(state=state_dir(tmp_path))), error
+
+
+def test_a_command_that_keeps_its_heartbeat_file_fresh_stays_up(tmp_path, harnesses):
+    touch = "[sh, -c, 'while true; do touch \"$NIMBUS_HA_STATE_DIR/hb\"; sleep 0.2; done']"
+    worker = harnesses(make_worker(
+        tmp_path, f"command: {touch}\nhealth: {{file: hb, timeout: 1, grace: 0}}\n"))
+    worker.keep_renewing()
+    worker.wait_for(lambda: len(worker.beats()) >= 4, START_TIMEOUT, "four beats")
+    assert worker.errors() == [] and worker.proc.poll() is None

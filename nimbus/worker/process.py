@@ -4,6 +4,7 @@
 
     command: [python3, tailer.py]     # argv, required, a non-empty list of strings
     env: {TAILER_INPUT: /data/in.log}  # optional extra environment
+    health: {file: heartbeat, timeout: 30}  # optional: see nimbus.worker.health
 
 The command runs in the bundle root with the worker's environment, ``env``, and
 ``NIMBUS_HA_TOPOLOGY_ID``, ``NIMBUS_HA_WORKER_PORT`` and ``NIMBUS_HA_STATE_DIR``
@@ -36,6 +37,7 @@ from nimbus.worker.exits import (
     InvalidTopology,
     worker_component,
 )
+from nimbus.worker.health import HealthCheck, HealthSpec
 from nimbus.worker.spec import WorkerSpec
 from nimbus.worker.status import StatusWriter
 
@@ -56,6 +58,7 @@ class ProcessTopology:
 
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    health: HealthSpec | None = None
 
     @classmethod
     def load(cls, path: Path) -> ProcessTopology:
@@ -69,10 +72,10 @@ class ProcessTopology:
         if not isinstance(data, dict):
             raise InvalidTopology(f"{path.name}: expected a mapping with 'command', "
                                   f"got {type(data).__name__}")
-        unknown = sorted(str(k) for k in data if k not in ("command", "env"))
+        unknown = sorted(str(k) for k in data if k not in ("command", "env", "health"))
         if unknown:
             raise InvalidTopology(f"{path.name}: unknown keys {unknown} "
-                                  f"(allowed: 'command', 'env')")
+                                  f"(allowed: 'command', 'env', 'health')")
         command = data.get("command")
         if (not isinstance(command, list) or not command
                 or not all(isinstance(arg, str) for arg in command) or not command[0]):
@@ -89,7 +92,8 @@ class ProcessTopology:
                 raise InvalidTopology(f"{path.name}: env {name} must be a string or a "
                                       f"number, got {type(value).__name__}")
             clean[name] = str(value)
-        return cls(command=list(command), env=clean)
+        health = HealthSpec.parse(data["health"], path.name) if "health" in data else None
+        return cls(command=list(command), env=clean, health=health)
 
 
 class StderrTee:
@@ -182,12 +186,12 @@ def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -
         status.error(whole, f"cannot create state directory {state_dir}: {exc}")
         return EXIT_FAILED
 
+    env = child_environment(spec, topology, state_dir)
     try:
         # Same process group as the worker (no start_new_session): the lease kill of the
         # group must reach the command and everything it starts.
         child = subprocess.Popen(topology.command, cwd=code_dir, stdin=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE,
-                                 env=child_environment(spec, topology, state_dir))
+                                 stderr=subprocess.PIPE, env=env)
     except OSError as exc:
         status.error(COMPONENT, f"cannot start command {topology.command}: "
                                 f"{type(exc).__name__}: {exc.strerror or exc}")
@@ -196,9 +200,13 @@ def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -
     tee = StderrTee(child.stderr).start()
     log.info("command %s started as pid %d (state dir %s)", topology.command, child.pid,
              state_dir)
+    health = None if topology.health is None else HealthCheck(topology.health, code_dir,
+                                                              env, state_dir)
     try:
-        return _watch(child, tee, spec, status, stop)
+        return _watch(child, tee, spec, status, stop, health)
     finally:
+        if health is not None:
+            health.close()
         if child.poll() is None:  # only on an unexpected exception in _watch
             child.kill()
             child.wait()
@@ -206,7 +214,8 @@ def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -
 
 
 def _watch(child: subprocess.Popen[bytes], tee: StderrTee, spec: WorkerSpec,
-           status: StatusWriter, stop: threading.Event) -> int:
+           status: StatusWriter, stop: threading.Event,
+           health: HealthCheck | None = None) -> int:
     interval = spec.heartbeat_secs
     next_beat = time.monotonic()
     while True:
@@ -224,6 +233,11 @@ def _watch(child: subprocess.Popen[bytes], tee: StderrTee, spec: WorkerSpec,
             if tail:
                 message += "\nlast lines of its stderr:\n" + tail[-1500:]
             status.error(COMPONENT, message)
+            return EXIT_FAILED
+        unhealthy = health.poll() if health is not None else None
+        if unhealthy is not None:
+            status.error(COMPONENT, unhealthy)
+            _stop_child(child)
             return EXIT_FAILED
         now = time.monotonic()
         if now >= next_beat:
