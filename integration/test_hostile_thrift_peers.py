@@ -3,8 +3,9 @@
 Raw sockets send what no Thrift client would: frame headers of 1 and 2 GiB followed by
 megabytes of zeros, negative and zero lengths, random bytes, a half frame, and more idle
 connections than ``nimbus.thrift.threads``. The nimbus must drop each bad peer, never run
-more connection threads than the cap, answer a real ``getClusterInfo`` afterwards, and its
-resident memory must not grow by more than RSS_GROWTH_BOUND.
+more worker threads than the cap, answer a real ``getClusterInfo`` afterwards (at once,
+however many idle connections are open), and its resident memory must not grow by more
+than RSS_GROWTH_BOUND.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import time
 import pytest
 from thriftpy2.thrift import TMessageType
 
-from nimbus.devcluster import wait_for
 from nimbus.testing.raw_thrift import (
     assert_dropped,
     cluster_info_request,
@@ -87,12 +87,11 @@ def test_hostile_peers_are_dropped_and_memory_stays_flat(make_cluster):
     pid, port = nimbus.process.pid, nimbus.port
     client = cluster.client(deadline_s=30)
     client.cluster_info()  # warm: every code path of a normal call has run once
-    # The warm-up's connection thread ends a moment after the client hangs up: count
-    # the threads once that number has settled, or every count below is off by one.
+    # The warm-up started a worker thread, which stays: count once the number settled.
     threads_before = settled(lambda: proc_status(pid, "Threads"))
     rss_before = proc_status(pid, "VmRSS")
 
-    def connections_served() -> int:
+    def workers_added() -> int:
         return proc_status(pid, "Threads") - threads_before
 
     # Oversized, negative and zero frame lengths, each followed by a stream of zeros:
@@ -112,33 +111,26 @@ def test_hostile_peers_are_dropped_and_memory_stays_flat(make_cluster):
             send_then_end(sock, random.Random(seed).randbytes(1024 * 1024))
             assert_dropped(sock)
 
-    # A half frame, then the peer goes away: its connection thread ends.
-    with connect_raw(port) as sock:
-        sock.sendall(struct.pack("!i", 4096) + bytes(2048))
-        wait_for(lambda: connections_served() == 1, TIMEOUT_S, "the half frame's connection")
-    wait_for(lambda: connections_served() == 0, TIMEOUT_S, "the half frame to be dropped")
+    # Half frames, then the peers go away: the worker that read them is free again.
+    for _ in range(3):
+        with connect_raw(port) as sock:
+            sock.sendall(struct.pack("!i", 4096) + bytes(2048))
+        assert client.cluster_info().nimbuses
 
-    # THREADS + 10 idle connections: THREADS are served, the rest wait in the backlog;
-    # a request behind them is answered as soon as they close.
+    # THREADS + 10 idle connections hold no thread: a request behind them is answered at
+    # once, and no more than THREADS workers ever run.
     idle = [connect_raw(port) for _ in range(THREADS + 10)]
     waiting = connect_raw(port)
     try:
-        wait_for(lambda: connections_served() == THREADS, TIMEOUT_S, "the cap in use")
         waiting.sendall(cluster_info_request())
-        waiting.settimeout(1.0)
-        with pytest.raises(TimeoutError):
-            waiting.recv(1)
-        assert connections_served() == THREADS
-        for sock in idle:
-            sock.close()
-        waiting.settimeout(TIMEOUT_S)
+        waiting.settimeout(2.0)
         assert read_reply(waiting) == ("getClusterInfo", TMessageType.REPLY)
-        assert connections_served() <= THREADS
+        assert workers_added() <= THREADS - 1
     finally:
         for sock in idle:
             sock.close()
         waiting.close()
-    wait_for(lambda: connections_served() == 0, TIMEOUT_S, "every connection to close")
+    assert workers_added() <= THREADS - 1
 
     assert nimbus.alive()
     assert [n.port for n in client.cluster_info().nimbuses if n.isLeader] == [port]

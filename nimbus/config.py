@@ -355,6 +355,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
     wait = values["topology.max.replication.wait.time.sec"]
     if wait < 0 and wait != -1:
         raise ConfigError("key 'topology.max.replication.wait.time.sec' must be >= 0 or -1")
+    if values["nimbus.max.replication.wait.time.sec"] < 0:
+        raise ConfigError("key 'nimbus.max.replication.wait.time.sec' must be 0 or more, "
+                          f"got {values['nimbus.max.replication.wait.time.sec']}")
     if not values["storm.zookeeper.servers"]:
         raise ConfigError("key 'storm.zookeeper.servers' must list at least one server")
     for seed in values["nimbus.seeds"]:
@@ -378,6 +381,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
         raise ConfigError("key 'nimbus.code.lost.grace.secs' must be >= 0 or -1 (never)")
     if values["nimbus.thrift.threads"] < 1:
         raise ConfigError("key 'nimbus.thrift.threads' must be at least 1")
+    if values["nimbus.thrift.handshake.timeout.secs"] < 1:
+        raise ConfigError("key 'nimbus.thrift.handshake.timeout.secs' must be at least 1, "
+                          f"got {values['nimbus.thrift.handshake.timeout.secs']}")
     for key in ("nimbus.metrics.port", "supervisor.metrics.port"):
         if not 0 <= values[key] < 65536:
             raise ConfigError(f"key {key!r} must be a port (1-65535), or 0 for no "

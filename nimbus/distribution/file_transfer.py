@@ -2,7 +2,14 @@
 
 Uploads land in ``<storm.local.dir>/nimbus/inbox`` under names the nimbus chooses; a
 client can only append to a location this nimbus handed out, up to a size limit.
-Downloads serve only files of topology code held by this nimbus. Idle sessions expire.
+Downloads serve only files of topology code held by this nimbus.
+
+Each open session holds a file descriptor, so sessions are bounded: per client (the
+caller the Thrift server names, ``nimbus.thrift.server.current_client``: a certificate's
+common name with TLS, else an address), so that one client that opens sessions and
+abandons them blocks only itself, and for all clients together, which bounds the
+descriptors. A session idle for ``IDLE_EXPIRY_S`` is dropped the next time any client
+begins one, and no longer counts.
 
 Locking: ``FileTransfers._lock`` guards the session tables only and is never held during
 disk I/O. Each session has its own I/O lock, held while its file is written, read or
@@ -27,10 +34,16 @@ from typing import BinaryIO
 from nimbus.distribution.local_code import LocalCodeStore
 
 DOWNLOAD_CHUNK_BYTES = 2 * 1024 * 1024
-IDLE_EXPIRY_S = 600.0
+# A client uploads its chunks one after another and drains a download at once: a minute
+# without a chunk means it has gone.
+IDLE_EXPIRY_S = 60.0
 # Each open session holds a file descriptor: bound them so no client can exhaust them.
 MAX_UPLOADS = 32
 MAX_DOWNLOADS = 256
+# What one client may hold of those. Without TLS a client is an address, which every
+# supervisor and nimbus of a one-host cluster shares.
+MAX_UPLOADS_PER_CLIENT = 8
+MAX_DOWNLOADS_PER_CLIENT = 64
 
 
 class TransferError(ValueError):
@@ -42,6 +55,7 @@ class _Session:
     path: Path
     handle: BinaryIO | None
     upload: bool
+    owner: str = ""  # the client that began it
     size: int = 0
     touched: float = field(default_factory=time.monotonic)
     finished: bool = False
@@ -111,20 +125,36 @@ class FileTransfers:
             if table.get(key) is session:
                 del table[key]
 
-    def _admit(self, table: dict[str, _Session], limit: int, what: str) -> None:
+    def _admit(self, owner: str, upload: bool) -> None:
+        """Raise TransferError, naming the limit, unless ``owner`` may begin a session.
+        Module limits are read at each call (tests lower them)."""
+        if upload:
+            table, limit, per_client = self._uploads, MAX_UPLOADS, MAX_UPLOADS_PER_CLIENT
+            what, one = "uploads", "an upload"
+        else:
+            table, limit, per_client = (self._downloads, MAX_DOWNLOADS,
+                                        MAX_DOWNLOADS_PER_CLIENT)
+            what, one = "downloads", "a download"
+        if sum(1 for session in table.values() if session.owner == owner) >= per_client:
+            raise TransferError(
+                f"{owner or 'this client'} has {per_client} {what} in progress, the most "
+                f"one client may have; finish or abandon one ({one} idle for "
+                f"{IDLE_EXPIRY_S:.0f} s is dropped) and retry")
         if len(table) >= limit:
-            raise TransferError(f"too many {what} in progress ({limit}); retry later")
+            raise TransferError(f"too many {what} in progress on this nimbus ({limit}, the "
+                                "limit of all clients together); retry later")
 
     # -- uploads ----------------------------------------------------------------------------
-    def begin_upload(self) -> str:
+    def begin_upload(self, owner: str = "") -> str:
+        """A new upload location for client ``owner``; TransferError over a limit."""
         self._expire()
         with self._lock:
-            self._admit(self._uploads, MAX_UPLOADS, "uploads")
+            self._admit(owner, upload=True)
         path = self.inbox / f"stormjar-{uuid.uuid4()}.jar"
-        session = _Session(path, open(path, "wb"), upload=True)
+        session = _Session(path, open(path, "wb"), upload=True, owner=owner)
         try:
             with self._lock:
-                self._admit(self._uploads, MAX_UPLOADS, "uploads")  # others got in meanwhile
+                self._admit(owner, upload=True)  # others got in meanwhile
                 self._uploads[str(path)] = session
         except TransferError:
             session.dispose(delete=True)
@@ -173,16 +203,18 @@ class FileTransfers:
         return session.path
 
     # -- downloads --------------------------------------------------------------------------
-    def begin_download(self, requested: str) -> str:
+    def begin_download(self, requested: str, owner: str = "") -> str:
+        """A download session of a served file for client ``owner``; TransferError over
+        a limit."""
         path = self._store.resolve_served_file(requested)
         self._expire()
         with self._lock:
-            self._admit(self._downloads, MAX_DOWNLOADS, "downloads")
-        session = _Session(path, open(path, "rb"), upload=False)
+            self._admit(owner, upload=False)
+        session = _Session(path, open(path, "rb"), upload=False, owner=owner)
         session_id = str(uuid.uuid4())
         try:
             with self._lock:
-                self._admit(self._downloads, MAX_DOWNLOADS, "downloads")
+                self._admit(owner, upload=False)
                 self._downloads[session_id] = session
         except TransferError:
             session.dispose(delete=False)

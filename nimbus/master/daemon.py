@@ -191,6 +191,7 @@ class NimbusDaemon:
                 conf["nimbus.thrift.port"],
                 max_frame_bytes=conf["nimbus.thrift.max_buffer_size"],
                 max_connections=conf["nimbus.thrift.threads"],
+                handshake_timeout_s=float(conf["nimbus.thrift.handshake.timeout.secs"]),
                 advertised_host=conf["nimbus.host"], ssl_context=self._tls,
                 downloads=self.transfers)
         except OSError as exc:

@@ -52,6 +52,9 @@ TOPOLOGY_FILE = "stormcode.ser"
 SUBMISSION_TOKEN_KEY = "topology.submission.token"
 # Storm refuses these characters in topology names; we also refuse a leading dot.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_ -]{0,127}$")
+# A topology's replication wait, and the cluster's ceiling on it (which -1 asks for).
+REPLICATION_WAIT_KEY = "topology.max.replication.wait.time.sec"
+REPLICATION_WAIT_CEILING_KEY = "nimbus.max.replication.wait.time.sec"
 
 
 class TopologyNotFoundError(LookupError):
@@ -64,6 +67,15 @@ class TopologyExistsError(ValueError):
 
 class InvalidTopologyError(ValueError):
     """A submission is malformed (Storm's InvalidTopologyException)."""
+
+
+class SubmissionAbandonedError(RuntimeError):
+    """The client of a submission hung up while it waited for replication; the
+    submission was undone (nobody is left to tell whether it succeeded)."""
+
+
+def _never() -> bool:
+    return False
 
 
 def check_topology_name(name: str) -> str:
@@ -124,8 +136,13 @@ class TopologyLifecycle:
 
     # -- submit ---------------------------------------------------------------------------
     def submit(self, name: str, bundle: Path, json_conf: str, topology_bytes: bytes = b"",
-               initial_status: str = ACTIVE) -> str:
-        """Distribute a bundle, wait for replication, then create the topology atomically."""
+               initial_status: str = ACTIVE,
+               client_gone: Callable[[], bool] | None = None) -> str:
+        """Distribute a bundle, wait for replication, then create the topology atomically.
+
+        ``client_gone()`` is asked while the replication wait lasts: once it is true the
+        submission is undone and SubmissionAbandonedError raised.
+        """
         fence = self.elector.fence()
         check_topology_name(name)
         lost = self._code_lost()
@@ -149,7 +166,7 @@ class TopologyLifecycle:
                 "relative path would name a place there (nimbus-ha submit resolves it "
                 "against the directory it runs in)")
         min_replicas = self._topology_setting(topo_conf, "topology.min.replication.count")
-        max_wait = self._topology_setting(topo_conf, "topology.max.replication.wait.time.sec")
+        max_wait = self._replication_wait(topo_conf)
         num_workers = self._topology_setting(topo_conf, "topology.workers")
         try:
             # Before anything is written: a bundle no worker can run (a plain Storm jar)
@@ -177,7 +194,8 @@ class TopologyLifecycle:
             self.state.publish_code(fence, topology_id, CodeMeta(
                 distributor=self.distributor.name, metafile_b64=CodeMeta.pack(
                     metafile.read_bytes()), uploaded_by=self.address, created_secs=now))
-            replicas = self._wait_for_replication(fence, topology_id, min_replicas, max_wait)
+            replicas = self._wait_for_replication(fence, topology_id, min_replicas, max_wait,
+                                                  client_gone or _never)
             base = StormBase(storm_name=name, launch_time_secs=now, status=initial_status,
                              num_workers=num_workers, owner=str(topo_conf.get(
                                  "topology.submitter.user", "")), submission_token=token)
@@ -223,31 +241,53 @@ class TopologyLifecycle:
                 self._pending[topology_id] = (name, token)
                 return None
 
+    def _replication_wait(self, topo_conf: dict[str, Any]) -> int:
+        """Seconds to wait for replicas: the topology's own wait, at most the cluster's
+        ceiling, which -1 asks for. A wait that never ends would hold a Thrift thread,
+        and the name, for as long as the leader lives."""
+        ceiling = self.conf[REPLICATION_WAIT_CEILING_KEY]
+        wanted = self._topology_setting(topo_conf, REPLICATION_WAIT_KEY)
+        if wanted < -1:
+            raise InvalidTopologyError(
+                f"topology conf: {REPLICATION_WAIT_KEY!r} must be -1 (up to "
+                f"{REPLICATION_WAIT_CEILING_KEY}) or 0 or more, got {wanted}")
+        if wanted == -1 or wanted > ceiling:
+            return ceiling
+        return wanted
+
     def _wait_for_replication(self, fence: Fence, topology_id: str, wanted: int,
-                              max_wait_s: int) -> int:
+                              max_wait_s: int, client_gone: Callable[[], bool]) -> int:
         """Wait for ``wanted`` replicas, woken by replica registrations; returns the count.
 
-        A dropped connection alone does not end the wait: the session may survive it, and
-        the activation that follows is fenced anyway. Only a lock node that is really gone
-        does, with NoLeaderError, which the Thrift handler turns into "not a leader,
-        current leader is ...", so the client follows the redirect and retries there.
+        A dropped ZooKeeper connection alone does not end the wait: the session may
+        survive it, and the activation that follows is fenced anyway. Only a lock node
+        that is really gone does, with NoLeaderError, which the Thrift handler turns into
+        "not a leader, current leader is ...", so the client follows the redirect and
+        retries there. A client that hangs up ends it too (SubmissionAbandonedError):
+        it is checked at least every half second.
         """
-        deadline = None if max_wait_s == -1 else time.monotonic() + max_wait_s
+        started = time.monotonic()
+        deadline = started + max_wait_s
         while True:
             count = self.distributor.get_replication_count(topology_id)
             if count >= wanted:
                 return count
             if not self.elector.is_leader() and self._lock_gone(fence):
                 raise NoLeaderError("lost leadership while waiting for replication")
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            if client_gone():
+                raise SubmissionAbandonedError(
+                    f"{topology_id}: its client hung up after {time.monotonic() - started:.0f}"
+                    f"s of waiting for {wanted} replicas ({count} so far); submission undone")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 log.warning("%s: %d of %d replicas after %ss; activating anyway",
                             topology_id, count, wanted, max_wait_s)
                 return count
             with self._replication_changed:
-                # Replica registrations notify; the timeout covers stores without watches.
+                # Replica registrations notify; the timeout covers stores without watches
+                # and bounds how late a client that hung up is noticed.
                 self.state.replica_hosts(topology_id, watch=self._notify_replication)
-                self._replication_changed.wait(min(0.5, remaining or 0.5))
+                self._replication_changed.wait(min(0.5, remaining))
 
     def _lock_gone(self, fence: Fence) -> bool:
         """True once ``fence``'s lock node is known to be gone (not merely unreachable)."""

@@ -50,6 +50,7 @@ from nimbus.thrift.authorizer import (
     read_refusal,
     topology_users,
 )
+from nimbus.thrift.server import client_gone, current_client
 from nimbus.thrift.tls import caller
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,8 @@ class NimbusHandler:
         def submit() -> None:
             bundle = self.transfers.take_upload(uploadedJarLocation)
             try:
-                self.lifecycle.submit(name, bundle, jsonConf, topology_bytes, status)
+                self.lifecycle.submit(name, bundle, jsonConf, topology_bytes, status,
+                                      client_gone=client_gone)
             finally:
                 bundle.unlink(missing_ok=True)
 
@@ -247,7 +249,7 @@ class NimbusHandler:
     def beginFileUpload(self) -> str:
         self._require_leader()  # the submit that follows must reach the same nimbus
         try:
-            return self.transfers.begin_upload()
+            return self.transfers.begin_upload(current_client())
         except TransferError as exc:
             raise storm.AuthorizationException(msg=str(exc)) from None
 
@@ -266,7 +268,7 @@ class NimbusHandler:
     def beginFileDownload(self, file: str) -> str:
         self._authorize_download(file)
         try:
-            return self.transfers.begin_download(file)
+            return self.transfers.begin_download(file, current_client())
         except (UnsafePathError, OSError, TransferError) as exc:  # OSError: name too long
             raise storm.AuthorizationException(msg=str(exc)) from None
 
