@@ -51,7 +51,8 @@ TOPOLOGY = "demo-1-1700000000"
 # (`sleep`) in its group, so tests can see that group kills reach children. Behaviour
 # knobs come from the topology conf: topology.stub.exit_after (seconds, then exit 3 with
 # an error line), topology.stub.silent (never beat), topology.stub.batch (beats report a
-# committed batch), topology.stub.daemonize (also start a child in a session of its own)
+# committed batch), topology.stub.daemonize (also start a child in a session of its own),
+# topology.stub.probe (paths it tries to read, results in <worker-dir>/probe.json)
 # and topology.stub.status_file (bytes
 # copied to the status pipe as they are, once the first lease is in).
 STUB_WORKER = textwrap.dedent('''
@@ -62,6 +63,19 @@ STUB_WORKER = textwrap.dedent('''
     child = subprocess.Popen(["sleep", "600"])
     with open(os.path.join(sys.argv[1], "child.pid"), "w") as f:
         f.write(str(child.pid))
+    if conf.get("topology.stub.probe"):  # what a hostile tenant would try to read
+        found = {"uid": os.getuid()}
+        for path in conf["topology.stub.probe"]:
+            try:
+                if os.path.isdir(path):
+                    os.listdir(path)
+                else:
+                    open(path, "rb").read(1)
+                found[path] = "read"
+            except OSError as exc:
+                found[path] = type(exc).__name__
+        with open(os.path.join(sys.argv[1], "probe.json"), "w") as f:
+            json.dump(found, f)
     if conf.get("topology.stub.daemonize"):  # a child that leaves the process group
         daemon = subprocess.Popen(["sleep", "600"], start_new_session=True)
         with open(os.path.join(sys.argv[1], "daemon.pid"), "w") as f:

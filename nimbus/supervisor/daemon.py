@@ -41,6 +41,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -70,6 +71,14 @@ from nimbus.supervisor.policy import (
     check_ports_free,
     desired_workers,
 )
+from nimbus.supervisor.run_as_user import (
+    RUN_AS_USER_KEY,
+    account_for,
+    check_reachable,
+    ensure_account,
+    own_tree,
+    remove_account,
+)
 from nimbus.supervisor.status_input import (
     ERRORS_PER_MINUTE,
     checked_components,
@@ -78,7 +87,7 @@ from nimbus.supervisor.status_input import (
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
 from nimbus.thrift.tls import configure_clients
 from nimbus.timing import check_timing
-from nimbus.worker.spec import SPEC_FILE, WorkerSpec
+from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +191,9 @@ class Supervisor:
         self.workers_dir = self.local_dir / "workers"
         self.code = CodeCache(self.supervisor_dir / "stormdist",
                               conf["nimbus.max.topology.bytes"])
+        self._run_as_user = bool(conf[RUN_AS_USER_KEY])
+        if self._run_as_user:
+            self._prepare_run_as_user()
         self._worker_command = tuple(worker_command)
         self._grace_s = float(conf["supervisor.worker.shutdown.sleep.secs"])
         self._timeout_s = float(conf["supervisor.worker.timeout.secs"])
@@ -219,6 +231,7 @@ class Supervisor:
         self.view.listen(lambda _directory, _topology: self._wake.set())
         self._view_started = False
         self.fetcher: CodeFetcher | None = None   # made by start()
+        self._owned_code: set[str] = set()   # code already given to its own account
         self.cgroups: WorkerCgroups | None = None  # found by start()
         self._lease = LeaseKeeper(
             self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
@@ -235,6 +248,26 @@ class Supervisor:
             self._running_handles,
             lambda: {key: r.restarts for key, r in list(self._slots.items())})
         self.metrics_server: MetricsServer | None = None
+
+    def _prepare_run_as_user(self) -> None:
+        """Checks and modes for workers that run as accounts of their own: this
+        supervisor's directories traversable, not listable; its files its own only."""
+        if os.geteuid() != 0:
+            self._dir_lock.close()
+            raise ConfigError(f"{RUN_AS_USER_KEY} needs the supervisor to run as root: it "
+                              "makes the accounts and starts workers as them")
+        try:
+            check_reachable([Path(sys.executable), Path(nimbus.__file__).parent])
+        except ConfigError:
+            self._dir_lock.close()
+            raise
+        for directory in (self.local_dir, self.supervisor_dir, self.workers_dir,
+                          self.code.root):
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, 0o711)
+        for child in self.supervisor_dir.iterdir():
+            if child.is_file():
+                os.chmod(child, 0o600)
 
     def _lock_dir(self) -> Any:
         handle = open(self.supervisor_dir / LOCK_FILE, "a")  # held until stop()
@@ -590,6 +623,8 @@ class Supervisor:
                               command=self._worker_command)
         handle.worker_index = want.worker_index
         handle.num_workers = num_workers
+        if self._run_as_user:
+            handle.run_as = self._account(want.topology_id, code_dir, conf)
         if self.cgroups is not None:
             handle.cgroups = self.cgroups
             handle.cgroup = self.cgroups.make(f"{want.topology_id}-{want.port}")
@@ -597,24 +632,50 @@ class Supervisor:
             self.code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
 
         def write_spec(lease_fd: int, status_fd: int) -> None:
+            if handle.run_as is not None:  # its own directory, its own only
+                os.chown(worker_dir, *handle.run_as)
+                os.chmod(worker_dir, 0o700)
             write_worker_spec(worker_dir / SPEC_FILE, {
                 "topology_id": want.topology_id, "port": want.port,
                 "supervisor_id": self.id, "host": self.host,
                 "code_dir": str(self.code.resources(want.topology_id)), "conf": conf,
                 "restarts": record.restarts, "worker_index": want.worker_index,
                 "num_workers": num_workers, "lease_fd": lease_fd, "status_fd": status_fd})
+            if handle.run_as is not None:
+                os.chown(worker_dir / SPEC_FILE, *handle.run_as)
 
         if not self._may_start(session):
             return
         log.info("starting worker %s:%d (restart %d)", want.topology_id, want.port,
                  record.restarts)
-        handle.start(write_spec, env=_worker_env())
+        env = _worker_env()
+        if handle.run_as is not None:
+            account = account_for(want.topology_id)
+            env.update(HOME=str(worker_dir), USER=account, LOGNAME=account)
+            if handle.cgroup is not None:  # it kills its own cgroup on lease loss
+                os.chown(handle.cgroup / "cgroup.kill", *handle.run_as)
+        handle.start(write_spec, env=env)
         with self._lock:
             self._workers[want.port] = handle
         # Its first lease from a round trip that shows its assignment: asked for now.
         self._lease.wake()
         if not self._connected.is_set():
             handle.kill("lost")  # the connection went while it was being started
+
+    def _account(self, topology_id: str, code_dir: Path,
+                 conf: dict[str, Any]) -> tuple[int, int]:
+        """(uid, gid) of the topology's own account, made if needed, with its code
+        readable by its group only and its checkpoint directory its own."""
+        uid, gid = ensure_account(account_for(topology_id))
+        if topology_id not in self._owned_code:
+            own_tree(code_dir, 0, gid, 0o750, 0o640)
+            self._owned_code.add(topology_id)
+        checkpoints = checkpoint_root_of(conf) / topology_id
+        if "://" not in str(checkpoints):  # a local path: a store's URI has its own rights
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            os.chown(checkpoints, uid, gid)
+            os.chmod(checkpoints, 0o700)
+        return uid, gid
 
     def worker_conf(self, code_dir: Path) -> dict[str, Any]:
         """A worker's configuration: this supervisor's ``topology.*`` and ``worker.*``
@@ -653,7 +714,10 @@ class Supervisor:
         keep |= {h.topology_id for h in self._running_handles()}
         if self.fetcher is not None:
             self.fetcher.forget_except(keep)
-        self.code.remove_except(keep)
+        for topology_id in self.code.remove_except(keep):
+            self._owned_code.discard(topology_id)
+            if self._run_as_user:
+                remove_account(account_for(topology_id))
         for topology_id in list(self._slots):
             if topology_id[0] not in keep:
                 del self._slots[topology_id]

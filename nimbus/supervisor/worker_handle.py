@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.supervisor.cgroups import CGROUP_ENV, WorkerCgroups, in_cgroup, kill_cgroup
+from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class WorkerHandle:
         self.kind = "pipeline"           # or "process": what its bundle holds
         self.cgroups: WorkerCgroups | None = None   # set before start() where cgroups work
         self.cgroup: Path | None = None
+        self.run_as: tuple[int, int] | None = None  # (uid, gid) of its own account
         self.committed = False           # a beat showed a completed batch
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".
@@ -104,6 +106,8 @@ class WorkerHandle:
         try:
             write_spec(lease_r, status_w)
             command = [*self._command, str(self.worker_dir)]
+            if self.run_as is not None:  # supervisor.run.worker.as.user
+                command = as_account(command, *self.run_as)
             if self.cgroup is not None:  # the worker and all it starts stay in it
                 command = in_cgroup(self.cgroup, command)
                 env = {**(env if env is not None else os.environ),

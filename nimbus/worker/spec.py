@@ -18,6 +18,16 @@ SPEC_FILE = "worker.json"
 LOG_FILE = "worker.log"
 
 
+def checkpoint_root_of(conf: dict[str, Any]) -> Path:
+    """``topology.spark.checkpoint.dir`` of a worker's ``conf``, or
+    ``<storm.local.dir>/checkpoints``."""
+    configured = conf.get("topology.spark.checkpoint.dir")
+    if configured:
+        return Path(str(configured)).expanduser().absolute()
+    local_dir = conf.get("storm.local.dir") or "storm-local"
+    return Path(str(local_dir)).expanduser().absolute() / "checkpoints"
+
+
 class SpecError(ValueError):
     """``worker.json`` is missing, not JSON, or has a missing or mistyped field."""
 
@@ -140,11 +150,7 @@ class WorkerSpec:
     @property
     def checkpoint_root(self) -> Path:
         """``topology.spark.checkpoint.dir``, or ``<storm.local.dir>/checkpoints``."""
-        configured = self.conf.get("topology.spark.checkpoint.dir")
-        if configured:
-            return Path(str(configured)).expanduser().absolute()
-        local_dir = self.conf.get("storm.local.dir") or "storm-local"
-        return Path(str(local_dir)).expanduser().absolute() / "checkpoints"
+        return checkpoint_root_of(self.conf)
 
     @property
     def topology_checkpoint_dir(self) -> Path:
