@@ -710,3 +710,33 @@ def test_a_child_that_leaves_the_process_group_dies_with_its_worker(
         wait_for(lambda: not cgroup.exists(), 10, "its cgroup to go")
     finally:
         sup.stop()
+
+
+def test_code_that_fails_its_checks_is_reported_once_and_tried_ever_later(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker, caplog, monkeypatch):
+    """Issue 19: a bundle that fails its checks was refused silently, then fetched again
+    every 5 s for ever. Now its topology hears of it once, and the tries back off."""
+    import nimbus.supervisor.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "CODE_RETRY_S", 0.2)
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    tampered = dict(files, **{"stormjar.jar": files["stormjar.jar"] + b"x"})
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.code = CodeCache(sup.code.root, 1 << 20, FakePeers({"nimbus:6627": tampered}))
+    sup.start()
+    try:
+        with caplog.at_level("WARNING", logger="nimbus.supervisor.daemon"):
+            _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+            wait_for(lambda: sup._slots.get((TOPOLOGY, port)) is not None
+                     and sup._slots[(TOPOLOGY, port)].code_failures >= 4, 30, "four tries")
+        delays = [r.getMessage().rsplit("next try in ", 1)[1] for r in caplog.records
+                  if "next try in" in r.getMessage()]
+        assert delays[:4] == ["0.2s)", "0.4s)", "0.8s)", "1.6s)"]
+        errors = cluster_state.errors(TOPOLOGY, "worker-0")
+        assert len(errors) == 1
+        assert errors[0].error.startswith("its code cannot be used here: ")
+        assert "sha256" in errors[0].error
+        assert sup._running_handles() == []
+    finally:
+        sup.stop()

@@ -62,7 +62,12 @@ from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
-from nimbus.supervisor.code_cache import CONF_FILE, CodeCache, CodeUnavailableError
+from nimbus.supervisor.code_cache import (
+    CONF_FILE,
+    CodeCache,
+    CodeUnavailableError,
+    CodeVerificationError,
+)
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.lease import LeaseKeeper, session_id
 from nimbus.supervisor.policy import (
@@ -102,8 +107,10 @@ _SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACC
 
 ID_FILE = "id"
 LOCK_FILE = "supervisor.lock"
-# A topology whose code could not be fetched is tried again after this long.
+# A topology whose code could not be fetched is tried again after this long, doubling
+# with each failure in a row up to the maximum.
 CODE_RETRY_S = 5.0
+CODE_RETRY_MAX_S = 300.0
 
 
 class SupervisorDirInUseError(OSError):
@@ -117,6 +124,8 @@ class _SlotRecord:
     restarts: int = 0
     backoff: RestartBackoff = field(default_factory=RestartBackoff)
     not_before: float = 0.0       # time.monotonic() of the earliest next start
+    code_failures: int = 0        # fetches of its code that failed in a row
+    code_error: str = ""          # the last one's message, recorded once
 
 
 def check_supervisor_conf(conf: Config) -> None:
@@ -611,11 +620,20 @@ class Supervisor:
             assert self.fetcher is not None, "start() makes the fetcher"
             code_dir = self.fetcher.request(want.topology_id, assignment.code_sha256)
         except CodeUnavailableError as exc:
-            log.warning("cannot start worker %s:%d yet: %s", want.topology_id, want.port, exc)
-            record.not_before = time.monotonic() + CODE_RETRY_S
+            # Tried again later, ever later (5 s doubling to 5 minutes): a bundle that
+            # fails its checks (a lie about its size, an unsafe entry) fails every time.
+            record.code_failures += 1
+            delay = min(CODE_RETRY_MAX_S, CODE_RETRY_S * 2 ** (record.code_failures - 1))
+            record.not_before = time.monotonic() + delay
+            log.warning("cannot start worker %s:%d: %s (next try in %.1fs)",
+                        want.topology_id, want.port, exc, delay)
+            if isinstance(exc, CodeVerificationError) and str(exc) != record.code_error:
+                record.code_error = str(exc)  # the topology's owner must hear of it
+                self._report_topology(want, f"its code cannot be used here: {exc}")
             return
         if code_dir is None:
             return
+        record.code_failures, record.code_error = 0, ""
         conf = self.worker_conf(code_dir)
         worker_dir = self.workers_dir / f"{want.topology_id}-{want.port}"
         handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,
@@ -773,6 +791,16 @@ class Supervisor:
             pass  # the topology was removed: its beats directory is gone for good
         except KazooException as exc:
             log.debug("beat of %s not written: %s", handle.name, exc)
+
+    def _report_topology(self, want: DesiredWorker, text: str) -> None:
+        """Record an error of a worker that could not even start (its ``worker-<i>``)."""
+        try:
+            self.state.report_error(want.topology_id, want.executor, ErrorInfo(
+                error=text, error_time_secs=int(time.time()), host=self.host,
+                port=want.port))
+        except KazooException as exc:
+            log.warning("error of %s:%d not recorded in ZooKeeper: %s", want.topology_id,
+                        want.port, exc)
 
     def _report(self, handle: WorkerHandle, component: str, text: str) -> None:
         try:
