@@ -64,8 +64,8 @@ def cluster(zk_server, zk_root, tmp_path, make_zk):
         "storm.zookeeper.root": zk_root, "storm.zookeeper.session.timeout": 4000,
         "nimbus.thrift.port": port, "nimbus.seeds": [f"127.0.0.1:{port}"],
         "storm.local.dir": str(tmp_path / "local"),
-        # duties only when the test runs them
-        "nimbus.monitor.freq.secs": 3600}
+        # duties only when the test runs them (so no watchdog on them either)
+        "nimbus.monitor.freq.secs": 3600, "nimbus.leader.watchdog.secs": 0}
     conf_file = tmp_path / "storm.yaml"
     conf_file.write_text(yaml.safe_dump(values))
     conf = load_config(str(conf_file))
