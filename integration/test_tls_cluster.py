@@ -14,7 +14,7 @@ from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
-from nimbus.testing.tls_certs import CertificateAuthority
+from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
 from nimbus.thrift.tls import configure_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -23,13 +23,14 @@ SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
 
 def test_a_tls_cluster_runs_topologies_and_authorizes_by_identity(tmp_path):
     ca = CertificateAuthority(tmp_path / "ca")
-    daemons = ca.issue("cluster")  # every daemon of this cluster presents this one
+    # Every daemon of this cluster presents this one: it serves and calls.
+    daemons = ca.issue("cluster", DAEMON)
     topology = tmp_path / "sleeper"
     topology.mkdir()
     (topology / "topology.yaml").write_text(yaml.safe_dump(
         {"command": [sys.executable, "-c", "import time; time.sleep(3600)"]}))
     # This process's clients (the cluster helper's leader lookups, the submit) are alice.
-    configure_clients(load_config(overrides=ca.issue("alice").conf()))
+    configure_clients(load_config(overrides=ca.issue("alice", USER).conf()))
     try:
         run_cluster(tmp_path, ca, daemons, topology)
     finally:
@@ -48,7 +49,7 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
 
         def as_identity(name: str):
             path = tmp_path / f"{name}.yaml"
-            path.write_text(yaml.safe_dump({**base, **ca.issue(name).conf()}))
+            path.write_text(yaml.safe_dump({**base, **ca.issue(name, USER).conf()}))
             return path
 
         alice, bob, ops = as_identity("alice"), as_identity("bob"), as_identity("ops")

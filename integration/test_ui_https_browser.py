@@ -22,7 +22,7 @@ from helpers import observer
 from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tls_certs import CertificateAuthority, Identity
+from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority, Identity
 from nimbus.thrift.tls import configure_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -71,7 +71,8 @@ def chromium_profile(directory: Path, origin: str) -> Path:
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-https")
     ca = CertificateAuthority(tmp / "ca")
-    ids = {name: ca.issue(name) for name in ("cluster", "ui", "alice", "bob")}
+    ids = {name: ca.issue(name, DAEMON if name in ("cluster", "ui") else USER)
+           for name in ("cluster", "ui", "alice", "bob")}
     cluster = LocalCluster(tmp / "cluster", nimbuses=1, supervisors=0, conf={
         **ids["cluster"].conf(), "nimbus.authorizer": SIMPLE_ACL,
         "nimbus.admins": ["ops", "ui"]})

@@ -15,7 +15,7 @@ import yaml
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tls_certs import CertificateAuthority
+from nimbus.testing.tls_certs import USER, CertificateAuthority
 from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients
 
@@ -108,7 +108,7 @@ def test_clients_without_a_certificate_of_the_cluster_reach_no_method(tls_nimbus
 
 def test_only_submitter_users_and_admins_change_a_topology(tls_nimbus, tmp_path, ca):
     _, conf = tls_nimbus
-    alice, bob, carol, ops = (ca.issue(n) for n in ("alice", "bob", "carol", "ops"))
+    alice, bob, carol, ops = (ca.issue(n, USER) for n in ("alice", "bob", "carol", "ops"))
     as_alice = client_as(conf, alice)
     as_alice.submit("alices", bundle(tmp_path), {"topology.users": ["carol"],
                                                  "topology.submitter.user": "bob"})
@@ -139,8 +139,8 @@ def test_only_owner_users_readonly_users_and_admins_read_a_topology(tls_nimbus, 
     from nimbus.thrift.client import connect
 
     _, conf = tls_nimbus
-    alice, bob, carol, dave, ops = (ca.issue(n) for n in ("alice", "bob", "carol", "dave",
-                                                            "ops"))
+    alice, bob, carol, dave, ops = (ca.issue(n, USER) for n in ("alice", "bob", "carol",
+                                                                  "dave", "ops"))
     topology_id = client_as(conf, alice).submit("alices", bundle(tmp_path), {
         "topology.users": ["carol"], "topology.readonly.users": ["dave"]})
     seed = conf["nimbus.seeds"][0]
@@ -189,7 +189,7 @@ def test_only_readers_supervisors_nimbuses_and_admins_download_code(zk_server, z
 def _downloads(conf, ca, tmp_path) -> None:
     from nimbus.thrift.client import connect
 
-    alice, bob, dave = ca.issue("alice"), ca.issue("bob"), ca.issue("dave")
+    alice, bob, dave = (ca.issue(n, USER) for n in ("alice", "bob", "dave"))
     topology_id = client_as(conf, alice).submit("alices", bundle(tmp_path), {
         "topology.readonly.users": ["dave"]})
     seed = conf["nimbus.seeds"][0]
@@ -268,7 +268,7 @@ def test_the_cli_speaks_tls_with_its_certificate(tls_nimbus, tmp_path, ca):
         "nimbus.seeds": conf["nimbus.seeds"],
         "storm.zookeeper.servers": conf["storm.zookeeper.servers"],
         "storm.zookeeper.port": conf["storm.zookeeper.port"],
-        **ca.issue("alice").conf()}))
+        **ca.issue("alice", USER).conf()}))
     done = subprocess.run([sys.executable, "-m", "nimbus.cli", "leader", "--config",
                            str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

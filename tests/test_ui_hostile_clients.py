@@ -23,7 +23,7 @@ from nimbus.config import ConfigError
 from nimbus.devcluster import free_port
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.testing.tls_certs import CertificateAuthority
+from nimbus.testing.tls_certs import USER, CertificateAuthority
 from nimbus.ui.server import UIServer
 
 pytestmark = pytest.mark.integration
@@ -226,7 +226,7 @@ def test_kept_alive_and_pipelined_requests_pass_the_gate(start_ui, cluster, ca):
     tls_ui = start_ui(**ca.issue("ui").conf())
     with requests.Session() as session:
         for _ in range(3):
-            assert session.get(tls_ui.url + SUMMARY, **tls_args(ca.issue("bob"))) \
+            assert session.get(tls_ui.url + SUMMARY, **tls_args(ca.issue("bob", USER))) \
                 .status_code == 200
 
 
@@ -257,7 +257,7 @@ def test_stalled_tls_handshakes_and_trickling_users_do_not_starve_a_request(star
     """U15: 16 connections that send one byte of a ClientHello; U16: 8 users who
     complete their handshake and then trickle headers."""
     ui = start_ui(**ca.issue("ui").conf())
-    bob = ca.issue("bob")
+    bob = ca.issue("bob", USER)
     with ExitStack() as stack:
         stack.enter_context(connections(16, ui.port, b"\x16"))
         for _ in range(8):
@@ -396,7 +396,7 @@ def test_with_tls_metrics_are_served_over_https_to_cluster_certificates(
     metrics_servers.append(server)
     server.start()
     assert server.url == f"https://127.0.0.1:{port}/metrics"
-    prometheus = ca.issue("prometheus")
+    prometheus = ca.issue("prometheus", USER)
     scrape = requests.get(server.url, **tls_args(prometheus))
     assert scrape.status_code == 200 and "supervisor_workers 0.0" in scrape.text
     with pytest.raises(requests.exceptions.SSLError):

@@ -22,7 +22,7 @@ import yaml
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tls_certs import CertificateAuthority
+from nimbus.testing.tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients
 
@@ -31,7 +31,9 @@ SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
 SECRET = "hunter2-secret"
 ZK_AUTH = {"storm.zookeeper.auth.scheme": "digest",
            "storm.zookeeper.auth.payload": f"cluster:{SECRET}"}
-USERS = ("nimbus-1", "ui", "webui", "alice", "bob", "carol", "dave", "ops")
+# Daemons serve and call (serverAuth and clientAuth), people only call (clientAuth).
+DAEMONS = ("nimbus-1", "ui", "webui")
+USERS = (*DAEMONS, "alice", "bob", "carol", "dave", "ops")
 
 
 class UIProcess:
@@ -79,7 +81,7 @@ def env(zk_server, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("ui-tls")
     ca = CertificateAuthority(tmp / "ca")
-    ids = {name: ca.issue(name) for name in USERS}
+    ids = {name: ca.issue(name, DAEMON if name in DAEMONS else USER) for name in USERS}
     host, _, zk_port = zk_server.hosts.rpartition(":")
     port = free_port()
     base = {"storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
@@ -310,7 +312,7 @@ def test_insecure_http_gives_anonymous_callers_the_summaries_only(env):
 def test_the_ui_presents_ui_https_cert_file(env):
     """ui.https.cert.file: a certificate for the address browsers use, apart from the
     one the UI presents to the leader."""
-    web = env["ca"].issue("ui.example.org")
+    web = env["ca"].issue("ui.example.org", (SERVER,))  # browsers only connect to it
     ui = UIProcess(env["tmp"], {**env["base"], **env["ids"]["ui"].conf(),
                                 "ui.https.cert.file": str(web.cert),
                                 "ui.https.key.file": str(web.key)})

@@ -23,6 +23,11 @@ On the way:
   (more are closed on arrival), and at most :data:`MAX_WAITING` in all (then the one
   waiting longest goes).
 
+With TLS, the caller's identity is taken once its handshake is done (the adapter's
+``peer_environ``); a client the adapter refuses (:class:`PeerRefusedError`: a certificate
+without a common name) has its request answered 403 with the reason, logged with its
+address, and reaches no worker.
+
 An answer to a bad head is followed by a lingering close: what the client still sends
 is read and dropped for up to :data:`LINGER_S`, so that it reads the answer rather than
 a connection reset.
@@ -70,14 +75,19 @@ _ACCEPT = object()
 _WAKE = object()
 
 
+class PeerRefusedError(Exception):
+    """Raised by an adapter's ``peer_environ``: this client may not be served; the
+    message, which says why and what to do, is its 403 answer."""
+
+
 class _Waiting:
     """A connection at the gate: shaking hands, reading a head, or lingering."""
 
     __slots__ = ("sock", "fd", "address", "head", "deadline", "shaken", "idle",
-                 "lingering", "events")
+                 "lingering", "events", "env", "refusal")
 
     def __init__(self, sock: socket.socket, address: Any, deadline: float, shaken: bool,
-                 head: bytes = b"", idle: bool = False):
+                 head: bytes = b"", idle: bool = False, env: dict[str, Any] | None = None):
         self.sock = sock
         self.fd = sock.fileno()
         self.address = address
@@ -87,6 +97,8 @@ class _Waiting:
         self.idle = idle  # kept alive, no byte of its next request yet
         self.lingering = False
         self.events = 0
+        self.env: dict[str, Any] = env or {}  # the adapter's, once the handshake is done
+        self.refusal = ""  # why its request gets 403 (the adapter refused the peer)
 
     @property
     def host(self) -> str:
@@ -228,7 +240,7 @@ class RequestGate:
             wait_s = self.limits.timeout_s if rest else float(self.server.timeout)
             waiting = _Waiting(sock, (conn.remote_addr, conn.remote_port),
                                time.monotonic() + wait_s, shaken=True, head=rest,
-                               idle=not rest)
+                               idle=not rest, env=getattr(conn, "ssl_env", None))
             self._add(waiting)
             # TLS may hold decrypted bytes already, which select() would never report.
             self._advance(waiting)
@@ -258,6 +270,8 @@ class RequestGate:
                     self._watch(waiting, selectors.EVENT_WRITE)
                     return
                 waiting.shaken = True
+                if not self._identify(waiting):
+                    return
             self._read(waiting)
         except ssl.SSLError as exc:
             if not waiting.shaken and "http request" in str(exc).lower():
@@ -267,6 +281,20 @@ class RequestGate:
                 self._close(waiting)
         except OSError:
             self._close(waiting)
+
+    def _identify(self, waiting: _Waiting) -> bool:
+        """Take the caller's identity from the handshake just done; a peer the adapter
+        refuses gets 403 for its request (:meth:`_judge`). False: closed meanwhile."""
+        try:
+            waiting.env = self.server.ssl_adapter.peer_environ(waiting.sock)
+        except PeerRefusedError as exc:
+            waiting.refusal = str(exc)
+            log.warning("%s: refused %s with 403: %s", self.server.name,
+                        _address(waiting.address), exc)
+        except (OSError, ValueError):
+            self._close(waiting)
+            return False
+        return True
 
     def _read(self, waiting: _Waiting) -> None:
         if waiting.head and self._judge(waiting):  # a pipelined request, given back
@@ -293,6 +321,9 @@ class RequestGate:
     def _judge(self, waiting: _Waiting) -> bool:
         """Dispatch or refuse ``waiting`` if its head allows; False: read on."""
         verdict = judge_head(waiting.head, self.limits)
+        if verdict is COMPLETE and waiting.refusal:
+            self._refuse(waiting, error_answer("403 Forbidden", waiting.refusal))
+            return True
         if verdict is COMPLETE:
             self._dispatch(waiting)
             return True
@@ -309,8 +340,7 @@ class RequestGate:
         conn = self.server.ConnectionClass(self.server, sock, makefile)
         if isinstance(waiting.address, tuple):
             conn.remote_addr, conn.remote_port = waiting.address[0], waiting.address[1]
-        adapter = self.server.ssl_adapter
-        conn.ssl_env = adapter.peer_environ(sock) if self._context is not None else {}
+        conn.ssl_env = waiting.env
         conn.last_used = time.time()
         self.server.process_conn(conn)
 
@@ -376,6 +406,12 @@ class RequestGate:
             waiting.sock.close()
         except OSError:
             pass
+
+
+def _address(address: Any) -> str:
+    if isinstance(address, tuple) and len(address) >= 2:
+        return f"{address[0]}:{address[1]}"
+    return str(address)
 
 
 class GatedServer(wsgi.Server):

@@ -3,8 +3,9 @@
 With ``storm.thrift.transport: tls`` the UI serves HTTPS and requires a client
 certificate that the cluster's CA (``storm.thrift.tls.ca.file``) signed, exactly as the
 Thrift port does; the certificate's common name is the caller's identity
-(:func:`nimbus.thrift.tls.common_name`, the same function). The WSGI environ carries it
-as :data:`IDENTITY_KEY`; no header can set it. The UI presents ``ui.https.cert.file``
+(:func:`nimbus.thrift.tls.peer_identity`, the same function). The WSGI environ carries
+it as :data:`IDENTITY_KEY`; no header can set it. A certificate without a common name
+gets 403 for every request (it names nobody). The UI presents ``ui.https.cert.file``
 (default: ``storm.thrift.tls.cert.file``), so a certificate whose names match the
 address browsers use can be given to the UI alone.
 
@@ -26,7 +27,14 @@ from cheroot.ssl import Adapter
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 from nimbus.config import Config, ConfigError
-from nimbus.thrift.tls import TRANSPORT_KEY, common_name, tls_enabled
+from nimbus.thrift.tls import (
+    TRANSPORT_KEY,
+    NoIdentityError,
+    common_name,
+    peer_identity,
+    tls_enabled,
+)
+from nimbus.ui.gate import PeerRefusedError
 
 IDENTITY_KEY = "nimbus.ui.identity"
 INSECURE_KEY = "ui.insecure.allow"
@@ -102,9 +110,11 @@ class ClientCertAdapter(BuiltinSSLAdapter):
 
     @staticmethod
     def peer_environ(sock: ssl.SSLSocket) -> dict[str, Any]:
-        """The environ entries of a connection whose handshake is done."""
+        """The environ entries of a connection whose handshake is done; PeerRefusedError
+        (answered 403) when its certificate has no common name, since the empty identity
+        must match nobody (issue 19, T2.14). OSError or ValueError when it is closed."""
         try:
-            identity = common_name(sock.getpeercert())
-        except (ValueError, OSError):  # closed meanwhile
-            identity = ""
+            identity = peer_identity(sock)
+        except NoIdentityError as exc:
+            raise PeerRefusedError(str(exc)) from None
         return {"wsgi.url_scheme": "https", "HTTPS": "on", IDENTITY_KEY: identity}
