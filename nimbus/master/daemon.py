@@ -178,7 +178,7 @@ class NimbusDaemon:
         self.cache = ClusterSummaryCache(self.state, self.distributor, self.view)
         self.transfers = FileTransfers(conf.local_dir, self.store,
                                        conf["nimbus.max.topology.bytes"])
-        handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
+        self.handler = handler = NimbusHandler(conf, self.elector, self.lifecycle, self.cache,
                                 self.transfers, self.store, self.started_at,
                                 reads=self.view.state)
         # Bound before the Thrift port, and closed by _release if that one is taken.
@@ -299,6 +299,7 @@ class NimbusDaemon:
         self.view_zk.stop()
         self.view_zk.close()
         self.server.stop()
+        self.handler.close()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if getattr(self, "ui", None) is not None:

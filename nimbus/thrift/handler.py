@@ -9,6 +9,7 @@ nimbus-ha's own clients follow that redirect.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import time
@@ -50,7 +51,7 @@ from nimbus.thrift.authorizer import (
     read_refusal,
     topology_users,
 )
-from nimbus.thrift.server import client_gone, current_client
+from nimbus.thrift.server import call_context, client_gone, current_client
 from nimbus.thrift.tls import caller
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,8 @@ def _readable(read: Callable[[], Any]) -> Any:
 
 #: How long a refusal may spend asking ZooKeeper that has not answered lately.
 LEADER_LOOKUP_S = 1.0
+#: How often a leader call that waits looks whether this nimbus still leads.
+LEADERSHIP_POLL_S = 0.1
 
 
 class NimbusHandler:
@@ -97,6 +100,8 @@ class NimbusHandler:
         other than the elector's, so that a client's traffic neither queues behind nor
         disguises the elector's (docs/ha.md); by default the lifecycle's."""
         self.conf = conf
+        self._calls = concurrent.futures.ThreadPoolExecutor(
+            max_workers=int(conf["nimbus.thrift.threads"]), thread_name_prefix="leader-call")
         self.reads = reads if reads is not None else getattr(lifecycle, "state", None)
         self.elector = elector
         self.lifecycle = lifecycle
@@ -111,6 +116,33 @@ class NimbusHandler:
         self.authorizer = authorizer_from_conf(conf)
 
     # -- guards -------------------------------------------------------------------------------
+    def _while_leading(self, action: Callable[[], Any]) -> Any:
+        """``action()``, on a thread of its own, abandoned as soon as this nimbus stops
+        leading: over a silent partition ZooKeeper calls wait until it heals, while the
+        lease ends leadership within a session, and the client must then hear "not a
+        leader" (docs/ha.md). An abandoned action finishes by itself later; its writes
+        are fenced, and every leader call is idempotent for a client that retries (a
+        submit by its token)."""
+        install = call_context()
+
+        def run() -> Any:
+            install()
+            return action()
+
+        future = self._calls.submit(run)
+        while True:
+            try:
+                return future.result(timeout=LEADERSHIP_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if not self.elector.is_leader():
+                    log.info("a leader call was abandoned: this nimbus stopped leading "
+                             "while it waited for ZooKeeper")
+                    raise NotLeaderError("stopped leading during the call") from None
+
+    def close(self) -> None:
+        """Stop the threads of leader calls (those still waiting end with ZooKeeper)."""
+        self._calls.shutdown(wait=False, cancel_futures=True)
+
     def _require_leader(self) -> None:
         """Refuse at once unless this nimbus leads, naming the leader it knows of.
 
@@ -145,7 +177,7 @@ class NimbusHandler:
     def _leader_call(self, action: Callable[[], Any]) -> Any:
         self._require_leader()
         try:
-            return action()
+            return self._while_leading(action)
         except (NotLeaderError, NoLeaderError, KazooException, ViewNotLoadedError):
             # Lost the lead mid-call, or ZooKeeper failed under it (a lost connection, an
             # expired session): redirect the client to whoever leads now.

@@ -45,12 +45,15 @@ arithmetic overflows int32: neither is a limit.) Here the header is checked firs
 
 A call that runs long (a submission waiting for replication) can ask :func:`client_gone`
 whether its client has hung up meanwhile, and :func:`current_client` says who the client
-is (its certificate's name with TLS, else its address) for per-client limits.
+is (its certificate's name with TLS, else its address) for per-client limits. With TLS, a
+client whose certificate has no common name is dropped after its handshake, logged with
+its address: it has no identity (issue 19, T2.14).
 
 A connection whose first four bytes are ``code_stream.MAGIC`` (a length no frame may
 have) asks for a code stream instead: the rest of a download session, sent raw
-(:mod:`nimbus.distribution.code_stream`). It is served by a worker, after the same TLS
-handshake, and the connection is closed afterwards.
+(:mod:`nimbus.distribution.code_stream`); one whose first bytes are
+``code_stream.UPLOAD_MAGIC`` sends an upload session's bytes the same way. Either is
+served by a worker, after the same TLS handshake, and the connection is closed afterwards.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,7 +84,7 @@ from thriftpy2.transport import (
 
 from nimbus.distribution import code_stream
 from nimbus.thrift import storm
-from nimbus.thrift.tls import common_name, set_caller
+from nimbus.thrift.tls import NoIdentityError, caller, peer_identity, set_caller
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +123,20 @@ def current_client() -> str:
     if conn is None:
         return ""
     return conn.identity or conn.host
+
+
+def call_context() -> Callable[[], None]:
+    """A function that, run on another thread, makes it serve the same call as this one
+    (its client for :func:`current_client`, :func:`client_gone` and the caller's
+    identity): for work a call hands to a thread of its own."""
+    conn = getattr(_serving, "connection", None)
+    identity = caller()
+
+    def install() -> None:
+        _serving.connection = conn
+        set_caller(identity)
+
+    return install
 
 
 def client_gone() -> bool:
@@ -284,15 +302,20 @@ class _Connection:
 
 class _StreamSource:
     """Serves a code stream with the send timeout of a frame: the session id had to
-    arrive within the first frame's short timeout, the file may take longer to drain."""
+    arrive within the first frame's short timeout, the file may take longer to drain
+    (or, for an upload, to arrive)."""
 
-    def __init__(self, source: code_stream.DownloadSource, timeout_s: float):
+    def __init__(self, source: code_stream.StreamEndpoint, timeout_s: float):
         self._source = source
         self._timeout_s = timeout_s
 
     def stream_download(self, session_id: str, conn: socket.socket, announce: Any) -> int:
         conn.settimeout(self._timeout_s)
         return self._source.stream_download(session_id, conn, announce)
+
+    def stream_upload(self, location: str, conn: socket.socket, ready: Any) -> int:
+        conn.settimeout(self._timeout_s)
+        return self._source.stream_upload(location, conn, ready)
 
 
 class ThriftServer:
@@ -308,7 +331,7 @@ class ThriftServer:
                  max_connections_per_address: int = MAX_CONNECTIONS_PER_ADDRESS,
                  advertised_host: str | None = None,
                  ssl_context: ssl.SSLContext | None = None,
-                 downloads: code_stream.DownloadSource | None = None):
+                 downloads: code_stream.StreamEndpoint | None = None):
         if max_frame_bytes < 1:
             raise ValueError(f"nimbus.thrift.max_buffer_size must be positive, "
                              f"got {max_frame_bytes}")
@@ -334,7 +357,8 @@ class ThriftServer:
         # With TLS (nimbus.thrift.tls): client certificates are required; the handshake
         # is run by the accepting thread, non-blocking, within handshake_timeout_s.
         self._ssl = ssl_context
-        # Serves code streams (a connection whose first bytes are code_stream.MAGIC).
+        # Serves code streams (a connection whose first bytes are code_stream.MAGIC or,
+        # for uploads, code_stream.UPLOAD_MAGIC).
         self._downloads = downloads
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
@@ -590,7 +614,12 @@ class ThriftServer:
                 self._close(conn)
                 return
             conn.handshaking = False
-            conn.identity = common_name(conn.sock.getpeercert())
+            try:
+                conn.identity = peer_identity(conn.sock)
+            except NoIdentityError as exc:  # the empty identity must match nothing
+                log.warning("dropped Thrift connection from %s: %s", conn.peer, exc)
+                self._close(conn)
+                return
             self._watch(conn, selectors.EVENT_READ)
         while len(conn.header) < _FRAME_HEADER.size:
             try:
@@ -755,6 +784,11 @@ class ThriftServer:
                     and self._downloads is not None:
                 code_stream.serve(sock, _StreamSource(self._downloads, self.frame_timeout_s),
                                   deadline)
+                return False
+            if not conn.served and header == code_stream.UPLOAD_MAGIC \
+                    and self._downloads is not None:
+                code_stream.serve_upload(
+                    sock, _StreamSource(self._downloads, self.frame_timeout_s), deadline)
                 return False
             frame = self._read_frame(sock, header, deadline)
             sock.settimeout(self.frame_timeout_s)  # for the reply
