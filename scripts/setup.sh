@@ -16,6 +16,9 @@ command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 command -v pk12util >/dev/null 2>&1 || need_apt+=(libnss3-tools)  # client certificates for chromium
 # iptables: the partition lab (integration/partition/) drops packets inside its namespaces.
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# slf4j's simple binding: the lab's ZooKeeper logs negotiated timeouts and session expiries.
+[ -f /usr/share/java/slf4j-simple.jar ] || need_apt+=(libslf4j-java)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
