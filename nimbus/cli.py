@@ -7,7 +7,6 @@ import json
 import logging
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,14 +119,15 @@ def supervisor(config_path: str | None, overrides: tuple[str, ...]) -> None:
 
 @contextlib.contextmanager
 def _bundle(path: Path) -> Iterator[tuple[Path, int]]:
-    """(archive file, its size) to upload for PATH; a directory is packed into a
-    temporary .tgz (under $TMPDIR, deleted afterwards) so no bundle is held in memory."""
-    from nimbus.distribution.archive import BundleError, check_bundle, pack_directory_file
+    """(what to upload for PATH, its size in bytes). A directory is uploaded as it is
+    packed (a stored tar, nothing written to disk first; see
+    nimbus.distribution.archive): its files are listed here, so a symlink is refused
+    before anything is sent. An archive (jar, zip, tar) is checked here, for an early and
+    clear error, and sent as it is; the leader checks every bundle again."""
+    from nimbus.distribution.archive import BundleError, check_bundle, packed_size
 
     if path.is_dir():
-        with tempfile.TemporaryDirectory(prefix="nimbus-ha-submit-") as tmp:
-            packed = Path(tmp) / "bundle.tgz"
-            yield packed, pack_directory_file(path, packed)
+        yield path, packed_size(path)
         return
     if not path.is_file():
         raise click.ClickException(f"{path}: no such file or directory")
@@ -170,8 +170,9 @@ def submit(name: str, path: Path, inactive: bool, topology_conf: tuple[str, ...]
            config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Submit topology NAME from PATH (a directory or an archive); prints its id.
 
-    A directory is packed into a temporary .tgz under $TMPDIR first; the archive is
-    streamed to the leader in chunks, so a bundle of any size needs little memory.
+    A directory is packed as it is sent (an uncompressed tar: files go from the page cache
+    to the socket); an archive is sent as it is. Either way the leader checks the bundle
+    as it arrives, and a bundle of any size needs little memory.
 
     --set keys starting with "topology." are sent as the topology's configuration
     (e.g. --set topology.min.replication.count=2), and so is every --conf KEY=VALUE, whatever

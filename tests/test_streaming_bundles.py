@@ -100,14 +100,18 @@ def test_packing_refuses_symlinks(tmp_path):
         pack_directory_file(tmp_path / "src", tmp_path / "x.tgz")
 
 
-def test_cli_packs_a_directory_into_a_temporary_file(tmp_path):
+def test_cli_sends_a_directory_as_it_is_packed_and_writes_nothing(tmp_path):
+    """Issue 21: the directory is the upload's source, packed while it is sent (a stored
+    tar of the size given); no packed copy is written first."""
     from nimbus.cli import _bundle
+    from nimbus.distribution.archive import pack_directory_file
 
-    expected = make_tree(tmp_path / "src", big_bytes=1 << 20)
+    make_tree(tmp_path / "src", big_bytes=1 << 20)
+    before = sorted(p.name for p in tmp_path.iterdir())
     with _bundle(tmp_path / "src") as (path, size):
-        assert isinstance(path, Path) and path.stat().st_size == size
-        assert archive_digests(path) == expected
-    assert not path.exists() and not path.parent.exists()
+        assert path == tmp_path / "src"
+        assert size == pack_directory_file(tmp_path / "src", tmp_path / "packed.tar")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "packed.tar"])
 
 
 # -- upload through the Thrift API --------------------------------------------------------

@@ -12,7 +12,18 @@ is parsed), names of at most ``MAX_NAME_BYTES``, no single header read above
 ``MAX_HEADER_BYTES`` (a tar's long-name or pax header can claim gigabytes that compress
 to nothing), and the declared sizes add up to at most ``max_bytes`` (a decompression
 bomb is refused at the entry that crosses it; a zip entry that inflates beyond its
-declared size fails its CRC check when unpacked).
+declared size fails its CRC check when unpacked). :func:`check_tar_stream` runs the same
+check over a tar that is still arriving.
+
+A directory is packed as a *stored* (uncompressed) tar of its regular files, made while
+it is sent (:func:`directory_pieces`): the headers are built here, and a file's bytes go
+from the page cache to the socket with ``sendfile``. Nothing is compressed, because
+compressing costs more time than it saves: zlib at its fastest level deflates 50-90 MB/s
+on one core of the machines measured (issue 21), less than a gigabit link carries, and
+the large members of a bundle are usually compressed already (jars, wheels, zips,
+parquet), so deflating them again is pure loss. An archive given to ``submit`` is sent
+as it is. Every reader of bundles (the leader's check, the supervisor's unpack) reads a
+stored tar like any other tar.
 """
 
 from __future__ import annotations
@@ -22,19 +33,24 @@ import gzip
 import io
 import lzma
 import os
+import stat
 import struct
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from nimbus.distribution.local_code import UnsafePathError
 
-# The size of the writes the packer hands to its output (tarfile's stream record, 20 KiB);
-# the input files are read 16 KiB at a time.
+# The size of the writes pack_directory_to hands to its output (tarfile's stream record,
+# 20 KiB), whatever the sizes of the files.
 PACK_BLOCK = tarfile.RECORDSIZE * 2
+# Files up to this size travel inside the header's piece (one send for many small files);
+# larger ones as a FileSlice, sent from the page cache.
+INLINE_FILE_BYTES = 64 * 1024
 # Bounds of the check (see the module docstring).
 MAX_BUNDLE_ENTRIES = 100_000
 MAX_NAME_BYTES = 4096
@@ -43,6 +59,11 @@ MAX_HEADER_BYTES = 1024 * 1024
 
 class BundleError(ValueError):
     """A topology bundle is not an archive or holds an unsafe entry."""
+
+
+class DamagedArchiveError(BundleError):
+    """Not a zip or tar archive at all, or a damaged one (rather than one with an unsafe
+    entry): what a tar check says of a zip, too."""
 
 
 def _check_name(name: str, archive: str) -> None:
@@ -166,69 +187,115 @@ def _root_file(name: str) -> str | None:
     return parts[0] if len(parts) == 1 else None
 
 
+class _Tally:
+    """Counts a bundle's entries and declared bytes, refusing either past its limit (entry
+    by entry, so that a decompression bomb is stopped early), and notes its root files."""
+
+    def __init__(self, label: str, max_bytes: int, max_entries: int):
+        self.label = label
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+        self.total = 0
+        self.entries = 0
+        self.roots: set[str] = set()
+
+    def count(self, size: int) -> None:
+        self.entries += 1
+        if self.entries > self.max_entries:
+            raise BundleError(f"{self.label}: more than {self.max_entries} entries")
+        self.total += size
+        if self.total > self.max_bytes:
+            raise BundleError(f"{self.label}: unpacks to more than {self.max_bytes} bytes")
+
+
+def _scan_zip(raw: BinaryIO, tally: _Tally) -> None:
+    label = tally.label
+    _zip_entry_count(raw, label, tally.max_entries)
+    with zipfile.ZipFile(raw) as zf:
+        for info in zf.infolist():
+            _check_name(info.filename, label)
+            mode = (info.external_attr >> 16) & 0o170000
+            if mode == 0o120000:
+                raise BundleError(f"{label}: entry {info.filename!r} is a symlink")
+            if mode not in (0, 0o100000, 0o040000):  # none, a file, a directory
+                raise BundleError(f"{label}: entry {info.filename!r} is not a "
+                                  f"file (mode {mode:o})")
+            if info.compress_type not in _ZIP_METHODS:
+                raise BundleError(f"{label}: entry {info.filename!r} uses "
+                                  f"compression method {info.compress_type}, "
+                                  "which cannot be unpacked")
+            if info.flag_bits & 0x1:
+                raise BundleError(f"{label}: entry {info.filename!r} is encrypted")
+            tally.count(info.file_size)
+            root = _root_file(info.filename)
+            if root is not None and not info.is_dir():
+                tally.roots.add(root)
+
+
+def _scan_tar(raw: BinaryIO, tally: _Tally) -> None:
+    label = tally.label
+    with _decompressed(raw) as stream, tarfile.open(
+            fileobj=_HeaderReader(stream, label), mode="r:") as tf:  # type: ignore[call-overload]
+        while (member := tf.next()) is not None:
+            tf.members.clear()  # only this one matters: memory stays flat
+            _check_name(member.name, label)
+            if member.issym() or member.islnk():
+                raise BundleError(f"{label}: entry {member.name!r} is a link")
+            if not (member.isfile() or member.isdir()):
+                raise BundleError(f"{label}: entry {member.name!r} is not a file")
+            tally.count(member.size)
+            root = _root_file(member.name)
+            if root is not None and member.isfile():
+                tally.roots.add(root)
+
+
+# What a damaged archive (or one of another kind) raises from zipfile, tarfile and the
+# decompressors.
+_DAMAGED = (tarfile.TarError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError,
+            OSError, struct.error, ValueError)
+
+
+def _damaged(label: str, exc: BaseException) -> DamagedArchiveError:
+    return DamagedArchiveError(f"{label}: not a zip or tar archive, or a damaged one ({exc})")
+
+
 def _scan(path: Path, max_bytes: int,
           max_entries: int = MAX_BUNDLE_ENTRIES) -> tuple[int, set[str]]:
     """Validate an archive; return its unpacked size and the names of its root files."""
-    label = Path(path).name
-    total = 0
-    entries = 0
-    roots: set[str] = set()
-
-    def count(size: int) -> None:
-        # Checked entry by entry, so a decompression bomb is stopped early.
-        nonlocal total, entries
-        entries += 1
-        if entries > max_entries:
-            raise BundleError(f"{label}: more than {max_entries} entries")
-        total += size
-        if total > max_bytes:
-            raise BundleError(f"{label}: unpacks to more than {max_bytes} bytes")
-
+    tally = _Tally(Path(path).name, max_bytes, max_entries)
     try:
-        if zipfile.is_zipfile(path):
-            with open(path, "rb") as raw:
-                _zip_entry_count(raw, label, max_entries)
-                with zipfile.ZipFile(raw) as zf:
-                    for info in zf.infolist():
-                        _check_name(info.filename, label)
-                        mode = (info.external_attr >> 16) & 0o170000
-                        if mode == 0o120000:
-                            raise BundleError(f"{label}: entry {info.filename!r} is a symlink")
-                        if mode not in (0, 0o100000, 0o040000):  # none, a file, a directory
-                            raise BundleError(f"{label}: entry {info.filename!r} is not a "
-                                              f"file (mode {mode:o})")
-                        if info.compress_type not in _ZIP_METHODS:
-                            raise BundleError(f"{label}: entry {info.filename!r} uses "
-                                              f"compression method {info.compress_type}, "
-                                              "which cannot be unpacked")
-                        if info.flag_bits & 0x1:
-                            raise BundleError(f"{label}: entry {info.filename!r} is "
-                                              "encrypted")
-                        count(info.file_size)
-                        root = _root_file(info.filename)
-                        if root is not None and not info.is_dir():
-                            roots.add(root)
-        else:
-            with open(path, "rb") as raw, _decompressed(raw) as stream, tarfile.open(
-                    fileobj=_HeaderReader(stream, label), mode="r:") as tf:  # type: ignore[call-overload]
-                while (member := tf.next()) is not None:
-                    tf.members.clear()  # only this one matters: memory stays flat
-                    _check_name(member.name, label)
-                    if member.issym() or member.islnk():
-                        raise BundleError(f"{label}: entry {member.name!r} is a link")
-                    if not (member.isfile() or member.isdir()):
-                        raise BundleError(f"{label}: entry {member.name!r} is not a file")
-                    count(member.size)
-                    root = _root_file(member.name)
-                    if root is not None and member.isfile():
-                        roots.add(root)
-    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError,
-            OSError, struct.error, ValueError) as exc:
+        # A zip first, as the supervisor's unpack decides: what it unpacks is checked.
+        is_zip = zipfile.is_zipfile(path)
+        with open(path, "rb") as raw:
+            if is_zip:
+                _scan_zip(raw, tally)
+            else:
+                _scan_tar(raw, tally)
+    except _DAMAGED as exc:
         if isinstance(exc, BundleError):
             raise
-        raise BundleError(f"{label}: not a zip or tar archive, or a damaged one ({exc})") \
-            from None
-    return total, roots
+        raise _damaged(tally.label, exc) from None
+    return tally.total, tally.roots
+
+
+def check_tar_stream(raw: BinaryIO, label: str, max_bytes: int,
+                     max_entries: int = MAX_BUNDLE_ENTRIES) -> int:
+    """:func:`check_bundle` for a tar (plain or compressed) read from ``raw``, which may
+    still be arriving: ``raw`` is read from its start, with forward seeks over file
+    contents, and its reads may block. Returns the unpacked size.
+
+    Raises BundleError at the first unsafe entry, and DamagedArchiveError for anything
+    that is not a tar (a zip among others: the caller decides about those once the whole
+    file is there, as :func:`check_bundle` does).
+    """
+    tally = _Tally(label, max_bytes, max_entries)
+    try:
+        _scan_tar(raw, tally)
+    except _DAMAGED as exc:
+        if isinstance(exc, BundleError):
+            raise
+        raise _damaged(label, exc) from None
+    return tally.total
 
 
 def check_bundle(path: Path, max_bytes: int, max_entries: int = MAX_BUNDLE_ENTRIES) -> int:
@@ -259,6 +326,25 @@ def bundle_kind(path: Path, max_bytes: int) -> str:
     raise BundleError(NO_KIND_MESSAGE)
 
 
+# -- packing --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FileSlice:
+    """The first ``size`` bytes of the open ``file``: a piece an uploader sends with
+    ``sendfile``, from ``file``'s start. ``name`` is for messages."""
+
+    file: BinaryIO
+    size: int
+    name: str = field(default="")
+
+
+#: A run of a bundle's bytes: literal bytes, or a file's contents.
+Piece = bytes | FileSlice
+
+
+class ChangedWhilePackedError(BundleError):
+    """A file of the directory changed (shrank, or went away) while it was packed."""
+
+
 def _bundle_files(src: Path) -> Iterator[tuple[Path, str]]:
     """(path, relative name) of each file under ``src``, sorted; refuses symlinks."""
     for root, dirs, files in os.walk(src):
@@ -272,17 +358,166 @@ def _bundle_files(src: Path) -> Iterator[tuple[Path, str]]:
                 yield full, rel
 
 
-def pack_directory_to(src: Path, out: BinaryIO) -> None:
-    """Write a gzip'd tar of ``src`` (relative names, no symlinks) to ``out`` as a stream.
+def _member_header(rel: str, st: os.stat_result) -> bytes:
+    """The tar header block(s) of a regular file: pax where a name or size needs it.
+    Owner fields stay empty: a bundle does not carry its submitter's user names, and
+    the supervisor's unpack ignores ownership anyway."""
+    info = tarfile.TarInfo(rel)
+    info.size = st.st_size
+    info.mtime = int(st.st_mtime)
+    info.mode = stat.S_IMODE(st.st_mode)
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
-    Files are read and compressed piece by piece and ``out`` receives writes of
-    ``PACK_BLOCK`` bytes (the last one adds what the compressor still held), so memory use
-    does not depend on the bundle's size. ``out`` need not be seekable (a pipe will do).
+
+# zipfile.is_zipfile, which the leader's check and the supervisor's unpack ask before
+# anything else, looks for a zip's end record anywhere in a file's last 64 KiB + 22
+# bytes: a stored tar whose last member is a zip (a jar, a wheel) would pass for that
+# zip. So a packed tar ends with more zeros than that window (readers stop at the first
+# two zero blocks; the rest is padding to them).
+_ZIP_END_WINDOW = (1 << 16) + 22
+
+
+def _tar_end(offset: int) -> bytes:
+    """What ends a tar written up to ``offset``: the two zero blocks of its end, zeros
+    over zipfile's search window, then zeros to a whole record."""
+    zeros = 2 * tarfile.BLOCKSIZE + _ZIP_END_WINDOW
+    return bytes(zeros + (-(offset + zeros) % tarfile.RECORDSIZE))
+
+
+def _open_member(full: Path, rel: str, src: Path) -> BinaryIO:
+    # O_NOFOLLOW: a file swapped for a symlink after the walk is refused, not followed.
+    fd = os.open(full, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    handle = os.fdopen(fd, "rb", buffering=0)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        handle.close()
+        raise UnsafePathError(f"{src}: {rel} is no longer a regular file")
+    return handle  # type: ignore[return-value]
+
+
+def _read_exactly(handle: BinaryIO, size: int, name: str) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = handle.read(size - len(data))
+        if not more:
+            raise ChangedWhilePackedError(f"{name} shrank while it was packed ({len(data)} "
+                                          f"of {size} bytes); submit again")
+        data += more
+    return data
+
+
+def directory_pieces(src: Path) -> Iterator[Piece]:
+    """The stored tar of ``src``'s regular files (relative names, sorted; symlinks
+    refused) as it is made: header blocks as bytes, with a small file's contents
+    inline, and each larger file as a :class:`FileSlice` of its open file.
+
+    Close the iterator if it is not consumed to its end (it holds the current file
+    open). A file that shrinks while it is packed is :class:`ChangedWhilePackedError`
+    (raised here, or by whoever sends a FileSlice and finds it short); one that grows is
+    cut at the size its header gave.
     """
     src = Path(src)
-    with tarfile.open(fileobj=out, mode="w|gz", bufsize=PACK_BLOCK) as tf:
-        for full, rel in _bundle_files(src):
-            tf.add(full, arcname=rel, recursive=False)
+    offset = 0
+    for full, rel in _bundle_files(src):
+        with _open_member(full, rel, src) as handle:
+            st = os.fstat(handle.fileno())
+            header = _member_header(rel, st)
+            padding = bytes(-st.st_size % tarfile.BLOCKSIZE)
+            if st.st_size <= INLINE_FILE_BYTES:
+                yield header + _read_exactly(handle, st.st_size, str(full)) + padding
+            else:
+                yield header
+                yield FileSlice(handle, st.st_size, str(full))
+                if padding:
+                    yield padding
+            offset += len(header) + st.st_size + len(padding)
+    yield _tar_end(offset)
+
+
+def packed_size(src: Path) -> int:
+    """The size of the stored tar :func:`directory_pieces` makes of ``src`` as it is now;
+    walks the directory (refusing symlinks) but reads no file."""
+    src = Path(src)
+    offset = 0
+    for full, rel in _bundle_files(src):
+        st = full.stat()
+        offset += len(_member_header(rel, st)) + st.st_size + (-st.st_size % tarfile.BLOCKSIZE)
+    return offset + len(_tar_end(offset))
+
+
+def bundle_pieces(source: Path | bytes) -> Iterator[Piece]:
+    """The bytes to upload for ``source``: a directory packed by :func:`directory_pieces`
+    as they are sent, a file (an archive) as it is, ``bytes`` as they are."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        yield bytes(source)
+        return
+    source = Path(source)
+    if source.is_dir():
+        yield from directory_pieces(source)
+        return
+    with open(source, "rb") as handle:
+        yield FileSlice(handle, os.fstat(handle.fileno()).st_size, str(source))
+
+
+class PieceReader(io.RawIOBase):
+    """Pieces as a readable stream: each read is filled across pieces (a FileSlice is
+    read from its file) until it is full or the pieces end. Closing it closes the
+    pieces' iterator."""
+
+    def __init__(self, pieces: Iterable[Piece]):
+        super().__init__()
+        self._pieces = iter(pieces)
+        self._bytes = memoryview(b"")
+        self._slice: FileSlice | None = None
+        self._left = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        out = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(out):
+            if self._bytes:
+                n = min(len(self._bytes), len(out) - filled)
+                out[filled:filled + n] = self._bytes[:n]
+                self._bytes = self._bytes[n:]
+            elif self._slice is not None:
+                want = min(self._left, len(out) - filled)
+                n = self._slice.file.readinto(out[filled:filled + want])  # type: ignore[attr-defined]
+                if not n:
+                    raise ChangedWhilePackedError(
+                        f"{self._slice.name} shrank while it was packed; submit again")
+                self._left -= n
+                if not self._left:
+                    self._slice = None
+            else:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    break
+                if isinstance(piece, FileSlice):
+                    self._slice, self._left = (piece, piece.size) if piece.size else (None, 0)
+                else:
+                    self._bytes = memoryview(piece)
+                continue
+            filled += n
+        return filled
+
+    def close(self) -> None:
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()  # a generator: its open file is closed now, not whenever it is collected
+        super().close()
+
+
+def pack_directory_to(src: Path, out: BinaryIO) -> None:
+    """Write the stored tar of ``src`` (see :func:`directory_pieces`) to ``out``.
+
+    ``out`` receives writes of ``PACK_BLOCK`` bytes (the last one shorter), so memory use
+    does not depend on the bundle's size. ``out`` need not be seekable (a pipe will do).
+    """
+    with PieceReader(directory_pieces(Path(src))) as reader:
+        while block := reader.read(PACK_BLOCK):
+            out.write(block)
 
 
 def pack_directory_file(src: Path, dest: Path) -> int:
@@ -296,7 +531,7 @@ def pack_directory_file(src: Path, dest: Path) -> int:
 def pack_directory(src: Path) -> bytes:
     """:func:`pack_directory_to` into memory: for small bundles (tests, the demo) only.
 
-    The CLI packs into a temporary file with :func:`pack_directory_file` instead.
+    ``nimbus-ha submit`` packs a directory while it uploads it instead.
     """
     buf = io.BytesIO()
     pack_directory_to(src, buf)

@@ -17,21 +17,44 @@ closed, so transfers of different sessions proceed in parallel and a slow disk s
 its own session. A session counts the threads using it; expiry skips a session in use, and
 a session removed from its table while in use (:meth:`FileTransfers.close`) is disposed of
 by the last thread that leaves it, never under a thread that is reading or writing it.
+
+An upload may also arrive over the code stream (:meth:`FileTransfers.stream_upload`, see
+:mod:`nimbus.distribution.code_stream`). Its bundle is checked while it arrives: a thread
+of its own (``upload-check-...``) reads the file behind the writer, waiting for bytes
+that have not come yet, and runs the bundle check over it
+(:func:`nimbus.distribution.archive.check_tar_stream`), so an unsafe entry stops the
+upload where it is and a safe bundle is known to be safe when its last byte lands. A zip
+is checked once it is complete (its directory is at its end; that check reads headers
+only). The submission checks the bundle again before accepting it
+(``lifecycle.submit``): for the stored tar ``nimbus-ha submit`` sends and for a zip, that
+costs milliseconds. A stream that breaks off or is refused leaves no file and no session.
 """
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import socket
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from nimbus.distribution import code_stream
+from nimbus.distribution.archive import (
+    BundleError,
+    DamagedArchiveError,
+    check_bundle,
+    check_tar_stream,
+)
 from nimbus.distribution.local_code import LocalCodeStore
+
+log = logging.getLogger(__name__)
 
 DOWNLOAD_CHUNK_BYTES = 2 * 1024 * 1024
 # A client uploads its chunks one after another and drains a download at once: a minute
@@ -48,6 +71,153 @@ MAX_DOWNLOADS_PER_CLIENT = 64
 
 class TransferError(ValueError):
     """A transfer request names an unknown session or breaks a limit."""
+
+
+class UploadAbandonedError(Exception):
+    """The upload a reader follows broke off or was refused. Neither an OSError nor a
+    ValueError, so that the bundle check cannot mistake it for a damaged archive."""
+
+
+class _Arrival:
+    """How much of an upload's file is written, for a reader that follows the writer."""
+
+    def __init__(self, written: int):
+        self._changed = threading.Condition()
+        self._written = written
+        self._ended = False
+        self._abandoned = False
+        # What the reader waits for: it is woken once, when that has arrived, not at
+        # every block (a tar's next header may lie hundreds of megabytes ahead).
+        self._wanted: int | None = None
+
+    def advance(self, written: int) -> None:
+        with self._changed:
+            self._written = written
+            if self._wanted is not None and written >= self._wanted:
+                self._changed.notify_all()
+
+    def end(self) -> None:
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def abandon(self) -> None:
+        with self._changed:
+            self._abandoned = True
+            self._changed.notify_all()
+
+    def wait_for(self, end: int | None) -> int:
+        """The bytes written, once ``end`` of them are (None: all of them) or the upload
+        ended; UploadAbandonedError once it is abandoned. The writer ends or abandons
+        every upload it begins, so this wait always finishes; the timeout of each round
+        only bounds how long a missed wake-up could go unseen."""
+        with self._changed:
+            while not self._abandoned and not self._ended and (
+                    end is None or self._written < end):
+                self._wanted = end
+                self._changed.wait(1.0)
+            self._wanted = None
+            if self._abandoned:
+                raise UploadAbandonedError("the upload broke off")
+            return self._written
+
+
+class _FollowingReader(io.RawIOBase):
+    """Reads an upload's file while it is being written: a read past what has arrived
+    waits for it (a read at the end returns what there is, as at the end of a file)."""
+
+    def __init__(self, path: Path, arrival: _Arrival):
+        super().__init__()
+        self._fd = os.open(path, os.O_RDONLY)
+        self._arrival = arrival
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        out = memoryview(buffer).cast("B")
+        available = self._arrival.wait_for(self._pos + len(out)) - self._pos
+        if available <= 0:
+            return 0
+        data = os.pread(self._fd, min(len(out), available), self._pos)
+        out[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            self._pos = offset
+        elif whence == io.SEEK_CUR:
+            self._pos += offset
+        else:
+            self._pos = self._arrival.wait_for(None) + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            os.close(self._fd)
+        super().close()
+
+
+class _UploadCheck:
+    """The bundle check of an upload that is still arriving, on a thread of its own.
+
+    ``refusal`` is set at the first unsafe entry (the writer then stops taking bytes),
+    ``damaged`` when the file reads as no tar (say, a zip: judged at its end).
+    """
+
+    def __init__(self, path: Path, max_bytes: int, arrival: _Arrival):
+        self.path = path
+        self.refusal: BundleError | None = None
+        self.damaged: DamagedArchiveError | None = None
+        self._max = max_bytes
+        self._arrival = arrival
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"upload-check-{path.stem[-12:]}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with _FollowingReader(self.path, self._arrival) as reader:
+                check_tar_stream(reader, self.path.name, self._max)
+        except UploadAbandonedError:
+            pass
+        except DamagedArchiveError as exc:
+            self.damaged = exc
+        except BundleError as exc:
+            self.refusal = exc
+        except Exception:  # a bug here: the submission's own check still decides
+            log.exception("checking the upload %s as it arrived failed", self.path.name)
+
+    def verdict(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the check of the complete file; BundleError if
+        the bundle is unsafe or no archive, as check_bundle would find it."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.info("the check of upload %s was still running %.0f s after its last byte; "
+                     "the submission's own check decides", self.path.name, timeout_s)
+            return
+        if self.refusal is not None:
+            raise self.refusal
+        # As check_bundle and the supervisor decide: a file that is a zip is a zip.
+        if zipfile.is_zipfile(self.path):
+            check_bundle(self.path, self._max)
+        elif self.damaged is not None:
+            raise self.damaged
+
+    def stop(self) -> None:
+        """Abandon the check (if it still runs) and join its thread."""
+        self._arrival.abandon()
+        self._thread.join(code_stream.VERDICT_WAIT_S)
 
 
 @dataclass(eq=False)
@@ -190,6 +360,68 @@ class FileTransfers:
                 session.finished = True
         finally:
             self._release(session)
+
+    def stream_upload(self, location: str, conn: socket.socket,
+                      ready: Callable[[], None]) -> int:
+        """Take the bytes of upload ``location`` from the code stream on ``conn``
+        (:func:`code_stream.receive_upload`), checking the bundle as it arrives, and
+        finish the upload; returns its size.
+
+        ``ready()`` is called once the session is found, before any byte is read. Raises
+        TransferError for an unknown or finished session or one over the size limit,
+        BundleError for an unsafe bundle (at its first unsafe entry) or a file that is
+        no archive, ConnectionError when the stream breaks off. On any of these the
+        upload's file is deleted and its session forgotten.
+        """
+        session = self._acquire(self._uploads, location, "upload at")
+        try:
+            with session.io:
+                handle = session.handle
+                if handle is None:
+                    raise TransferError(f"no open upload at {location!r}")
+                ready()
+                arrival = _Arrival(session.size)
+                check = _UploadCheck(session.path, self._max, arrival)
+                check.start()
+                kept = False
+                try:
+                    def write(block: memoryview) -> None:
+                        if check.refusal is not None:
+                            raise check.refusal
+                        if session.size + len(block) > self._max:
+                            raise TransferError(
+                                f"upload larger than nimbus.max.topology.bytes={self._max}")
+                        try:
+                            handle.write(block)
+                            handle.flush()  # the check reads the file through another handle
+                        except OSError as exc:  # a full disk: a refusal, not a broken stream
+                            raise TransferError(f"cannot store the upload: {exc}") from None
+                        session.size += len(block)
+                        arrival.advance(session.size)
+
+                    code_stream.receive_upload(conn, write)
+                    handle.close()
+                    session.handle = None
+                    arrival.end()
+                    check.verdict(code_stream.VERDICT_WAIT_S)
+                    session.finished = True
+                    kept = True
+                    return session.size
+                finally:
+                    check.stop()
+                    if not kept:
+                        if session.handle is not None:
+                            session.handle.close()
+                            session.handle = None
+                        session.path.unlink(missing_ok=True)
+                        self._forget(self._uploads, location, session)
+        finally:
+            self._release(session)
+
+    def uploads_in_progress(self) -> int:
+        """Upload sessions open or finished and not yet taken by a submission."""
+        with self._lock:
+            return len(self._uploads)
 
     def take_upload(self, location: str) -> Path:
         """The finished upload at ``location``; the caller deletes it when done."""

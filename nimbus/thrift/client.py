@@ -24,6 +24,7 @@ from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
 from nimbus.distribution import code_stream
+from nimbus.distribution.archive import PieceReader, bundle_pieces
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 from nimbus.thrift.tls import current_client_context
@@ -37,6 +38,10 @@ CONNECTION_ERRORS = (TTransportException, ConnectionError, OSError, EOFError)
 
 class NimbusUnavailableError(RuntimeError):
     """No nimbus could be reached, or no leader was found before the deadline."""
+
+
+class TransferRefusedError(ValueError):
+    """The nimbus refused an upload (too large, an unsafe bundle, no such session)."""
 
 
 @contextlib.contextmanager
@@ -106,14 +111,27 @@ def _stream_socket(peer: str, timeout_s: float) -> Iterator[socket.socket]:
     """A connection to ``peer``'s Thrift port for a code stream, over TLS when clients
     are configured for it (the same certificate as the Thrift calls)."""
     hp = HostPort.parse(str(peer), 6627)
-    sock = socket.create_connection((hp.host, hp.port), timeout=timeout_s)
+    with _stream_socket_to(hp.host, hp.port, timeout_s) as sock:
+        yield sock
+
+
+@contextlib.contextmanager
+def _stream_socket_to(host: str, port: int, timeout_s: float) -> Iterator[socket.socket]:
+    sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
         context = current_client_context()
         if context is not None:
-            sock = context.wrap_socket(sock, server_hostname=hp.host)
+            sock = context.wrap_socket(sock, server_hostname=host)
         yield sock
     finally:
         sock.close()
+
+
+def _peer_of(client: Any) -> tuple[str, int]:
+    """(host, port) of the nimbus a client made by :func:`connect` talks to. thriftpy2
+    has no public call for it: its framed transport holds the socket."""
+    host, port = client._iprot.trans.sock.getpeername()[:2]
+    return str(host), int(port)
 
 
 class NimbusClient:
@@ -206,22 +224,33 @@ class NimbusClient:
 
     def upload_bundle(self, data_source: Path | bytes, progress: Callable[[int], None],
                       client: Any) -> str:
-        """Upload a bundle to the connected nimbus; returns the upload location.
+        """Upload a bundle to the connected nimbus; returns the upload location, finished.
 
-        A file is streamed in CHUNK_BYTES pieces, so its size does not matter; ``bytes``
-        (already in memory) suit small bundles only, such as those of tests.
+        ``data_source`` is a directory (packed while it is sent: a stored tar, see
+        :func:`nimbus.distribution.archive.directory_pieces`), an archive file (sent as
+        it is) or ``bytes`` (small bundles, such as those of tests). Memory use does not
+        depend on its size. The bytes go over the upload stream beside this Thrift
+        connection (:mod:`nimbus.distribution.code_stream`: ``sendfile`` from the page
+        cache, the nimbus checking the bundle as it arrives); a nimbus without the
+        stream gets them in CHUNK_BYTES ``uploadChunk`` calls on the same session.
+        ``progress`` is called with each number of bytes sent.
         """
         location = client.beginFileUpload()
-        if isinstance(data_source, bytes):
-            for start in range(0, len(data_source), CHUNK_BYTES):
-                chunk = data_source[start:start + CHUNK_BYTES]
+        host, port = _peer_of(client)
+        try:
+            with _stream_socket_to(host, port, self.timeout_s) as sock, \
+                    contextlib.closing(bundle_pieces(data_source)) as pieces:
+                code_stream.send_upload(sock, location, pieces, progress)
+            return location
+        except code_stream.StreamUnsupportedError:
+            pass  # an older nimbus: nothing was sent, the session is as it was
+        except code_stream.StreamRefusedError as exc:
+            # Not a connection problem: a retry elsewhere would be refused the same way.
+            raise TransferRefusedError(f"the nimbus refused the upload: {exc}") from None
+        with PieceReader(bundle_pieces(data_source)) as reader:
+            while chunk := reader.read(CHUNK_BYTES):
                 client.uploadChunk(location, chunk)
                 progress(len(chunk))
-        else:
-            with open(data_source, "rb") as fh:
-                for chunk in iter(lambda: fh.read(CHUNK_BYTES), b""):
-                    client.uploadChunk(location, chunk)
-                    progress(len(chunk))
         client.finishFileUpload(location)
         return location
 
