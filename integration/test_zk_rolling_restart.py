@@ -16,6 +16,7 @@ from helpers import observer
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.runtime_demo import DEMO_SPARK_CONF
 from nimbus.state.records import WorkerBeat
 from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
 from nimbus.testing.pipelines import (
@@ -30,8 +31,7 @@ from nimbus.testing.pipelines import (
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SESSION_MS = 6000
-SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",
-              "spark.sql.shuffle.partitions": "2"}
+SPARK_CONF = DEMO_SPARK_CONF  # what a 2-core machine affords a worker
 COMMIT_TIMEOUT_S = 150
 
 
