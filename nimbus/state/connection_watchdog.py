@@ -54,7 +54,9 @@ class ConnectionWatchdog:
         zk.add_listener(self._on_state)
 
     def start(self) -> ConnectionWatchdog:
-        self._thread.start()
+        """Start watching (once; a stopped watchdog stays stopped)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
         return self
 
     def stop(self) -> None:
@@ -135,8 +137,7 @@ class WatchedKazooClient(KazooClient):
 
     def start(self, timeout: float = 15) -> None:
         super().start(timeout)
-        if not self.watchdog._thread.is_alive() and not self.watchdog._stop.is_set():
-            self.watchdog.start()
+        self.watchdog.start()
 
     def stop(self) -> None:
         self.watchdog.stop()
