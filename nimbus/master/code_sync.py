@@ -149,7 +149,9 @@ class CodeSync:
         """Ask for a run soon; also the callback of every watch this sync leaves."""
         self._wake.set()
 
-    def _check_cluster(self) -> None:
+    def check_cluster(self) -> None:
+        """Raise LayoutMissingError unless ZooKeeper's root still holds the cluster this
+        nimbus joined (nothing to check when it was built without a cluster id)."""
         if self._cluster_id is not None:
             self._state.check_cluster(self._cluster_id)
 
@@ -158,7 +160,7 @@ class CodeSync:
 
         Raises LayoutMissingError when that cannot be known (see the module docstring).
         """
-        self._check_cluster()
+        self.check_cluster()
         live = frozenset(self._state.active_storms())
         held = live & self._store.topologies()  # one listing, not a stat per topology
         return CodeCheck(live=live, held=held, lost=self._note_unavailable(live - held))
@@ -254,7 +256,7 @@ class CodeSync:
         # metafile, never mistaken for the code of a removed topology.
         held = self._store.topologies()
         protected = self._protected()
-        self._check_cluster()
+        self.check_cluster()
         if self._take_retry_now():
             self._retry_at = dict.fromkeys(self._retry_at, 0.0)
         view = self._view

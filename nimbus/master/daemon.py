@@ -163,7 +163,7 @@ class NimbusDaemon:
                              else conf["nimbus.code.lost.grace.secs"])
         self.elector = LeaderElector(
             self.zk, self.state, self.address,
-            has_all_code=self.sync.check_code,
+            has_all_code=self.sync.check_code, check_layout=self.sync.check_cluster,
             request_sync=self.sync.wake, on_change=self._on_leadership)
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
                                            self.elector, self.address,

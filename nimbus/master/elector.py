@@ -91,6 +91,7 @@ class LeaderElector:
         request_sync: Callable[[], None] = lambda: None,
         on_change: Callable[[bool], None] = lambda leader: None,
         session_timeout: SessionTimeout | None = None,
+        check_layout: Callable[[], None] = lambda: None,
     ):
         """``has_all_code()`` returns a value that is true when this host holds every
         live topology's code; its ``str()`` (say, a CodeCheck's) is logged as the evidence
@@ -101,8 +102,14 @@ class LeaderElector:
 
         ``session_timeout`` is the negotiated timeout of ``zk``'s session (by default the
         tracker :func:`~nimbus.state.session_timeout.track_negotiated_timeout` made for
-        it, else kazoo's requested timeout): the lease is a share of it."""
+        it, else kazoo's requested timeout): the lease is a share of it.
+
+        ``check_layout()`` raises LayoutMissingError when the ZooKeeper root no longer
+        holds the cluster this nimbus joined. It runs before every queue decision, so a
+        nimbus left over from a wiped cluster never takes a place in the new one's queue,
+        wherever in the queue its node would land."""
         self._zk = zk
+        self._check_layout = check_layout
         self._state = state
         self._address = address
         self._has_all_code = has_all_code
@@ -355,6 +362,7 @@ class LeaderElector:
         if not self._want_queue:
             self._drop_node()
             return
+        self._check_layout()
         if self._node is None:
             if self._waiting_for_code and not self._has_all_code():
                 return  # re-queue only once the sync has fetched what was missing
