@@ -378,6 +378,10 @@ def _where(error: dict[str, Any]) -> str:
     return f"{error['host']}:{error['port']}" if error["host"] else "-"
 
 
+def _mib(count: int) -> str:
+    return f"{count / 2**20:.0f} MiB" if count else "-"
+
+
 def _first_line(text: str, width: int = 100) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= width else line[:width - 3] + "..."
@@ -414,12 +418,20 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
                   f"up {info['uptime_secs']}s  workers {len(info['workers'])}/"
                   f"{info['num_workers']}", highlight=False)
     workers = Table("worker", "host:port", "supervisor", "uptime", "alive", "restarts",
-                    "components", title="Workers", title_justify="left")
+                    "start", "memory", "components", title="Workers", title_justify="left")
     for w in info["workers"]:
         workers.add_row(w["worker"], f"{w['host']}:{w['port']}", w["supervisor_id"],
                         f"{w['uptime_secs']}s", "yes" if w["alive"] else "no",
-                        str(w["restarts"]), ", ".join(w["components"]) or "-")
+                        str(w["restarts"]), "warm" if w["warm_start"] else "cold",
+                        _mib(w["memory_bytes"]), ", ".join(w["components"]) or "-")
     console.print(workers)
+    if info["warm_workers"]:
+        warm = Table("supervisor", "host", "ready", "starting", "memory",
+                     title="Warm workers on its supervisors", title_justify="left")
+        for supervisor_id, w in info["warm_workers"].items():
+            warm.add_row(supervisor_id, w["host"], str(w["ready"]), str(w["starting"]),
+                         _mib(w["memory_bytes"]))
+        console.print(warm)
     components = Table("component", "workers", "last batch", "input rows/s",
                        "processed rows/s", "input rows", title="Components",
                        title_justify="left")
@@ -586,11 +598,15 @@ def zookeeper(port: int, data_dir: Path, ensemble: int) -> None:
               default=Path("dev-cluster"), show_default=True)
 @click.option("--demo", is_flag=True,
               help="Submit a sample topology, kill -9 the leader and show the failover.")
+@click.option("--warm-workers", type=int, default=0, show_default=True,
+              help="supervisor.warm.workers of each supervisor: warm SparkSessions kept "
+                   "ready (each a JVM on this one machine).")
 @config_option
 @set_option
 @_fail_cleanly
 def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
-                demo: bool, config_path: str | None, overrides: tuple[str, ...]) -> None:
+                demo: bool, warm_workers: int, config_path: str | None,
+                overrides: tuple[str, ...]) -> None:
     """ZooKeeper plus N nimbuses (and supervisors) on loopback, for a first look
     (Ctrl-C stops all).
 
@@ -604,7 +620,8 @@ def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
     chosen, ignored = dev_cluster_conf(conf)
     for key in ignored:
         click.echo(f"dev-cluster sets {key} itself: the configured value is ignored", err=True)
-    run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors, conf=chosen)
+    run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors, conf=chosen,
+                    warm_workers=warm_workers)
 
 
 @main.command("new-plugin")

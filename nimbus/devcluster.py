@@ -165,9 +165,14 @@ class LocalCluster:
     def __init__(self, work_dir: Path, nimbuses: int = 3, base_port: int | None = None,
                  conf: dict[str, Any] | None = None, zk_port: int | None = None,
                  supervisors: int = 0, slots_per_supervisor: int = 2,
-                 metrics: bool = False, zk_servers: list[str] | None = None):
+                 metrics: bool = False, zk_servers: list[str] | None = None,
+                 warm_workers: int = 0):
         """With ``metrics``, every daemon serves /metrics on a free port of its own
-        (its ``metrics_port``): one shared ``conf`` cannot give each process its own."""
+        (its ``metrics_port``): one shared ``conf`` cannot give each process its own.
+
+        ``warm_workers`` is each supervisor's ``supervisor.warm.workers`` (unless ``conf``
+        sets it): none by default, since every one is a JVM and all the daemons of a local
+        cluster share one machine."""
         self.metrics = metrics
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -185,6 +190,7 @@ class LocalCluster:
             "nimbus.seeds": [f"127.0.0.1:{p}" for p in ports],
             "nimbus.host": "127.0.0.1",
             "nimbus.monitor.freq.secs": 1,
+            "supervisor.warm.workers": warm_workers,
             **(conf or {}),
         }
         self.nimbuses = [self._make_nimbus(i, port) for i, port in enumerate(ports)]
@@ -343,7 +349,7 @@ def sample_topology(directory: Path, size_bytes: int = 64 * 1024) -> Path:
 #: ZooKeeper, ports and directories, whatever a configuration file says.
 DEV_CLUSTER_KEYS = ("storm.zookeeper.servers", "storm.zookeeper.port", "nimbus.seeds",
                     "nimbus.host", "nimbus.thrift.port", "storm.local.dir",
-                    "storm.local.hostname", "supervisor.slots.ports")
+                    "storm.local.hostname", "supervisor.slots.ports", "supervisor.warm.workers")
 
 
 def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
@@ -356,7 +362,8 @@ def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
 
 
 def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
-                    supervisors: int = 0, conf: dict[str, Any] | None = None) -> None:
+                    supervisors: int = 0, conf: dict[str, Any] | None = None,
+                    warm_workers: int = 0) -> None:
     """Start a dev cluster, optionally run the demos (nimbus failover; with 2 or more
     supervisors also the pipeline runtime), then wait for Ctrl-C. ``conf`` is given to
     every nimbus and supervisor (see :func:`dev_cluster_conf`)."""
@@ -366,7 +373,7 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
     cluster = LocalCluster(work_dir, nimbuses, base_port=base_port,
                            conf={"topology.min.replication.count": min(2, nimbuses),
                                  **(conf or {})},
-                           supervisors=supervisors)
+                           supervisors=supervisors, warm_workers=warm_workers)
     click.echo(f"starting ZooKeeper, {nimbuses} nimbuses and {supervisors} supervisors "
                f"under {work_dir} ...")
     with cluster:

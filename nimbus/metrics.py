@@ -423,15 +423,35 @@ def _progress(raw: Any) -> dict[str, Any]:
 class _SupervisorCollector(Collector):
     def __init__(self, workers: Callable[[], list[Any]],
                  restarts: Callable[[], Mapping[tuple[str, int], int]],
-                 progress: ComponentProgress):
+                 progress: ComponentProgress, warm: Callable[[], Any]):
         self._workers = workers
         self._restarts = restarts
         self._progress = progress
+        self._warm = warm
 
     def collect(self) -> Iterable[Metric]:
         handles = self._workers()
         yield GaugeMetricFamily("supervisor_workers", "Worker processes this supervisor runs",
                                 value=len(handles))
+        memory = GaugeMetricFamily(
+            "supervisor_worker_memory_bytes",
+            "Resident bytes of a worker's processes (Python, its JVM, its command)",
+            labels=["topology_id", "port"])
+        for handle in sorted(handles, key=lambda h: (h.topology_id, h.port)):
+            memory.add_metric([handle.topology_id, str(handle.port)], handle.memory_bytes())
+        yield memory
+        warm = self._warm()  # a WarmSummary, or None without warm workers
+        count = GaugeMetricFamily(
+            "supervisor_warm_workers",
+            "Warm workers (supervisor.warm.workers) by state: ready or starting",
+            labels=["state"])
+        count.add_metric(["ready"], warm.ready if warm else 0)
+        count.add_metric(["starting"], warm.starting if warm else 0)
+        yield count
+        yield GaugeMetricFamily(
+            "supervisor_warm_workers_memory_bytes",
+            "Resident bytes of this supervisor's warm workers while they wait",
+            value=warm.memory_bytes if warm else 0)
         restarts = CounterMetricFamily(
             "supervisor_worker_restarts",
             "Restarts of the worker on a slot after it crashed or went silent",
@@ -476,10 +496,13 @@ class SupervisorMetrics:
 
     def __init__(self, workers: Callable[[], list[Any]],
                  restarts: Callable[[], Mapping[tuple[str, int], int]],
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 warm: Callable[[], Any] = lambda: None):
+        """``warm()``: the supervisor's warm workers (a
+        :class:`~nimbus.supervisor.warm_pool.WarmSummary`), or None when it keeps none."""
         self.registry = CollectorRegistry()
         self.progress = ComponentProgress(clock)
-        self.registry.register(_SupervisorCollector(workers, restarts, self.progress))
+        self.registry.register(_SupervisorCollector(workers, restarts, self.progress, warm))
 
 
 # Sample names of a family by its type: what a PromQL expression may name.

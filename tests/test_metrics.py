@@ -27,6 +27,7 @@ from nimbus.metrics import (
     min_replication_reader,
 )
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED, StormBase
+from nimbus.supervisor.warm_pool import WarmSummary
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,18 +193,24 @@ def test_thrift_calls_are_counted_by_method_and_outcome(serve):
 class FakeWorker:
     """What the collector reads of a WorkerHandle (compared by identity, like it)."""
 
-    def __init__(self, topology_id: str, port: int):
+    def __init__(self, topology_id: str, port: int, memory: int = 0):
         self.topology_id = topology_id
         self.port = port
+        self.memory = memory
+
+    def memory_bytes(self) -> int:
+        return self.memory
 
 
 def test_supervisor_metrics_report_restarts_rates_and_batch_age(serve):
     clock = FakeClock()
-    running = FakeWorker("wc-1-1", 6700)
+    running = FakeWorker("wc-1-1", 6700, memory=300 * 2**20)
     gone = FakeWorker("wc-1-1", 6701)
     handles = [running]
     restarts = {("wc-1-1", 6700): 2, ("wc-1-1", 6701): 0}
-    metrics = SupervisorMetrics(lambda: list(handles), lambda: dict(restarts), clock=clock)
+    metrics = SupervisorMetrics(lambda: list(handles), lambda: dict(restarts), clock=clock,
+                                warm=lambda: WarmSummary(ready=1, starting=1,
+                                                         memory_bytes=700 * 2**20))
     beat = {"count": {"batch_id": 4, "input_rows_per_second": 12.5,
                       "processed_rows_per_second": 10.0, "num_input_rows": 25},
             "main": {"pid": 42}}   # a process topology's component: no batches
@@ -220,6 +227,11 @@ def test_supervisor_metrics_report_restarts_rates_and_batch_age(serve):
     assert sample(got, "supervisor_workers") == 1
     assert sample(got, "supervisor_worker_restarts_total", topology_id="wc-1-1",
                   port="6700") == 2
+    assert sample(got, "supervisor_worker_memory_bytes", topology_id="wc-1-1",
+                  port="6700") == 300 * 2**20
+    assert sample(got, "supervisor_warm_workers", state="ready") == 1
+    assert sample(got, "supervisor_warm_workers", state="starting") == 1
+    assert sample(got, "supervisor_warm_workers_memory_bytes") == 700 * 2**20
     assert sample(got, "supervisor_component_input_rows_per_second", **count) == 12.5
     assert sample(got, "supervisor_component_processed_rows_per_second", **count) == 10.0
     assert sample(got, "supervisor_component_batch_id", **count) == 4

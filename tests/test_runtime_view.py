@@ -86,9 +86,14 @@ def test_supervisors_count_used_slots_from_assignments(state):
 
 def test_topology_info_workers_components_and_errors(state):
     write_topology(state, assignment=ASSIGNMENT)
+    # sup-a keeps warm workers; sup-b has no heartbeat node (gone): left out.
+    state.supervisor_heartbeat("sup-a", SupervisorInfo(
+        time_secs=1990, hostname="host-a", meta=[6700, 6701], warm_ready=1, warm_starting=1,
+        warm_memory_bytes=700 * 2**20))
     write_beat(state, "sup-a", 6700, WorkerBeat(
         time_secs=1995, topology_id=TOPOLOGY, supervisor_id="sup-a", host="host-a",
-        port=6700, uptime_secs=490, restarts=2, components={
+        port=6700, uptime_secs=490, restarts=2, memory_bytes=350 * 2**20, warm_start=True,
+        components={
             "counts": {"batch_id": 41, "num_input_rows": 100, "input_rows_per_second": 2.5,
                        "processed_rows_per_second": 2.0, "timestamp": "t"},
             "lines": {"batch_id": 7, "num_input_rows": 10, "input_rows_per_second": 0.5,
@@ -117,6 +122,7 @@ def test_topology_info_workers_components_and_errors(state):
         "workers": [
             {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
              "port": 6700, "uptime_secs": 500, "alive": True, "restarts": 2,
+             "memory_bytes": 350 * 2**20, "warm_start": True,
              "components": {
                  "counts": {"batch_id": 41, "num_input_rows": 100,
                             "input_rows_per_second": 2.5, "processed_rows_per_second": 2.0},
@@ -125,6 +131,7 @@ def test_topology_info_workers_components_and_errors(state):
                            "processed_rows_per_second": 0.25}}},
             {"worker": "worker-2", "index": 2, "supervisor_id": "sup-b", "host": "host-b",
              "port": 6700, "uptime_secs": 100, "alive": True, "restarts": 0,
+             "memory_bytes": 0, "warm_start": False,
              "components": {
                  "counts": {"batch_id": 44, "num_input_rows": 1,
                             "input_rows_per_second": 1.5, "processed_rows_per_second": 1.0},
@@ -132,8 +139,10 @@ def test_topology_info_workers_components_and_errors(state):
                           "input_rows_per_second": 0.0, "processed_rows_per_second": 0.0}}},
             {"worker": "worker-10", "index": 10, "supervisor_id": "sup-a", "host": "host-a",
              "port": 6701, "uptime_secs": 10, "alive": True, "restarts": 0,
-             "components": {}},
+             "memory_bytes": 0, "warm_start": False, "components": {}},
         ],
+        "warm_workers": {"sup-a": {"host": "host-a", "ready": 1, "starting": 1,
+                                   "memory_bytes": 700 * 2**20}},
         "components": {
             "counts": {"host_ports": ["host-a:6700", "host-b:6700"], "batch_id": 44,
                        "num_input_rows": 101, "input_rows_per_second": 4.0,
@@ -159,7 +168,8 @@ def test_worker_without_a_beat_is_not_alive(state):
     # no start time recorded: uptime 0
     assert info["workers"] == [
         {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
-         "port": 6700, "uptime_secs": 0, "alive": False, "restarts": 0, "components": {}}]
+         "port": 6700, "uptime_secs": 0, "alive": False, "restarts": 0, "memory_bytes": 0,
+         "warm_start": False, "components": {}}]
     assert (info["components"], info["errors"]) == ({}, {})
 
 

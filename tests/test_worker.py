@@ -127,7 +127,9 @@ def test_beats_carry_the_workerbeat_fields_and_the_command_pid(tmp_path, harness
     worker.keep_renewing()
     worker.wait_for(lambda: len(worker.beats()) >= 2, START_TIMEOUT, "two beats")
     pid = child_info(tmp_path)["pid"]
-    expected_fields = {f.name for f in dataclasses.fields(WorkerBeat)} - {"time_secs"}
+    # The supervisor stamps the time and adds what it measures of the worker itself.
+    expected_fields = {f.name for f in dataclasses.fields(WorkerBeat)} - {
+        "time_secs", "memory_bytes", "warm_start"}
     for beat in worker.beats()[:2]:
         assert set(beat) == expected_fields
         assert {k: beat[k] for k in ("topology_id", "supervisor_id", "host", "port",

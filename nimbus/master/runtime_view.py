@@ -143,6 +143,24 @@ def _worker_index(worker: str) -> int:
         return -1
 
 
+def warm_workers(state: StormClusterState,
+                 supervisor_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """supervisor id -> its warm workers (``ready``, ``starting``, ``memory_bytes``), from
+    each supervisor's heartbeat; a supervisor gone or unreadable is left out."""
+    out = {}
+    for supervisor_id in supervisor_ids:
+        try:
+            info = state.supervisor_info(supervisor_id)
+        except UNREADABLE:
+            continue
+        if info is not None:
+            out[supervisor_id] = {"host": info.hostname,
+                                  "ready": _number(info.warm_ready, int),
+                                  "starting": _number(info.warm_starting, int),
+                                  "memory_bytes": _number(info.warm_memory_bytes, int)}
+    return out
+
+
 def topology_info(state: StormClusterState, topology_id: str,
                   now: float | None = None) -> dict[str, Any] | None:
     """The topology's workers, components and errors; None if no topology has that id.
@@ -176,6 +194,8 @@ def topology_info(state: StormClusterState, topology_id: str,
             "uptime_secs": max(0, int(now - started)) if started is not None else 0,
             "alive": beating,
             "restarts": _number(beat.restarts, int) if beat else 0,
+            "memory_bytes": _number(beat.memory_bytes, int) if beat else 0,
+            "warm_start": beat.warm_start is True if beat else False,
             "components": {str(name): _component_stats(stats)
                            for name, stats in sorted(reported.items())}})
     components: dict[str, dict[str, Any]] = {}
@@ -194,5 +214,6 @@ def topology_info(state: StormClusterState, topology_id: str,
     return {"id": topology_id, "name": base.storm_name, "status": base.status,
             "owner": base.owner, "uptime_secs": max(0, int(now - base.launch_time_secs)),
             "num_workers": base.num_workers, "workers": workers,
+            "warm_workers": warm_workers(state, sorted({w["supervisor_id"] for w in workers})),
             "components": dict(sorted(components.items())),
             "errors": errors(state, topology_id)}

@@ -227,6 +227,11 @@ class SupervisorInfo(Record):
     scheduler_meta: dict[str, Any] = field(default_factory=dict)
     uptime_secs: int = 0
     version: str = ""
+    # Warm workers (supervisor.warm.workers): ready, still starting, and the resident
+    # bytes of them all (Python and JVM).
+    warm_ready: int = 0
+    warm_starting: int = 0
+    warm_memory_bytes: int = 0
 
 
 @dataclass
@@ -245,6 +250,8 @@ class WorkerBeat(Record):
     # component -> {"batch_id", "num_input_rows", "input_rows_per_second",
     #               "processed_rows_per_second", "timestamp"} (from Spark's lastProgress)
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory_bytes: int = 0      # resident bytes of the worker's processes (its JVM too)
+    warm_start: bool = False   # it started as a warm worker (supervisor.warm.workers)
 
 
 @dataclass

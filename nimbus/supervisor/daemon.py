@@ -15,7 +15,8 @@ Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.s
 * ``supervisor-heartbeat``: rewrites ``/supervisors/<id>`` every
   ``supervisor.heartbeat.frequency.secs``.
 * ``worker-status-<topology>:<port>``: one per worker, reading its status pipe; beats go
-  to ``/workerbeats``, errors to ``/errors``.
+  to ``/workerbeats``, errors to ``/errors``. Warm workers (``supervisor.warm.workers``,
+  :mod:`nimbus.supervisor.warm_pool`) have one each too, from the moment they start.
 
 A suspended connection (kazoo SUSPENDED: a ZooKeeper server restarting, an ensemble
 electing a leader, a network blip) stops nothing: the workers run on their leases, which
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -89,9 +91,12 @@ from nimbus.supervisor.status_input import (
     checked_components,
     checked_error,
 )
+from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
+from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, move_log
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
 from nimbus.thrift.tls import configure_clients
 from nimbus.timing import check_timing
+from nimbus.worker.exits import EXIT_WARM_REFUSED
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
 
 log = logging.getLogger(__name__)
@@ -126,6 +131,8 @@ class _SlotRecord:
     not_before: float = 0.0       # time.monotonic() of the earliest next start
     code_failures: int = 0        # fetches of its code that failed in a row
     code_error: str = ""          # the last one's message, recorded once
+    cold_reason: str = ""         # why its next start must be cold (a warm one refused)
+    waiting_for_warm: bool = False  # its start waits for a warm worker to be ready
 
 
 def check_supervisor_conf(conf: Config) -> None:
@@ -137,6 +144,9 @@ def check_supervisor_conf(conf: Config) -> None:
             raise ConfigError(f"key {key!r} must be positive, got {conf[key]}")
     if conf["supervisor.worker.shutdown.sleep.secs"] < 0:
         raise ConfigError("key 'supervisor.worker.shutdown.sleep.secs' must be >= 0")
+    if conf[WARM_KEY] < 0:
+        raise ConfigError(f"key {WARM_KEY!r} must be >= 0 (0: no warm workers), "
+                          f"got {conf[WARM_KEY]}")
     check_timing(conf)
     ports = conf["supervisor.slots.ports"]
     if not ports or not all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
@@ -182,10 +192,13 @@ class Supervisor:
     """A running supervisor; :meth:`start`, then :meth:`stop` (or :meth:`run_forever`).
 
     ``worker_command`` is the argv that runs one worker (the worker directory is appended);
-    tests may point it at a stand-in that follows the same protocol.
+    tests may point it at a stand-in that follows the same protocol. ``warm_command`` runs
+    a warm worker; by default ``worker_command`` with ``--warm`` when that is the real
+    worker, else none (a stand-in has no warm mode).
     """
 
-    def __init__(self, conf: Config, worker_command: tuple[str, ...] = WORKER_COMMAND):
+    def __init__(self, conf: Config, worker_command: tuple[str, ...] = WORKER_COMMAND,
+                 warm_command: tuple[str, ...] | None = None):
         check_supervisor_conf(conf)
         self.conf = conf
         self.ports = sorted({int(p) for p in conf["supervisor.slots.ports"]})
@@ -204,6 +217,9 @@ class Supervisor:
         if self._run_as_user:
             self._prepare_run_as_user()
         self._worker_command = tuple(worker_command)
+        self._warm_command = warm_command if warm_command is not None else (
+            (*WORKER_COMMAND, "--warm") if tuple(worker_command) == WORKER_COMMAND else None)
+        self.warm: WarmPool | None = None   # made by start(), see _make_warm_pool
         self._grace_s = float(conf["supervisor.worker.shutdown.sleep.secs"])
         self._timeout_s = float(conf["supervisor.worker.timeout.secs"])
         self._start_timeout_s = float(conf["supervisor.worker.start.timeout.secs"])
@@ -255,8 +271,40 @@ class Supervisor:
         # list() copies in one step under the GIL: the monitor thread owns _slots.
         self.metrics = SupervisorMetrics(
             self._running_handles,
-            lambda: {key: r.restarts for key, r in list(self._slots.items())})
+            lambda: {key: r.restarts for key, r in list(self._slots.items())},
+            warm=lambda: self.warm.summary() if self.warm is not None else None)
         self.metrics_server: MetricsServer | None = None
+
+    def _make_warm_pool(self) -> WarmPool | None:
+        """The warm workers (``supervisor.warm.workers``), or None, saying why not."""
+        size = int(self.conf[WARM_KEY])
+        if size == 0:
+            return None
+        why = ""
+        if self._run_as_user:
+            why = (f"workers run as their topology's account ({RUN_AS_USER_KEY}), and a warm "
+                   "worker is started before it knows which")
+        elif self._warm_command is None:
+            why = "this supervisor's worker command has no warm mode"
+        elif importlib.util.find_spec("pyspark") is None:
+            why = "pyspark is not installed for this Python"
+        if why:
+            log.warning("%s %d ignored: %s", WARM_KEY, size, why)
+            return None
+        assert self._warm_command is not None
+        pool = WarmPool(
+            size, self.supervisor_dir / "warm", self._warm_command, self._warm_spec,
+            _worker_env, self.cgroups, self._start_timeout_s, wake=self._wake.set)
+        pool.clear_leftovers()
+        log.info("keeping %d warm workers ready (%s)", size, WARM_KEY)
+        return pool
+
+    def _warm_spec(self, n: int, lease_fd: int, status_fd: int) -> WorkerSpec:
+        # The cluster's defaults for topologies, as every worker gets them, and no
+        # topology's own keys: the session is made before any topology is known.
+        return WorkerSpec(topology_id=f"warm-{n}", port=0, supervisor_id=self.id,
+                          host=self.host, code_dir="", lease_fd=lease_fd,
+                          status_fd=status_fd, conf=self._cluster_worker_conf())
 
     def _prepare_run_as_user(self) -> None:
         """Checks and modes for workers that run as accounts of their own: this
@@ -313,6 +361,7 @@ class Supervisor:
                                    on_done=self._wake.set,
                                    timeout_s=float(self.conf["supervisor.code.fetch.timeout.secs"]))
         self.fetcher.start()
+        self.warm = self._make_warm_pool()
         self._lease.start()
         self._heartbeat.start()
         self._monitor.start()
@@ -336,6 +385,8 @@ class Supervisor:
         if handles:
             log.info("stopping %d workers", len(handles))
             stop_all(handles, self._grace_s)
+        if self.warm is not None:
+            self.warm.stop(self._grace_s)
         if self.fetcher is not None:
             self.fetcher.stop()
         self._lease.stop()
@@ -416,10 +467,14 @@ class Supervisor:
     def _info(self) -> SupervisorInfo:
         with self._lock:
             used = sorted(self._workers)
+        warm = self.warm.summary() if self.warm is not None else None
         return SupervisorInfo(time_secs=int(time.time()), hostname=self.host,
                               assignment_id=self.id, used_ports=used, meta=list(self.ports),
                               uptime_secs=int(time.time() - self.started_at),
-                              version=__version__)
+                              version=__version__,
+                              warm_ready=warm.ready if warm else 0,
+                              warm_starting=warm.starting if warm else 0,
+                              warm_memory_bytes=warm.memory_bytes if warm else 0)
 
     def _register(self, session: int) -> None:
         """Create this session's ephemeral ``/supervisors/<id>``; a node left by an earlier
@@ -457,6 +512,7 @@ class Supervisor:
         while not self._stop.is_set():
             try:
                 self.reconcile()
+                self._fill_warm()
             except LayoutMissingError as exc:
                 log.error("nothing started or stopped: %s", exc)
             except (KazooException, ViewNotLoadedError) as exc:
@@ -467,6 +523,18 @@ class Supervisor:
                 self.passes += 1
             self._wake.wait(self._next_wait())
             self._wake.clear()
+
+    def _fill_warm(self) -> None:
+        if self.warm is None or self._stop.is_set():
+            return
+        now = time.monotonic()
+        # A worker still on its way to its first batch (or first status) gets the CPU
+        # before a new JVM does.
+        busy = any(not h.ended_by and h.exit_code() is None and (
+            h.last_status_at is None or (h.kind == "pipeline" and not h.committed
+                                         and now - h.started_at < self._start_timeout_s))
+            for h in self._running_handles())
+        self.warm.fill(busy)
 
     def _next_wait(self) -> float:
         now = time.monotonic()
@@ -552,6 +620,14 @@ class Supervisor:
             if handle.ended_by in ("lost", "stop", "lease"):
                 continue  # the supervisor or its lease ended it: not a crash
             record = self._slots.setdefault((handle.topology_id, handle.port), _SlotRecord())
+            if handle.warm == "taken" and code == EXIT_WARM_REFUSED:
+                # No failure of the topology's: its Spark settings differ from the warm
+                # session's in a way only Spark could tell. Started cold at once.
+                record.cold_reason = handle.warm_refused or "the warm worker refused it"
+                record.not_before = now
+                log.warning("worker %s: the warm worker could not take it (%s); starting "
+                            "it cold", handle.name, record.cold_reason)
+                continue
             record.restarts += 1
             ran_s = now - handle.started_at
             # Not a crash loop: a pipeline that committed, a command that got past its
@@ -636,18 +712,23 @@ class Supervisor:
         record.code_failures, record.code_error = 0, ""
         conf = self.worker_conf(code_dir)
         worker_dir = self.workers_dir / f"{want.topology_id}-{want.port}"
+        kind = "process" if (
+            self.code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
+        if not self._may_start(session):
+            return
+        if self._start_warm(want, record, conf, num_workers, session, worker_dir, kind):
+            return
         handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,
                               record.restarts, self._on_status, self._on_closed,
                               command=self._worker_command)
         handle.worker_index = want.worker_index
         handle.num_workers = num_workers
+        handle.kind = kind
         if self._run_as_user:
             handle.run_as = self._account(want.topology_id, code_dir, conf)
         if self.cgroups is not None:
             handle.cgroups = self.cgroups
             handle.cgroup = self.cgroups.make(f"{want.topology_id}-{want.port}")
-        handle.kind = "process" if (
-            self.code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
 
         def write_spec(lease_fd: int, status_fd: int) -> None:
             if handle.run_as is not None:  # its own directory, its own only
@@ -662,8 +743,6 @@ class Supervisor:
             if handle.run_as is not None:
                 os.chown(worker_dir / SPEC_FILE, *handle.run_as)
 
-        if not self._may_start(session):
-            return
         log.info("starting worker %s:%d (restart %d)", want.topology_id, want.port,
                  record.restarts)
         env = _worker_env()
@@ -679,6 +758,65 @@ class Supervisor:
         self._lease.wake()
         if not self._connected.is_set():
             handle.kill("lost")  # the connection went while it was being started
+
+    def _start_warm(self, want: DesiredWorker, record: _SlotRecord, conf: dict[str, Any],
+                    num_workers: int, session: int, worker_dir: Path, kind: str) -> bool:
+        """Run ``want`` on a warm worker if one can take it, or leave it to wait for one
+        that is starting (True); else log why not (False: start it cold)."""
+        if self.warm is None or kind != "pipeline":
+            return False
+        spec = WorkerSpec(
+            topology_id=want.topology_id, port=want.port, supervisor_id=self.id,
+            host=self.host, code_dir=str(self.code.resources(want.topology_id)), conf=conf,
+            restarts=record.restarts, worker_index=want.worker_index,
+            num_workers=num_workers, lease_fd=-1, status_fd=-1)
+        if record.cold_reason:
+            handle, why = None, record.cold_reason
+            record.cold_reason = ""
+        else:
+            handle, why = self.warm.take(spec)
+        if handle is None and why == WARM_WAIT:
+            if not record.waiting_for_warm:  # said once per wait
+                record.waiting_for_warm = True
+                log.info("worker %s:%d waits for the warm worker that is starting",
+                         want.topology_id, want.port)
+            return True  # taken on the pass its readiness (or its exit) wakes
+        record.waiting_for_warm = False
+        if handle is None:
+            log.info("worker %s:%d starts cold: %s", want.topology_id, want.port, why)
+            return False
+        warm_dir = handle.worker_dir
+        spec.lease_fd, spec.status_fd = handle.child_fds
+        try:
+            worker_dir.mkdir(parents=True, exist_ok=True)
+            spec.dump(worker_dir / SPEC_FILE)
+            move_log(warm_dir, worker_dir)
+        except OSError as exc:
+            log.warning("worker %s:%d starts cold: cannot hand it to warm worker %s: %s",
+                        want.topology_id, want.port, warm_dir, exc)
+            handle.stop(self._grace_s)
+            return False
+        handle.warm_dir = warm_dir
+        handle.topology_id, handle.port, handle.worker_dir = (
+            want.topology_id, want.port, worker_dir)
+        handle.session_id, handle.restarts = session, record.restarts
+        handle.worker_index, handle.num_workers = want.worker_index, num_workers
+        handle.kind = "pipeline"
+        handle.started_at, handle.last_status_at = time.monotonic(), None
+        handle.rebind(self._on_status, self._on_closed)
+        if not handle.take(worker_dir):
+            log.warning("worker %s:%d starts cold: warm worker %s is gone",
+                        want.topology_id, want.port, warm_dir)
+            handle.release()
+            return False
+        log.info("starting worker %s:%d (restart %d) on warm worker %s (pid %s)",
+                 want.topology_id, want.port, record.restarts, warm_dir.name, handle.pid)
+        with self._lock:
+            self._workers[want.port] = handle
+        self._lease.wake()
+        if not self._connected.is_set():
+            handle.kill("lost")
+        return True
 
     def _account(self, topology_id: str, code_dir: Path,
                  conf: dict[str, Any]) -> tuple[int, int]:
@@ -703,12 +841,7 @@ class Supervisor:
         the same way; a pipeline's own keys, such as its input directory, reach its
         ``build(spark, conf)`` like this). ``storm.local.dir`` stays this supervisor's,
         made absolute, since the worker runs in its own directory."""
-        # Only what a worker needs of this supervisor's configuration, and never a
-        # credential of the cluster's (ZooKeeper digests, TLS keys, store secrets): the
-        # worker runs a tenant's code (docs/security.md).
-        conf = {key: value for key, value in self.conf.as_dict().items()
-                if (key.startswith(WORKER_KEY_PREFIXES) or key in WORKER_KEYS)
-                and not is_secret_key(key)}
+        conf = self._cluster_worker_conf()
         try:
             topology_conf = json.loads((code_dir / CONF_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -717,6 +850,18 @@ class Supervisor:
             topology_conf = {}
         if isinstance(topology_conf, dict):
             conf.update({k: v for k, v in topology_conf.items() if isinstance(k, str)})
+        conf["storm.local.dir"] = str(self.local_dir)
+        return conf
+
+    def _cluster_worker_conf(self) -> dict[str, Any]:
+        """What every worker gets of this supervisor's configuration, before its
+        topology's own keys (see :meth:`worker_conf`)."""
+        # Only what a worker needs of this supervisor's configuration, and never a
+        # credential of the cluster's (ZooKeeper digests, TLS keys, store secrets): the
+        # worker runs a tenant's code (docs/security.md).
+        conf = {key: value for key, value in self.conf.as_dict().items()
+                if (key.startswith(WORKER_KEY_PREFIXES) or key in WORKER_KEYS)
+                and not is_secret_key(key)}
         conf["storm.local.dir"] = str(self.local_dir)
         return conf
 
@@ -746,6 +891,10 @@ class Supervisor:
 
     # -- worker status (reader threads) ----------------------------------------------------
     def _on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:
+        warm = status.get("warm")
+        if isinstance(warm, dict) and handle.warm == "taken" and not handle.committed \
+                and isinstance(warm.get("refused"), str):
+            handle.warm_refused = warm["refused"][:500]
         beat = status.get("beat")
         if isinstance(beat, dict):
             components = checked_components(beat.get("components"))
@@ -783,7 +932,8 @@ class Supervisor:
             time_secs=int(time.time()), topology_id=handle.topology_id, supervisor_id=self.id,
             host=self.host, port=handle.port,
             uptime_secs=int(time.monotonic() - handle.started_at), restarts=handle.restarts,
-            components=components)
+            components=components, memory_bytes=handle.memory_bytes(),
+            warm_start=handle.warm == "taken")
         try:
             self.state.worker_heartbeat(handle.topology_id, self.id, handle.port,
                                         record.encode())

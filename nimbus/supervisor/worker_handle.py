@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.supervisor.cgroups import CGROUP_ENV, WorkerCgroups, in_cgroup, kill_cgroup
+from nimbus.supervisor.memory import GroupMemory
 from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
 
@@ -80,6 +82,13 @@ class WorkerHandle:
         self.cgroup: Path | None = None
         self.run_as: tuple[int, int] | None = None  # (uid, gid) of its own account
         self.committed = False           # a beat showed a completed batch
+        # Warm workers (nimbus/supervisor/warm_pool.py): "" for a worker started cold;
+        # "warming", "ready", then "taken" for one started ahead of any topology.
+        self.warm = ""
+        self.warm_refused = ""           # why a taken warm worker could not run it
+        self.warm_dir: Path | None = None  # where a taken warm worker was started
+        self.child_fds = (-1, -1)        # (lease, status) descriptors as the worker has them
+        self._memory: GroupMemory | None = None
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".
         self.ended_by = ""
@@ -121,6 +130,7 @@ class WorkerHandle:
             for fd in (lease_r, lease_w, status_r, status_w):
                 os.close(fd)
             raise
+        self.child_fds = (lease_r, status_w)  # pass_fds keeps the numbers
         os.close(lease_r)
         os.close(status_w)
         # A worker that stops reading must never block the lease thread.
@@ -147,6 +157,32 @@ class WorkerHandle:
                 return True
             except (BlockingIOError, BrokenPipeError, OSError):
                 return False
+
+    def take(self, worker_dir: Path) -> bool:
+        """Hand a warm worker its worker directory (``take <dir>`` on the lease pipe, the
+        line it waits for); False if it is gone. Safe from any thread."""
+        with self._lease_lock:
+            if self._lease_w < 0:
+                return False
+            try:
+                os.write(self._lease_w, f"take {worker_dir}\n".encode())
+                return True
+            except (BlockingIOError, BrokenPipeError, OSError):
+                return False
+
+    def rebind(self, on_status: StatusCallback, on_closed: ClosedCallback | None) -> None:
+        """Send this worker's status lines and its exit to other callbacks from now on
+        (a warm worker taken for a slot)."""
+        self._on_status = on_status
+        self._on_closed = on_closed
+
+    def memory_bytes(self) -> int:
+        """Resident bytes of the worker's process group (cached for a few seconds)."""
+        if self.process is None:
+            return 0
+        if self._memory is None:
+            self._memory = GroupMemory(self.process.pid)
+        return self._memory.bytes()
 
     # -- status ---------------------------------------------------------------------------
     def _read_status(self) -> None:
@@ -229,6 +265,8 @@ class WorkerHandle:
                 self.process.wait(timeout=10)
         if self.cgroup is not None and self.cgroups is not None:
             self.cgroups.remove(self.cgroup)
+        if self.warm_dir is not None:
+            tidy_warm_dir(self.warm_dir)
         self._reader_stop.set()
         if self._reader is not None:
             self._reader.join(timeout=5)
@@ -238,6 +276,18 @@ class WorkerHandle:
                     with contextlib.suppress(OSError):
                         os.close(fd)
             self._lease_w = self._status_r = -1
+
+
+def tidy_warm_dir(directory: Path) -> None:
+    """Remove a warm worker's directory once its process is gone, unless Spark left data
+    in it: a session's default warehouse and metastore live in its JVM's working
+    directory, which stays the warm directory after the worker is taken."""
+    if (directory / "spark-warehouse").exists() or (directory / "metastore_db").exists():
+        with contextlib.suppress(OSError):
+            (directory / "warm.json").unlink()
+        log.info("kept %s: Spark left a warehouse or metastore in it", directory)
+        return
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def stop_all(handles: Sequence[WorkerHandle], grace_s: float) -> None:

@@ -11,6 +11,9 @@ EXIT_OK = 0  # stopped on request (SIGTERM)
 EXIT_STARTUP = 1  # worker.json unreadable, or no lease arrived in time
 EXIT_INVALID_TOPOLOGY = 2  # the bundle cannot run: bad topology.yaml / topology.py / build()
 EXIT_FAILED = 3  # it ran and failed: a query terminated, or the command exited
+# A warm worker was handed a topology whose Spark settings its session cannot take: no
+# failure of the topology's, the supervisor starts it cold at once.
+EXIT_WARM_REFUSED = 4
 
 
 

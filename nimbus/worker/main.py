@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from nimbus.redaction import install_log_redaction
 from nimbus.worker.exits import (
@@ -27,6 +28,9 @@ from nimbus.worker.exits import (
 from nimbus.worker.lease import Lease, ensure_group_leader
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import StatusWriter
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("nimbus.worker")
 
@@ -53,7 +57,7 @@ def configure_logging() -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
-def _install_stop_handlers(stop: threading.Event) -> None:
+def install_stop_handlers(stop: threading.Event) -> None:
     def request_stop(signum: int, _frame: FrameType | None) -> None:
         if not stop.is_set():
             log.info("%s received: stopping", signal.Signals(signum).name)
@@ -63,8 +67,10 @@ def _install_stop_handlers(stop: threading.Event) -> None:
         signal.signal(sig, request_stop)
 
 
-def run(spec: WorkerSpec, stop: threading.Event) -> int:
-    """Run the worker described by ``spec`` until stopped or failed; returns the exit code."""
+def run(spec: WorkerSpec, stop: threading.Event, session: SparkSession | None = None) -> int:
+    """Run the worker described by ``spec`` until stopped or failed; returns the exit code.
+
+    ``session``: a warm worker's SparkSession, already adopted for ``spec``."""
     status = StatusWriter(spec.status_fd, topology_id=spec.topology_id,
                           supervisor_id=spec.supervisor_id, host=spec.host, port=spec.port,
                           restarts=spec.restarts)
@@ -93,7 +99,7 @@ def run(spec: WorkerSpec, stop: threading.Event) -> int:
         # Imported only here: a process topology never loads pyspark.
         from nimbus.worker.pipeline import run_pipeline
 
-        return run_pipeline(spec, status, stop)
+        return run_pipeline(spec, status, stop, session)
     finally:
         lease.stop()
         status.close()
@@ -104,10 +110,18 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Run one nimbus-ha worker (started by a "
                                                  "supervisor; see docs/runtime.md).")
     parser.add_argument("worker_dir", type=Path, help="directory holding worker.json")
+    parser.add_argument("--warm", action="store_true",
+                        help="start as a warm worker: WORKER_DIR holds warm.json, and the "
+                             "supervisor hands it a worker directory later "
+                             "(nimbus/worker/warm.py)")
     args = parser.parse_args(argv)
     configure_logging()
     # Before anything else: the lease kill must hit this process's own group only.
     ensure_group_leader()
+    if args.warm:
+        from nimbus.worker.warm import run_warm
+
+        return run_warm(args.worker_dir)
     try:
         spec = WorkerSpec.load(args.worker_dir)
         spec.heartbeat_secs  # noqa: B018 - validated now rather than mid-run
@@ -116,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STARTUP
     install_log_redaction(spec.conf)
     stop = threading.Event()
-    _install_stop_handlers(stop)
+    install_stop_handlers(stop)
     log.info("worker pid %d (group %d): topology %s port %d, worker %d of %d, restarts %d",
              os.getpid(), os.getpgrp(), spec.topology_id, spec.port, spec.worker_index,
              spec.num_workers, spec.restarts)

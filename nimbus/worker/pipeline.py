@@ -132,11 +132,15 @@ DEFAULT_STALL_S = 300.0
 class PipelineRunner:
     """Runs one worker's share of a pipeline topology; :meth:`run` returns the exit code."""
 
-    def __init__(self, spec: WorkerSpec, status: StatusWriter, stop: threading.Event):
+    def __init__(self, spec: WorkerSpec, status: StatusWriter, stop: threading.Event,
+                 session: SparkSession | None = None):
+        """``session``: a SparkSession already up (a warm worker's, adopted for ``spec``);
+        by default the runner starts one."""
         self.spec = spec
         self.status = status
         self.stop = stop
         self.spark: SparkSession | None = None
+        self._warm_session = session
         self.queries: dict[str, StreamingQuery] = {}
         # Component of the errors about the whole topology (worker-<i>).
         self.whole = worker_component(spec.worker_index)
@@ -168,7 +172,7 @@ class PipelineRunner:
         from nimbus.worker.spark import build_session
 
         try:
-            self.spark = build_session(spec)
+            self.spark = self._warm_session or build_session(spec)
         except InvalidTopology as exc:
             return self._fail(self.whole, str(exc), EXIT_INVALID_TOPOLOGY)
         except Exception as exc:
@@ -263,10 +267,12 @@ class PipelineRunner:
             log.info("Spark stopped in %.1f s", time.monotonic() - started)
 
 
-def run_pipeline(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -> int:
-    """Run the pipeline topology of ``spec`` until ``stop`` is set or a query fails.
+def run_pipeline(spec: WorkerSpec, status: StatusWriter, stop: threading.Event,
+                 session: SparkSession | None = None) -> int:
+    """Run the pipeline topology of ``spec`` until ``stop`` is set or a query fails, on
+    ``session`` if given (a warm worker's) or on a SparkSession of its own.
 
     Returns 0 when stopped, 2 when topology.py or build() is unusable, 3 when Spark or a
     query failed.
     """
-    return PipelineRunner(spec, status, stop).run()
+    return PipelineRunner(spec, status, stop, session).run()

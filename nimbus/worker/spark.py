@@ -50,23 +50,100 @@ def session_settings(spec: WorkerSpec) -> dict[str, str]:
     return settings
 
 
-def build_session(spec: WorkerSpec) -> SparkSession:
+def spark_master(conf: dict[str, Any]) -> str:
+    """``topology.spark.master`` of a worker's configuration (``local[*]`` by default)."""
+    return str(conf.get("topology.spark.master") or "local[*]")
+
+
+def runtime_settable(key: str) -> bool:
+    """Whether a Spark setting *may* be changed on a running session: only SQL settings
+    can (Spark itself has the last word, see :func:`adopt_session`); everything else
+    (memory, cores, jars, the driver's address, ...) is fixed when the JVM starts."""
+    return key.startswith("spark.sql.") and key not in STATIC_SQL_KEYS
+
+
+#: SQL settings that Spark fixes at start all the same (StaticSQLConf's common ones).
+STATIC_SQL_KEYS = frozenset({
+    "spark.sql.warehouse.dir", "spark.sql.catalogImplementation", "spark.sql.extensions",
+    "spark.sql.queryExecutionListeners", "spark.sql.streaming.streamingQueryListeners",
+    "spark.sql.ui.retainedExecutions", "spark.sql.streaming.ui.enabled",
+    "spark.sql.sources.schemaStringLengthThreshold", "spark.sql.event.truncate.length",
+    "spark.sql.legacy.sessionInitWithConfigDefaults", "spark.sql.cache.serializer",
+})
+
+
+def warm_mismatch(warm: WorkerSpec, wanted: WorkerSpec) -> str | None:
+    """Why a session started for ``warm`` cannot run ``wanted`` (None: it can).
+
+    They must have the same master and the same settings fixed at start; SQL settings
+    that differ are set on the session when it is taken (:func:`adopt_session`)."""
+    if spark_master(warm.conf) != spark_master(wanted.conf):
+        return (f"topology.spark.master is {spark_master(wanted.conf)}, the warm workers' "
+                f"{spark_master(warm.conf)}")
+    ours, theirs = session_settings(warm), session_settings(wanted)
+    for key in sorted(set(ours) | set(theirs)):
+        if ours.get(key) != theirs.get(key) and not runtime_settable(key):
+            return (f"Spark setting {key} is {theirs.get(key, '(unset)')}, the warm workers' "
+                    f"{ours.get(key, '(unset)')} (fixed when Spark starts)")
+    return None
+
+
+class WarmMismatchError(Exception):
+    """A warm session cannot take this topology; the message says which setting."""
+
+
+def adopt_session(session: SparkSession, warm: WorkerSpec, wanted: WorkerSpec) -> None:
+    """Make a session started for ``warm`` the one of ``wanted``: its SQL settings set or
+    unset, the bundle on the Python path of this process and of Spark's Python workers.
+
+    Raises WarmMismatchError, changing nothing, when a setting differs that Spark cannot
+    change on a running session (Spark's ``isModifiable`` decides)."""
+    reason = warm_mismatch(warm, wanted)
+    if reason is not None:
+        raise WarmMismatchError(reason)
+    ours, theirs = session_settings(warm), session_settings(wanted)
+    changes = {key: theirs.get(key) for key in set(ours) | set(theirs)
+               if ours.get(key) != theirs.get(key)}
+    for key in sorted(changes):
+        if not session.conf.isModifiable(key):
+            raise WarmMismatchError(f"Spark setting {key} is {changes[key] or '(unset)'}, "
+                                    f"the warm session's {ours.get(key, '(unset)')} (Spark "
+                                    "cannot change it on a running session)")
+    for key, value in sorted(changes.items()):
+        if value is None:
+            session.conf.unset(key)
+        else:
+            session.conf.set(key, value)
+    if changes:
+        log.info("warm session adopted with %s", redact(changes))
+    _put_bundle_on_path(wanted)
+    # Spark's Python workers get their environment from the context's, per function
+    # shipped: functions made from now on see the bundle (see build_session).
+    session.sparkContext.environment["PYTHONPATH"] = os.environ["PYTHONPATH"]
+
+
+def _put_bundle_on_path(spec: WorkerSpec) -> None:
+    # Spark's Python workers (UDFs) must be this interpreter, and must import the bundle's
+    # modules: cloudpickle sends functions of importable modules by reference.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    paths = [spec.code_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in dict.fromkeys(paths) if p)
+
+
+def build_session(spec: WorkerSpec, app_name: str = "") -> SparkSession:
     """Start the worker's SparkSession (master ``topology.spark.master``, app name
-    ``<topology-id>-<port>``). Starts a JVM: 5-15 s."""
+    ``<topology-id>-<port>`` unless given). Starts a JVM: 5-15 s."""
     from pyspark.sql import SparkSession
 
     settings = session_settings(spec)
     if not any(key in user_spark_conf(spec) for key in HOST_KEYS):
         # The JVM's own address lookup (before any conf is read) uses this variable.
         os.environ["SPARK_LOCAL_IP"] = LOOPBACK
-    # Spark's Python workers (UDFs) must be this interpreter, and must import the bundle's
-    # modules: cloudpickle sends functions of importable modules by reference.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    paths = [spec.code_dir, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    _put_bundle_on_path(spec)
 
-    master = str(spec.conf.get("topology.spark.master") or "local[*]")
-    builder = SparkSession.builder.master(master).appName(f"{spec.topology_id}-{spec.port}")
+    master = spark_master(spec.conf)
+    builder = SparkSession.builder.master(master).appName(
+        app_name or f"{spec.topology_id}-{spec.port}")
     for key, value in settings.items():
         builder = builder.config(key, value)
     log.info("starting SparkSession: master %s, conf %s", master, redact(settings))
