@@ -163,7 +163,8 @@ def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
         handle = SimpleNamespace(
             topology_id=TOPOLOGY, port=port, worker_index=0, num_workers=1,
             name=f"{TOPOLOGY}:{port}", session_id=sup.zk.client_id[0], ended_by="",
-            errors_reported=0, started_at=0.0, restarts=0,
+            errors_reported=0, started_at=0.0, restarts=0, committed=False,
+            kind="pipeline", warm="", topology_components=None, memory_bytes=lambda: 0,
             error_budget=status_input.ErrorBudget(per_minute=10**9))
         monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
         rng = random.Random(19)
@@ -184,3 +185,13 @@ def test_the_error_budget_drops_a_flood():
     assert [budget.take() for _ in range(14)] == [True] * 12 + [False, False]
     now[0] += 5.0  # one token every 5 s
     assert (budget.take(), budget.take(), budget.dropped) == (True, False, 3)
+
+
+@pytest.mark.parametrize("raw", [None, "a", {"a": 1}, ["a", "/storm/storms"], ["a", 1],
+                                 ["x"] * (status_input.MAX_DECLARED_COMPONENTS + 1)])
+def test_a_declared_component_list_is_believed_whole_or_not_at_all(raw):
+    assert status_input.checked_component_list(raw) is None
+
+
+def test_a_declared_component_list_is_sorted_and_deduplicated():
+    assert status_input.checked_component_list(["b", "a", "b"]) == ("a", "b")

@@ -88,6 +88,7 @@ from nimbus.supervisor.run_as_user import (
 )
 from nimbus.supervisor.status_input import (
     ERRORS_PER_MINUTE,
+    checked_component_list,
     checked_components,
     checked_error,
 )
@@ -97,6 +98,7 @@ from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_a
 from nimbus.thrift.tls import configure_clients
 from nimbus.timing import check_timing
 from nimbus.worker.exits import EXIT_WARM_REFUSED
+from nimbus.worker.pipeline import assigned
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
 
 log = logging.getLogger(__name__)
@@ -654,6 +656,9 @@ class Supervisor:
                     why = "no longer assigned here"
                 elif (want.worker_index != handle.worker_index
                       or num_workers.get(want.topology_id) != handle.num_workers):
+                    if self._keeps_its_share(handle, want.worker_index,
+                                             num_workers.get(want.topology_id, 1)):
+                        continue
                     why = "its place in the topology changed"
                 else:
                     continue
@@ -665,6 +670,24 @@ class Supervisor:
             want = desired.get(handle.port)
             if want is None or want.topology_id != handle.topology_id:
                 self._slots.pop((handle.topology_id, handle.port), None)
+
+    @staticmethod
+    def _keeps_its_share(handle: WorkerHandle, worker_index: int, num_workers: int) -> bool:
+        """Whether a pipeline's worker runs the same components as ``worker-<index>`` of
+        ``num_workers`` as it does now; if so it is told its new place and kept."""
+        every = handle.topology_components
+        if handle.kind != "pipeline" or every is None or handle.ended_by:
+            return False
+        before = assigned(list(every), handle.worker_index, handle.num_workers)
+        if assigned(list(every), worker_index, num_workers) != before:
+            return False
+        old = f"worker {handle.worker_index} of {handle.num_workers}"
+        if not handle.reassign(worker_index, num_workers):
+            return False
+        log.info("worker %s keeps running through the rebalance: as worker %d of %d it "
+                 "runs %s, as it did as %s", handle.name, worker_index, num_workers,
+                 before, old)
+        return True
 
     def _kill_silent(self) -> None:
         now = time.monotonic()
@@ -895,6 +918,10 @@ class Supervisor:
         if isinstance(warm, dict) and handle.warm == "taken" and not handle.committed \
                 and isinstance(warm.get("refused"), str):
             handle.warm_refused = warm["refused"][:500]
+        declared = status.get("components")
+        if isinstance(declared, dict) and handle.kind == "pipeline":
+            # Untrusted, but it decides only whether this topology's own worker is kept.
+            handle.topology_components = checked_component_list(declared.get("all"))
         beat = status.get("beat")
         if isinstance(beat, dict):
             components = checked_components(beat.get("components"))

@@ -85,6 +85,19 @@ def checked_components(raw: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+#: Most component names a worker may declare (``{"components": {"all": [...]}}``).
+MAX_DECLARED_COMPONENTS = 10_000
+
+
+def checked_component_list(raw: Any) -> tuple[str, ...] | None:
+    """A worker's declared component names, sorted, or None if anything in ``raw`` is not
+    a list of valid component ids (or is too long): then nothing is believed."""
+    if not isinstance(raw, list) or len(raw) > MAX_DECLARED_COMPONENTS \
+            or not all(is_component_id(name) for name in raw):
+        return None
+    return tuple(sorted(set(raw)))
+
+
 def _plain(value: Any) -> bool:
     if value is None or isinstance(value, bool | int | float):
         return True

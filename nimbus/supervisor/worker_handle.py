@@ -88,6 +88,9 @@ class WorkerHandle:
         self.warm_refused = ""           # why a taken warm worker could not run it
         self.warm_dir: Path | None = None  # where a taken warm worker was started
         self.child_fds = (-1, -1)        # (lease, status) descriptors as the worker has them
+        # Every component of its topology, as the worker declared them (a pipeline's,
+        # once built): what tells whether a rebalance leaves its share as it is.
+        self.topology_components: tuple[str, ...] | None = None
         self._memory: GroupMemory | None = None
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".
@@ -169,6 +172,19 @@ class WorkerHandle:
                 return True
             except (BlockingIOError, BrokenPipeError, OSError):
                 return False
+
+    def reassign(self, worker_index: int, num_workers: int) -> bool:
+        """Tell the worker it runs on as ``worker-<worker_index>`` of ``num_workers``
+        (``assign`` on the lease pipe); False if it is gone. Safe from any thread."""
+        with self._lease_lock:
+            if self._lease_w < 0:
+                return False
+            try:
+                os.write(self._lease_w, f"assign {worker_index} {num_workers}\n".encode())
+            except (BlockingIOError, BrokenPipeError, OSError):
+                return False
+        self.worker_index, self.num_workers = worker_index, num_workers
+        return True
 
     def rebind(self, on_status: StatusCallback, on_closed: ClosedCallback | None) -> None:
         """Send this worker's status lines and its exit to other callbacks from now on

@@ -76,6 +76,8 @@ class Lease:
                  on_expiry: Callable[[str], None] = kill_process_group) -> None:
         self._fd = fd
         self._on_expiry = on_expiry
+        # Called on the reader thread with (worker_index, num_workers) of an "assign" line.
+        self.on_assign: Callable[[int, int], None] | None = None
         self._cond = threading.Condition()
         self._deadline: float | None = None
         self._expired = False
@@ -146,6 +148,9 @@ class Lease:
 
     def _accept(self, line: bytes) -> None:
         word, _, value = line.decode("utf-8", "replace").strip().partition(" ")
+        if word == "assign":
+            self._accept_assign(value)
+            return
         try:
             if word != "lease":
                 raise ValueError
@@ -160,6 +165,20 @@ class Lease:
             self._cond.notify_all()
         if first:
             log.info("first lease received: %.1f s left", deadline - time.monotonic())
+
+    def _accept_assign(self, value: str) -> None:
+        """``assign <worker_index> <num_workers>``: a rebalance left this worker's
+        components as they were, so it runs on under its new place in the topology."""
+        try:
+            index, count = (int(v) for v in value.split())
+        except ValueError:
+            log.warning("ignoring malformed assign line %r", value[:100])
+            return
+        callback = self.on_assign
+        if callback is None:
+            log.warning("ignoring assign %d %d: nothing runs yet", index, count)
+            return
+        callback(index, count)
 
     def _watch_loop(self) -> None:
         with self._cond:

@@ -99,7 +99,7 @@ def run(spec: WorkerSpec, stop: threading.Event, session: SparkSession | None = 
         # Imported only here: a process topology never loads pyspark.
         from nimbus.worker.pipeline import run_pipeline
 
-        return run_pipeline(spec, status, stop, session)
+        return run_pipeline(spec, status, stop, session, lease)
     finally:
         lease.stop()
         status.close()

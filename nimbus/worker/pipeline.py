@@ -26,6 +26,7 @@ from nimbus.worker.exits import (
     InvalidTopology,
     worker_component,
 )
+from nimbus.worker.lease import Lease
 from nimbus.worker.spec import WorkerSpec
 from nimbus.worker.stall import STALL_KEY, StallWatch
 from nimbus.worker.status import StatusWriter, format_error
@@ -133,14 +134,18 @@ class PipelineRunner:
     """Runs one worker's share of a pipeline topology; :meth:`run` returns the exit code."""
 
     def __init__(self, spec: WorkerSpec, status: StatusWriter, stop: threading.Event,
-                 session: SparkSession | None = None):
+                 session: SparkSession | None = None, lease: Lease | None = None):
         """``session``: a SparkSession already up (a warm worker's, adopted for ``spec``);
-        by default the runner starts one."""
+        by default the runner starts one. ``lease``: where a rebalance that keeps this
+        worker's components tells it its new place (``assign`` lines)."""
         self.spec = spec
         self.status = status
         self.stop = stop
         self.spark: SparkSession | None = None
         self._warm_session = session
+        self._lease = lease
+        self._components: list[str] = []     # every component of the topology
+        self._misplaced = ""                 # why an assign did not fit what runs here
         self.queries: dict[str, StreamingQuery] = {}
         # Component of the errors about the whole topology (worker-<i>).
         self.whole = worker_component(spec.worker_index)
@@ -192,6 +197,10 @@ class PipelineRunner:
         mine = assigned(list(writers), spec.worker_index, spec.num_workers)
         log.info("components %s; this worker (%d of %d) runs %s", sorted(writers),
                  spec.worker_index, spec.num_workers, mine)
+        self._components = sorted(writers)
+        if self._lease is not None:
+            self._lease.on_assign = self._reassign
+        self.status.components(self._components, mine)
         root = spec.topology_checkpoint_dir
         for name in mine:
             if self.stop.is_set():
@@ -207,10 +216,27 @@ class PipelineRunner:
             log.info("started query %s.%s (checkpoint %s)", spec.topology_id, name, root / name)
         return self._watch()
 
+    def _reassign(self, worker_index: int, num_workers: int) -> None:
+        """The lease reader's thread: a rebalance kept this worker (see StatusWriter's
+        ``components``). It runs on as ``worker-<index>`` of ``num_workers``."""
+        before = assigned(self._components, self.spec.worker_index, self.spec.num_workers)
+        after = assigned(self._components, worker_index, num_workers) \
+            if 0 <= worker_index < num_workers else None
+        if after != before:
+            self._misplaced = (f"told to run on as worker {worker_index} of {num_workers}, "
+                               f"which runs {after}, not {before}")
+            return
+        log.info("rebalanced: now worker %d of %d, running %s as before", worker_index,
+                 num_workers, before)
+        self.spec.worker_index, self.spec.num_workers = worker_index, num_workers
+        self.whole = worker_component(worker_index)
+
     def _watch(self) -> int:
         interval = self.spec.heartbeat_secs
         stalls = StallWatch(float(self.spec.conf.get(STALL_KEY, DEFAULT_STALL_S)))
         while not self.stop.is_set():
+            if self._misplaced:  # never sent by a supervisor that agrees with this worker
+                return self._fail(self.whole, self._misplaced, EXIT_FAILED)
             try:
                 components = {}
                 for name, query in self.queries.items():
@@ -268,11 +294,11 @@ class PipelineRunner:
 
 
 def run_pipeline(spec: WorkerSpec, status: StatusWriter, stop: threading.Event,
-                 session: SparkSession | None = None) -> int:
+                 session: SparkSession | None = None, lease: Lease | None = None) -> int:
     """Run the pipeline topology of ``spec`` until ``stop`` is set or a query fails, on
     ``session`` if given (a warm worker's) or on a SparkSession of its own.
 
     Returns 0 when stopped, 2 when topology.py or build() is unusable, 3 when Spark or a
     query failed.
     """
-    return PipelineRunner(spec, status, stop, session).run()
+    return PipelineRunner(spec, status, stop, session, lease).run()

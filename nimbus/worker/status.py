@@ -70,6 +70,12 @@ class StatusWriter:
                 "components": components}
         self._send({"beat": beat})
 
+    def components(self, every: list[str], mine: list[str]) -> None:
+        """Say once which components the topology has and which of them this worker
+        runs: the supervisor keeps the worker through a rebalance that leaves ``mine``
+        as it is."""
+        self._send({"components": {"all": every, "mine": mine}})
+
     def error(self, component: str, error: str) -> None:
         """Report one failure of ``component`` (the text is cut to MAX_ERROR_CHARS)."""
         log.error("error in %s: %s", component, error)
