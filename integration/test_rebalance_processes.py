@@ -1,7 +1,7 @@
 """`nimbus-ha rebalance` on real supervisors: workers are added spread over supervisors,
-and removed, as real processes. A rebalance restarts the workers that stay (each learns
-the new worker count: a pipeline's worker runs its share of the components by it), on
-the slots they had."""
+and removed, as real processes. Every worker of a process topology runs the same
+command, so the workers that stay run on, untouched, on the slots they had (told their
+new place; integration/test_rebalance_pipeline.py has a pipeline's rule)."""
 
 from __future__ import annotations
 
@@ -43,11 +43,13 @@ def test_rebalance_adds_spread_workers_and_removes_them(tmp_path):
 
         wait_for(lambda: len(workers()) == 1, 60, "one worker")
         first = slots()["worker-0"]
+        first_pid = workers()[0]
         run_cli("rebalance", "sleeper", "--workers", "3", "--config", str(cluster.config_file),
                 check=True)
         wait_for(lambda: len(workers()) == 3, 60, "three workers")
         assert sorted(placement().values()) == [1, 2], "spread over both supervisors"
         assert slots()["worker-0"] == first, "worker-0 kept its slot"
+        assert first_pid in workers(), "worker-0 ran on through the rebalance"
         info = run_cli("topology-info", "sleeper", "--json", "--config",
                        str(cluster.config_file), check=True)
         assert [w["worker"] for w in yaml.safe_load(info.stdout)["workers"]] == \
@@ -59,4 +61,5 @@ def test_rebalance_adds_spread_workers_and_removes_them(tmp_path):
         # worker that merely restarts must not pass for a removed one).
         wait_for(lambda: len(slots()) == 1 and len(workers()) == 1, 60, "one worker again")
         assert slots() == {"worker-0": first}, "the lowest index stays where it was"
+        assert workers() == [first_pid], "and ran on through both rebalances"
         state.zk.stop()

@@ -673,14 +673,21 @@ class Supervisor:
 
     @staticmethod
     def _keeps_its_share(handle: WorkerHandle, worker_index: int, num_workers: int) -> bool:
-        """Whether a pipeline's worker runs the same components as ``worker-<index>`` of
-        ``num_workers`` as it does now; if so it is told its new place and kept."""
-        every = handle.topology_components
-        if handle.kind != "pipeline" or every is None or handle.ended_by:
+        """Whether a worker runs the same components as ``worker-<index>`` of
+        ``num_workers`` as it does now (a process topology's workers all run the same
+        command; a pipeline's share depends on both); if so it is told its new place and
+        kept."""
+        if handle.ended_by:
             return False
-        before = assigned(list(every), handle.worker_index, handle.num_workers)
-        if assigned(list(every), worker_index, num_workers) != before:
-            return False
+        if handle.kind == "process":
+            before = ["main"]
+        else:
+            every = handle.topology_components
+            if every is None:  # not built yet, or it said nothing believable
+                return False
+            before = assigned(list(every), handle.worker_index, handle.num_workers)
+            if assigned(list(every), worker_index, num_workers) != before:
+                return False
         old = f"worker {handle.worker_index} of {handle.num_workers}"
         if not handle.reassign(worker_index, num_workers):
             return False

@@ -95,7 +95,7 @@ def run(spec: WorkerSpec, stop: threading.Event, session: SparkSession | None = 
         if has_yaml:
             from nimbus.worker.process import run_process
 
-            return run_process(spec, status, stop)
+            return run_process(spec, status, stop, lease)
         # Imported only here: a process topology never loads pyspark.
         from nimbus.worker.pipeline import run_pipeline
 

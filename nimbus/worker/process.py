@@ -38,6 +38,7 @@ from nimbus.worker.exits import (
     worker_component,
 )
 from nimbus.worker.health import HealthCheck, HealthSpec
+from nimbus.worker.lease import Lease
 from nimbus.worker.spec import WorkerSpec
 from nimbus.worker.status import StatusWriter
 
@@ -166,8 +167,12 @@ def _describe_exit(code: int) -> str:
     return text
 
 
-def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -> int:
+def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event,
+                lease: Lease | None = None) -> int:
     """Run the process topology of ``spec`` until ``stop`` is set or the command exits.
+
+    Every worker of a process topology runs the same command, so a rebalance keeps it
+    running: ``lease`` brings its new place (``assign`` lines).
 
     Returns the worker's exit code: 0 when stopped, 2 when the topology is invalid or the
     command cannot be started, 3 when the command exited by itself (any code).
@@ -200,6 +205,8 @@ def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event) -
     tee = StderrTee(child.stderr).start()
     log.info("command %s started as pid %d (state dir %s)", topology.command, child.pid,
              state_dir)
+    if lease is not None:
+        lease.on_assign = lambda index, count: _reassigned(spec, index, count)
     health = None if topology.health is None else HealthCheck(topology.health, code_dir,
                                                               env, state_dir)
     try:
@@ -245,6 +252,12 @@ def _watch(child: subprocess.Popen[bytes], tee: StderrTee, spec: WorkerSpec,
             next_beat = now + interval
         # Short waits: a child's exit is noticed within 0.1 s, not a beat later.
         stop.wait(min(0.1, max(0.0, next_beat - now)))
+
+
+def _reassigned(spec: WorkerSpec, worker_index: int, num_workers: int) -> None:
+    log.info("rebalanced: now worker %d of %d; the command runs on", worker_index,
+             num_workers)
+    spec.worker_index, spec.num_workers = worker_index, num_workers
 
 
 def _stop_child(child: subprocess.Popen[bytes]) -> int:
