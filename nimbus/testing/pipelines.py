@@ -127,6 +127,20 @@ def processes_with_arg(*needles: str) -> list[int]:
     return sorted(pids)
 
 
+def workers_in(worker_dir: Path) -> list[int]:
+    """Pids of live worker processes working in ``worker_dir``: a cold worker starts
+    there, a warm one moves there when it is taken (its command line names its warm
+    directory, not the slot's)."""
+    pids = []
+    for pid in processes_with_arg(WORKER_MODULE):
+        try:
+            if Path(os.readlink(f"/proc/{pid}/cwd")) == Path(worker_dir):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` runs: a killed child that its (maybe frozen) parent has not reaped
     yet is a zombie, not a running process."""
