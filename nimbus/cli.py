@@ -425,7 +425,7 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
                         str(w["restarts"]), "warm" if w["warm_start"] else "cold",
                         _mib(w["memory_bytes"]), ", ".join(w["components"]) or "-")
     console.print(workers)
-    if info["warm_workers"]:
+    if any(w["ready"] or w["starting"] for w in info["warm_workers"].values()):
         warm = Table("supervisor", "host", "ready", "starting", "memory",
                      title="Warm workers on its supervisors", title_justify="left")
         for supervisor_id, w in info["warm_workers"].items():

@@ -235,13 +235,18 @@ def test_topology_info_over_thrift_and_cli(cluster):
         "num_workers": 2,
         "workers": [
             {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
-             "port": 6700, "alive": True, "restarts": 3, "components": {
+             "port": 6700, "alive": True, "restarts": 3, "memory_bytes": 0,
+             "warm_start": False, "components": {
                  "counts": {"batch_id": 9, "num_input_rows": 30,
                             "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25},
                  "lines": {"batch_id": 4, "num_input_rows": 0, "input_rows_per_second": 0.0,
                            "processed_rows_per_second": 0.0}}},
             {"worker": "worker-1", "index": 1, "supervisor_id": "sup-b", "host": "host-b",
-             "port": 6700, "alive": False, "restarts": 0, "components": {}}],
+             "port": 6700, "alive": False, "restarts": 0, "memory_bytes": 0,
+             "warm_start": False, "components": {}}],
+        "warm_workers": {
+            "sup-a": {"host": "host-a", "ready": 0, "starting": 0, "memory_bytes": 0},
+            "sup-b": {"host": "host-b", "ready": 0, "starting": 0, "memory_bytes": 0}},
         "components": {
             "counts": {"host_ports": ["host-a:6700"], "batch_id": 9, "num_input_rows": 30,
                        "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25},

@@ -1,10 +1,11 @@
 """Code sync: make this host hold the code of every live topology, and nothing else.
 
-One named thread per nimbus. It is woken by ZooKeeper watches (a topology appears under
-``storms`` or ``code-distributor``, its metafile is published, a replica registers) and
-runs at least every ``nimbus.code.sync.freq.secs`` as a safety net. Storm's design notes
-that its watch "pretty much never results in code download"; here the watch path is the
-primary one, so replication completes within a download's time of a submit.
+One named loop (``code-sync``) per nimbus. It is woken by ZooKeeper watches (a topology
+appears under ``storms`` or ``code-distributor``, its metafile is published, a replica
+registers) and runs at least every ``nimbus.code.sync.freq.secs`` as a safety net.
+Storm's design notes that its watch "pretty much never results in code download"; here
+the watch path is the primary one, so replication completes within a download's time of
+a submit.
 
 A failed download is retried with a growing pause (capped by the sync period) and at
 once when a new replica registers, since that host may serve what the others could not.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from kazoo.exceptions import KazooException
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
@@ -115,8 +117,6 @@ class CodeSync:
         self._unavailable_since: dict[str, float] = {}  # guarded by _lost_lock
         self._reported_lost: frozenset[str] = frozenset()  # guarded by _lost_lock
         self._lost_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._complete: bool | None = None
@@ -125,29 +125,27 @@ class CodeSync:
         # test-and-clear atomic, so a flag raised in between is never lost.
         self._retry_now = False
         self._retry_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="code-sync", daemon=True)
+        self._pause_s = period_s  # until the next pass; each pass sets it
+        self._loop = BackgroundLoop("code-sync", self._pass, period=lambda: self._pause_s)
         self.runs = 0
 
     def start(self) -> None:
         if self._view is not None:
             self._view.listen(self._on_view_change)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._loop.stop(join_timeout=30)  # a download under way is finished first
 
     def _on_view_change(self, directory: str, _topology_id: str) -> None:
         if directory == "code-distributor":
             self._on_replica_change(None)  # maybe a new place to fetch from
         elif directory == "storms":
-            self._wake.set()
+            self._loop.wake()
 
     def wake(self, _event: object = None) -> None:
         """Ask for a run soon; also the callback of every watch this sync leaves."""
-        self._wake.set()
+        self._loop.wake()
 
     def check_cluster(self) -> None:
         """Raise LayoutMissingError unless ZooKeeper's root still holds the cluster this
@@ -211,37 +209,34 @@ class CodeSync:
         """Topologies under /storms whose code this host lacks (see :meth:`check_code`)."""
         return set(self.check_code().missing)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            # Clear before the pass, never after the wait: a wake-up that arrives while a
-            # pass runs then makes the next wait return at once instead of being lost.
-            self._wake.clear()
-            if self._stop.is_set():  # stop() may have set both just before the clear
-                break
-            pause = self._period_s
-            try:
-                self.sync_once()
-                if self._layout_error:
-                    log.info("code sync resumed: the cluster layout is back")
-                    self._layout_error = ""
-                if self._retry_at:
-                    pause = min(pause, max(0.05, min(self._retry_at.values()) - time.monotonic()))
-            except LayoutMissingError as exc:
-                if str(exc) != self._layout_error:
-                    log.error("code sync stopped, nothing fetched or removed: %s", exc)
-                self._layout_error = str(exc)
-                pause = min(pause, 5.0)
-            except (KazooException, ViewNotLoadedError) as exc:
-                log.warning("code sync could not read cluster state: %s", exc)
-                pause = min(pause, 1.0)
-            except Exception:
-                log.exception("code sync run failed")
-                pause = min(pause, 5.0)
-            try:
-                self._on_synced()
-            except Exception:
-                log.exception("code sync callback failed")
-            self._wake.wait(pause)
+    def _pass(self) -> None:
+        """One pass of the ``code-sync`` loop; sets the pause before the next one.
+
+        A wake-up that arrives while it runs makes the next pass begin at once."""
+        pause = self._period_s
+        try:
+            self.sync_once()
+            if self._layout_error:
+                log.info("code sync resumed: the cluster layout is back")
+                self._layout_error = ""
+            if self._retry_at:
+                pause = min(pause, max(0.05, min(self._retry_at.values()) - time.monotonic()))
+        except LayoutMissingError as exc:
+            if str(exc) != self._layout_error:
+                log.error("code sync stopped, nothing fetched or removed: %s", exc)
+            self._layout_error = str(exc)
+            pause = min(pause, 5.0)
+        except (KazooException, ViewNotLoadedError) as exc:
+            log.warning("code sync could not read cluster state: %s", exc)
+            pause = min(pause, 1.0)
+        except Exception:
+            log.exception("code sync run failed")
+            pause = min(pause, 5.0)
+        self._pause_s = pause
+        try:
+            self._on_synced()  # after every pass, failed ones too
+        except Exception:
+            log.exception("code sync callback failed")
 
     def _take_retry_now(self) -> bool:
         with self._retry_lock:
@@ -326,7 +321,7 @@ class CodeSync:
         # kazoo's event thread: only flag; the sync thread owns _retry_at.
         with self._retry_lock:
             self._retry_now = True
-        self._wake.set()
+        self._loop.wake()
 
     def _fetch(self, topology_id: str, metafile: bytes) -> None:
         started = time.monotonic()

@@ -1,9 +1,13 @@
-"""One nimbus process: wiring, the leader's duty cycle, and orderly shutdown.
+"""One nimbus process: wiring and orderly shutdown.
 
 Start-up order matters: the Thrift server comes first (peers download code from it), then
 the nimbus registers itself, the code sync starts, and the elector queues for the lock
 once this host holds the code of every topology. SIGTERM leaves the election *first*, so
 a planned restart fails over at once instead of after a session timeout.
+
+The leader's duties are one cycle (:mod:`nimbus.master.duty_cycle`). The other loops
+only wake one another: the code sync wakes the elector (this host may now hold all
+code), the elector wakes the duty cycle and the summary (leadership changed).
 
 ZooKeeper unreachable: the elector already reports "not leader" (SUSPENDED/LOST) and
 every leader write is fenced, so the rule is simply to do nothing until reconnected.
@@ -17,7 +21,6 @@ import threading
 import time
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
 from kazoo.retry import KazooRetry
 
 from nimbus import __version__
@@ -27,16 +30,17 @@ from nimbus.distribution.file_transfer import FileTransfers
 from nimbus.distribution.hookspecs import DistributorContext
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.code_sync import CodeSync
-from nimbus.master.elector import LeaderElector, NoLeaderError
+from nimbus.master.duty_cycle import LeaderDutyCycle
+from nimbus.master.elector import LeaderElector
 from nimbus.master.leader_watchdog import LeaderWatchdog
 from nimbus.master.lifecycle import CONF_FILE, TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
-from nimbus.state.cluster_state import LayoutMissingError, NotLeaderError, StormClusterState
-from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.cluster_view import ClusterView
 from nimbus.state.connection_watchdog import WatchedKazooClient
-from nimbus.state.records import NimbusInfo, RecordError
+from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import check_layout_acl, zk_security
 from nimbus.thrift.authorizer import authorizer_from_conf
@@ -91,9 +95,6 @@ class NimbusDaemon:
         self._stop = threading.Event()
         self._stopping = False
         self._stopping_lock = threading.Lock()
-        self._duties_wake = threading.Event()
-        self._duties_error = ""  # the RecordError that last stopped the duties, if any
-        self.cycles = 0  # duty cycles completed (tests wait on it)
 
         check_timing(conf)  # unsafe timing settings: refused before anything starts
         # Fail fast on bad security settings, before anything is started.
@@ -198,12 +199,13 @@ class NimbusDaemon:
             raise OSError(exc.errno, f"cannot serve Thrift on {conf['nimbus.thrift.bind.address']}:"
                           f"{conf['nimbus.thrift.port']}: {exc.strerror} (is another "
                           "nimbus using nimbus.thrift.port?)") from None
-        self._duties = threading.Thread(target=self._duty_loop, name="leader-duties",
-                                        daemon=True)
         self.watchdog = LeaderWatchdog(
             float(conf["nimbus.leader.watchdog.secs"]), self.elector.is_leader,
             give_up=self.elector.remove_from_leader_lock_queue)
         self.metrics.duty_cycle_age.set_function(self.watchdog.age_s)
+        self.duties = LeaderDutyCycle(self.elector, self.lifecycle, self.scheduler,
+                                      self.cache, period_s=conf["nimbus.monitor.freq.secs"],
+                                      completed=self.watchdog.cycle_completed)
 
     def _release(self) -> None:
         """Give back what a failed construction took: the distributor, then ZooKeeper.
@@ -240,7 +242,7 @@ class NimbusDaemon:
         self.view.start()
         self.cache.start()
         self.sync.start()
-        self._duties.start()
+        self.duties.start()
         self.watchdog.start()
         self.metrics.on_queued()
         self.elector.add_to_leader_lock_queue()
@@ -255,11 +257,13 @@ class NimbusDaemon:
         self.ui = None
         if not self.conf["nimbus.ui.enabled"]:
             return
+        from nimbus.ui.local_nimbus import LocalNimbus
         from nimbus.ui.server import UIServer
 
         try:
             # The view's session: the UI's reads stay off the elector's.
-            ui = UIServer(self.conf, zk=self.view_zk)
+            ui = UIServer(self.conf, zk=self.view_zk, local_nimbus=LocalNimbus(
+                self.address, self._duty_cycle_age_s))
         except ConfigError:  # unusable HTTPS settings: nothing of the UI started yet
             self._release()
             raise
@@ -285,8 +289,7 @@ class NimbusDaemon:
             self._stopping = True
         self.watchdog.stop()
         self._stop.set()
-        self._duties_wake.set()
-        self._duties.join(timeout=10)  # no duty cycle may release work from here on
+        self.duties.stop(join_timeout=10)  # no duty cycle may release work from here on
         self._wait_out_releases()
         try:
             self.elector.stop()
@@ -349,60 +352,28 @@ class NimbusDaemon:
 
     # -- the leader's duties ------------------------------------------------------------------
     def _on_leadership(self, leader: bool) -> None:
+        # Under the elector's lock: signals only. The duty cycle resets the scheduler on
+        # the first cycle of a new leadership.
         self.metrics.on_leadership(leader)
         self.cache.wake()
         if leader:
-            self.scheduler.reset()  # heartbeat ages are measured afresh by a new leader
-            self._duties_wake.set()
-
-    def _duty_loop(self) -> None:
-        while not self._stop.is_set():
-            wait = self.conf["nimbus.monitor.freq.secs"]
-            release = self.scheduler.next_release_s()  # a held-back worker may go then
-            if release is not None:
-                wait = min(wait, release + 0.05)
-            self._duties_wake.wait(wait)
-            self._duties_wake.clear()
-            if self._stop.is_set():
-                return
-            self.run_cycle()
+            self.duties.wake()
 
     def run_cycle(self) -> None:
-        """One pass of leader duties; a no-op on followers."""
-        try:
-            self._run_duties()
-        finally:
-            self.cycles += 1
-            self.watchdog.cycle_completed()
+        """One pass of leader duties now, on the caller's thread; a no-op on followers
+        (:meth:`LeaderDutyCycle.run_cycle`)."""
+        self.duties.run_cycle()
 
-    def _run_duties(self) -> None:
-        if not self.elector.is_leader():
-            return
-        try:
-            self.lifecycle.remove_due_kills()
-            self.lifecycle.remove_orphan_code()
-            if self.scheduler.schedule(self.elector.fence()):
-                # Read-your-writes: once a pass has moved work, the summary getClusterInfo
-                # serves shows it (one barrier, only after passes that wrote).
-                self.cache.refresh_now()
-            if self._duties_error:
-                log.info("scheduling resumed")
-                self._duties_error = ""
-        except (NotLeaderError, NoLeaderError):
-            log.info("duties skipped: leadership lost during the cycle")
-        except ViewNotLoadedError as exc:
-            log.warning("duties skipped, retrying next cycle: %s", exc)
-        except LayoutMissingError as exc:
-            log.error("duties skipped, nothing removed: %s", exc)
-        except RecordError as exc:
-            # A node the scheduler cannot read (a newer release's, or damaged): placing
-            # work without knowing where that topology runs could double-book slots, so
-            # nothing is scheduled until it is readable again. Logged once per problem.
-            if str(exc) != self._duties_error:
-                log.error("scheduling stopped, no assignment changed: %s", exc)
-            self._duties_error = str(exc)
-            return
-        except KazooException as exc:
-            log.warning("duties failed, retrying next cycle: %s", exc)
-        except Exception:
-            log.exception("duties failed")
+    @property
+    def cycles(self) -> int:
+        """Duty cycles completed (tests wait on it)."""
+        return self.duties.cycles
+
+    def wake_duties(self) -> None:
+        """Run a duty cycle now (or right after the one under way)."""
+        self.duties.wake()
+
+    def _duty_cycle_age_s(self) -> float | None:
+        """Seconds since this nimbus's last completed duty cycle while it leads (what
+        the UI shows for the leader), None while it does not."""
+        return self.watchdog.age_s() if self.elector.is_leader() else None

@@ -4,7 +4,7 @@ Each queued nimbus owns an ephemeral sequential node under ``<root>/leader-lock`
 lowest node is the leader. kazoo's ``Lock`` recipe is a blocking mutex; what the design
 needs is a queue whose head can *refuse* the lock (when it lacks topology code) and
 re-queue later, and whose node path serves as a fence for leader writes, so the elector
-is built directly on kazoo's primitives and runs as one named thread:
+is built directly on kazoo's primitives and runs as one named loop (``leader-elector``):
 
 * ``is_leader()`` is true only while this nimbus holds the lowest node, the connection
   is CONNECTED *and* the node's lease holds (:mod:`nimbus.master.leader_lease`): a
@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -51,6 +52,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import KazooState
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.master.leader_lease import LeaderLease
 from nimbus.state.cluster_state import (
     Fence,
@@ -76,6 +78,16 @@ def _seq(node: str) -> int:
     return seq if seq is not None else sys.maxsize
 
 
+@dataclass(frozen=True)
+class Leadership:
+    """One spell of leadership of this nimbus: the lock node that fences its writes,
+    and its term, which every gain of leadership advances (a lock claimed again after a
+    lease ran out is a new term, on the same node)."""
+
+    node: str
+    term: int
+
+
 class LeaderElector:
     """Queue for, hold and give up the leader lock; see the module docstring."""
 
@@ -98,7 +110,9 @@ class LeaderElector:
         when that value grants the lock, so a plain bool logs "(not reported)".
 
         ``on_change`` runs under a lock that kazoo's event thread also takes: it must
-        return quickly and never wait for ZooKeeper.
+        return quickly and never wait for ZooKeeper. It is for signals (wake a loop, set
+        a metric); what a new leadership calls for is decided by whoever reads
+        :meth:`leadership` (the leader's duty cycle).
 
         ``session_timeout`` is the negotiated timeout of ``zk``'s session (by default the
         tracker :func:`~nimbus.state.session_timeout.track_negotiated_timeout` made for
@@ -122,14 +136,15 @@ class LeaderElector:
         self._epoch = 0                     # advanced by every SUSPENDED or LOST
         self._session_lost = False          # set on kazoo's thread, consumed by _evaluate
         self._layout_error = ""             # logged once per distinct problem
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._want_queue = False
         self._waiting_for_code = False
         self._node: str | None = None
         self._leader_node: str | None = None   # the node verified as head of the queue
+        self._term = 0                      # advanced by every gain of leadership
         self._token = uuid.uuid4().hex[:12]
-        self._thread = threading.Thread(target=self._run, name="leader-elector", daemon=True)
+        self._loop = BackgroundLoop("leader-elector", self._step,
+                                    period=self.SAFETY_INTERVAL_S, wait_first=True,
+                                    on_error=lambda exc: self._set_leader(None))
         self.session_timeout = session_timeout or session_timeout_of(
             zk, getattr(zk, "_session_timeout", 10_000) / 1000.0)
         self.lease = LeaderLease(zk, self.session_timeout, lambda: self._node,
@@ -142,9 +157,8 @@ class LeaderElector:
         """Queue up for the lock; returns at once, check :meth:`is_leader` afterwards."""
         with self._lock:
             self._want_queue = True
-        if not self._thread.is_alive() and not self._stop.is_set():
-            self._thread.start()
-            self.lease.start()
+        self._loop.start()  # both start once only, and never after stop()
+        self.lease.start()
         self.wake()
 
     def remove_from_leader_lock_queue(self) -> None:
@@ -160,6 +174,15 @@ class LeaderElector:
         head = self._leader_node
         return (head is not None and head == self._node
                 and self._zk.state == KazooState.CONNECTED and self.lease.valid(head))
+
+    def leadership(self) -> Leadership | None:
+        """This nimbus's leadership now: None unless :meth:`is_leader`. Asks nothing of
+        ZooKeeper."""
+        with self._leader_lock:  # the node and its term, of one and the same spell
+            head = self._leader_node
+            if head is None or not self.is_leader():
+                return None
+            return Leadership(head, self._term)
 
     def fence(self) -> Fence:
         """The fence for a leader write; raises if this nimbus is not the leader."""
@@ -212,14 +235,12 @@ class LeaderElector:
     # -- lifecycle ----------------------------------------------------------------------
     def wake(self) -> None:
         """Re-evaluate soon (e.g. after a code sync completed or a watch fired)."""
-        self._wake.set()
+        self._loop.wake()
 
     def stop(self) -> None:
+        """Leave the queue, then stop the election and lease loops."""
         self.remove_from_leader_lock_queue()
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._loop.stop(join_timeout=10)
         self.lease.stop()
         self._zk.remove_listener(self._on_connection_state)
 
@@ -239,7 +260,7 @@ class LeaderElector:
                 if state == KazooState.LOST:
                     self._session_lost = True  # the ephemeral node died with the session
                 self._set_leader(None)
-        self._wake.set()
+        self._loop.wake()
 
     def _on_lease(self, valid: bool) -> None:
         # The lease thread: a lease that ran out ends leadership now (ZooKeeper may be
@@ -256,7 +277,7 @@ class LeaderElector:
                         self.lease.length_s * 1000, self.session_timeout.seconds * 1000)
                     self._epoch += 1  # a step under way must not claim on the old proof
                     self._set_leader(None)
-        self._wake.set()
+        self._loop.wake()
 
     def _set_leader(self, head: str | None, code: str = "", epoch: int | None = None) -> None:
         """Lead with ``head`` (the node verified at the head of the queue), or not.
@@ -283,6 +304,7 @@ class LeaderElector:
                 # already read what it held when it took over.
                 log.info("%s gained leadership as %s; code held: %s",
                          self._address, head, code or "(not reported)")
+                self._term += 1
             self._leader_node = head  # losing takes effect first, then is logged
             if was == (head is not None):
                 return
@@ -305,34 +327,28 @@ class LeaderElector:
                 # Still ours: the next step recognises it by its name and removes it.
                 log.warning("could not delete lock node %s yet: %s", node, exc)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.SAFETY_INTERVAL_S)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            try:
-                with self._lock:
-                    self._evaluate()
-                self._layout_error = ""
-            except LayoutMissingError as exc:
-                # Whether this nimbus holds all code cannot be known: it must not lead, nor
-                # hold a place at the head of the queue that blocks a nimbus that can. It
-                # queues again once the check passes, as after giving up for lack of code.
-                if str(exc) != self._layout_error:
-                    log.error("not leading: %s", exc)
-                self._layout_error = str(exc)
-                with self._lock:
-                    self._drop_node()
-                    self._waiting_for_code = True
-            except KazooException as exc:
-                log.warning("leader election step failed (%s); retrying", exc)
-                self._set_leader(None)
-                self._stop.wait(0.2)
-                self._wake.set()
-            except Exception:
-                log.exception("leader election step failed")
-                self._set_leader(None)
+    def _step(self) -> None:
+        """One step of the ``leader-elector`` loop: a queue decision (see the module
+        doc). An unexpected error ends leadership (the loop's ``on_error``)."""
+        try:
+            with self._lock:
+                self._evaluate()
+            self._layout_error = ""
+        except LayoutMissingError as exc:
+            # Whether this nimbus holds all code cannot be known: it must not lead, nor
+            # hold a place at the head of the queue that blocks a nimbus that can. It
+            # queues again once the check passes, as after giving up for lack of code.
+            if str(exc) != self._layout_error:
+                log.error("not leading: %s", exc)
+            self._layout_error = str(exc)
+            with self._lock:
+                self._drop_node()
+                self._waiting_for_code = True
+        except KazooException as exc:
+            log.warning("leader election step failed (%s); retrying", exc)
+            self._set_leader(None)
+            if not self._loop.sleep(0.2):
+                self._loop.wake()
 
     def _own_stale_nodes(self, nodes: list[str]) -> list[str]:
         return [n for n in nodes if self._token in n
@@ -377,7 +393,7 @@ class LeaderElector:
         if mine not in nodes:
             self._node = None
             self._set_leader(None)
-            self._wake.set()
+            self._loop.wake()
             return
         index = nodes.index(mine)
         if index == 0:
@@ -398,5 +414,5 @@ class LeaderElector:
             return
         self._set_leader(None)
         predecessor = posixpath.join(lock_path, nodes[index - 1])
-        if self._zk.exists(predecessor, watch=lambda event: self._wake.set()) is None:
-            self._wake.set()
+        if self._zk.exists(predecessor, watch=lambda event: self._loop.wake()) is None:
+            self._loop.wake()

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from kazoo.client import KazooClient
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.state.session_timeout import SessionTimeout
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,9 @@ class LeaderLease:
         self._deadline = 0.0
         self._valid_reported = False
         self._last_answer_at: float | None = None
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self._renew_now = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="leader-lease", daemon=True)
+        self._next_renewal = clock()
+        self._loop = BackgroundLoop("leader-lease", self._tick, period=self._until_next)
 
     # -- what callers ask ------------------------------------------------------------------
     def valid(self, node: str | None) -> bool:
@@ -96,18 +96,15 @@ class LeaderLease:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._loop.stop(join_timeout=10)
 
     def wake(self) -> None:
         """Renew now (say, a node was just created)."""
         self._renew_now.set()
-        self._wake.set()
+        self._loop.wake()
 
     @property
     def interval_s(self) -> float:
@@ -132,7 +129,7 @@ class LeaderLease:
         def answered(result: object) -> None:  # kazoo's completion thread
             if self._answer(node, session, sent, result):
                 renewed.set()
-            self._wake.set()  # the lease thread reports a change
+            self._loop.wake()  # the lease loop reports a change
 
         try:
             # No retry: while a partition lasts kazoo just queues the request.
@@ -181,22 +178,21 @@ class LeaderLease:
             self._last_answer_at = self._clock()
         return True
 
-    def _run(self) -> None:
-        next_renewal = self._clock()
-        while not self._stop.is_set():
-            if self._renew_now.is_set() or self._clock() >= next_renewal:
-                self._renew_now.clear()
-                next_renewal = self._clock() + self.interval_s
-                try:
-                    self.renew_once(wait_s=0)  # the answer arrives through the callback
-                except Exception:
-                    log.exception("leader lease renewal failed")
-            self._report()
-            # Wake at the next renewal, at an answer, or when the lease runs out,
-            # whichever is first, so that an expiry is acted on at once.
-            wait = self._until_deadline(next_renewal - self._clock())
-            if self._wake.wait(max(0.0, wait)):
-                self._wake.clear()
+    def _tick(self) -> None:
+        """One step of the ``leader-lease`` loop: renew when due, report any change."""
+        if self._renew_now.is_set() or self._clock() >= self._next_renewal:
+            self._renew_now.clear()
+            self._next_renewal = self._clock() + self.interval_s
+            try:
+                self.renew_once(wait_s=0)  # the answer arrives through the callback
+            except Exception:
+                log.exception("leader lease renewal failed")
+        self._report()
+
+    def _until_next(self) -> float:
+        # Wake at the next renewal, at an answer, or when the lease runs out, whichever
+        # is first, so that an expiry is acted on at once.
+        return max(0.0, self._until_deadline(self._next_renewal - self._clock()))
 
     def _until_deadline(self, at_most: float) -> float:
         with self._lock:

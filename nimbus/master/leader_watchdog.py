@@ -23,6 +23,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from nimbus.background_loop import BackgroundLoop
+
 log = logging.getLogger(__name__)
 
 #: The exit code of a nimbus its watchdog ended (EX_SOFTWARE).
@@ -62,20 +64,20 @@ class LeaderWatchdog:
         self._last_cycle = clock()
         self._leading_since: float | None = None
         self.fired = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="leader-watchdog", daemon=True)
+        # Checked several times per timeout, so that it fires close to it.
+        self._loop = BackgroundLoop("leader-watchdog", self.check_once,
+                                    period=min(1.0, timeout_s / 4), wait_first=True)
 
     def start(self) -> None:
+        """Start watching (a ``timeout_s`` of 0 turns the watchdog off)."""
         if self.timeout_s > 0:
-            self._thread.start()
+            self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._loop.stop(join_timeout=10)
 
     def cycle_completed(self) -> None:
-        """Called by the duty loop at the end of every cycle."""
+        """Called by the duty cycle at the end of every cycle."""
         self._last_cycle = self._clock()
 
     def age_s(self) -> float:
@@ -118,11 +120,3 @@ class LeaderWatchdog:
         except Exception as exc:
             log.error("giving up the leader lock failed (%s); the session's end releases it",
                       exc)
-
-    def _run(self) -> None:
-        interval = min(1.0, self.timeout_s / 4)
-        while not self._stop.wait(interval):
-            try:
-                self.check_once()
-            except Exception:
-                log.exception("leader watchdog check failed")

@@ -1,13 +1,14 @@
 """The cluster summary every nimbus serves from memory, kept current by ZooKeeper watches.
 
-A named thread rebuilds the snapshot whenever something it shows changes: storms,
-assignments and supervisors come from the in-memory :class:`ClusterView` (no round trip),
-nimbuses and the leader queue (a handful of nodes) are read with watches. Replication
-counts are asked of the distributor only for topologies whose replica registrations
-changed, and for a few more on each safety-net pass (for stores without watches, like
-S3), so a submission costs the same round trips at 100 topologies as at 5,000.
-getClusterInfo then never touches ZooKeeper. A topology whose StormBase this release
-cannot read is left out (the state logs the node once); the others are still listed.
+A named loop (``cluster-summary``) rebuilds the snapshot whenever something it shows
+changes: storms, assignments and supervisors come from the in-memory
+:class:`ClusterView` (no round trip), nimbuses and the leader queue (a handful of nodes)
+are read with watches. Replication counts are asked of the distributor only for
+topologies whose replica registrations changed, and for a few more on each safety-net
+pass (for stores without watches, like S3), so a submission costs the same round trips
+at 100 topologies as at 5,000. getClusterInfo then never touches ZooKeeper. A topology
+whose StormBase this release cannot read is left out (the state logs the node once); the
+others are still listed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from kazoo.exceptions import KazooException
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
@@ -62,25 +64,23 @@ class ClusterSummaryCache:
         self._dirty: set[str] = set(self.PARTS)
         self._stale_lock = threading.Lock()
         self._sweep_from = ""  # the safety net's place in the id order
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._fresh = threading.Condition()
         self._requested = 0  # reload requests made by refresh_now
         self._loaded = 0     # the newest request a finished reload has covered
-        self._thread = threading.Thread(target=self._run, name="cluster-summary", daemon=True)
+        # Read at every wait, so that a test may lengthen the safety net.
+        self._loop = BackgroundLoop("cluster-summary", self._reload,
+                                    period=lambda: self.SAFETY_INTERVAL_S)
 
     def start(self) -> None:
         self._view.listen(self._on_view_change)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._loop.stop(join_timeout=10)
 
     def wake(self, _event: object = None) -> None:
-        self._wake.set()
+        """Reload soon (also the callback of every watch the cache leaves)."""
+        self._loop.wake()
 
     def _on_view_change(self, directory: str, topology_id: str) -> None:
         if directory == "workerbeats":
@@ -90,12 +90,12 @@ class ClusterSummaryCache:
                 self._stale_replication.add(topology_id)
             else:
                 self._dirty.add(directory)
-        self._wake.set()
+        self._loop.wake()
 
     def _on_nimbus_change(self, _event: object = None) -> None:
         with self._stale_lock:
             self._dirty.add("nimbuses")
-        self._wake.set()
+        self._loop.wake()
 
     @property
     def snapshot(self) -> ClusterSnapshot:
@@ -107,42 +107,42 @@ class ClusterSummaryCache:
         with self._fresh:
             self._requested += 1
             wanted = self._requested
-        self._wake.set()
+        self._loop.wake()
         deadline = time.monotonic() + timeout_s
         with self._fresh:
             while self._loaded < wanted and time.monotonic() < deadline:
                 self._fresh.wait(deadline - time.monotonic())
         return self._snapshot
 
-    def _run(self) -> None:
-        timed_out = True  # the first load counts every topology's replicas anyway
-        while not self._stop.is_set():
+    def _reload(self) -> None:
+        """One pass of the ``cluster-summary`` loop: a new snapshot, served at once."""
+        # The first load, and every safety-net pass (no wake-up for a whole interval),
+        # recounts some replicas: the first load counts every topology's anyway.
+        sweep = not self._loop.woken
+        with self._fresh:
+            generation = self._requested
+            asked = generation > self._loaded
+        try:
+            snapshot = self._load(barrier=asked, sweep=sweep)
             with self._fresh:
-                generation = self._requested
-                asked = generation > self._loaded
-            try:
-                snapshot = self._load(barrier=asked, sweep=timed_out)
-                with self._fresh:
-                    self._snapshot = snapshot
-                    self._loaded = generation
-                    self._fresh.notify_all()
-            except LayoutMissingError as exc:
-                # Serve no leader rather than a stale one; the code sync logs the cause.
-                log.debug("cluster summary unavailable: %s", exc)
-                with self._fresh:
-                    self._snapshot = replace(self._snapshot, leader=None)
-                with self._stale_lock:  # everything is read again once the layout is back
-                    self._dirty |= set(self.PARTS)
-                self._stop.wait(0.5)
-                self._wake.set()
-            except (KazooException, ViewNotLoadedError) as exc:
-                log.debug("cluster summary reload failed: %s", exc)
-                self._stop.wait(0.5)
-                self._wake.set()
-            except Exception:
-                log.exception("cluster summary reload failed")
-            timed_out = not self._wake.wait(self.SAFETY_INTERVAL_S)
-            self._wake.clear()
+                self._snapshot = snapshot
+                self._loaded = generation
+                self._fresh.notify_all()
+        except LayoutMissingError as exc:
+            # Serve no leader rather than a stale one; the code sync logs the cause.
+            log.debug("cluster summary unavailable: %s", exc)
+            with self._fresh:
+                self._snapshot = replace(self._snapshot, leader=None)
+            with self._stale_lock:  # everything is read again once the layout is back
+                self._dirty |= set(self.PARTS)
+            self._retry_soon()
+        except (KazooException, ViewNotLoadedError) as exc:
+            log.debug("cluster summary reload failed: %s", exc)
+            self._retry_soon()
+
+    def _retry_soon(self) -> None:
+        if not self._loop.sleep(0.5):
+            self._loop.wake()
 
     def _load(self, barrier: bool, sweep: bool) -> ClusterSnapshot:
         """A new snapshot; ``barrier``: include every change made before the call

@@ -12,6 +12,12 @@ looking at its predecessor's last assignments, a summary asked for read-your-wri
 calls :meth:`ClusterView.barrier` first. Writes still go to :class:`StormClusterState`,
 fenced as before; the view never writes.
 
+A ZooKeeper connection blip (a server restarting, a network hiccup shorter than the
+session timeout) keeps the view loaded and readable throughout; once the connection is
+back, every held node is re-validated and only what changed meanwhile is read again
+(:mod:`nimbus.state.revalidating_tree_cache`). Only a lost session reloads the view from
+scratch (and it is "not loaded" until then). Each reconnection is logged in one line.
+
 Records are decoded once per node version. A node this release cannot read raises the
 same :class:`RecordError` as a direct read (and is logged once, by the state).
 """
@@ -22,6 +28,7 @@ import logging
 import math
 import posixpath
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -37,6 +44,7 @@ from nimbus.state.records import (
     StormBase,
     SupervisorInfo,
 )
+from nimbus.state.revalidating_tree_cache import Revalidation
 from nimbus.state.watched_tree import WatchedTree, WatchedTreeError
 from nimbus.state.watched_tree import barrier as barrier_of_trees
 
@@ -85,8 +93,14 @@ class ClusterView:
         # them. A change bumps the directory's generation.
         self._generation = dict.fromkeys(self._trees, 0)
         self._derived: dict[str, tuple[int, Any]] = {}
+        # Each directory's report of a reconnection, until every directory has one.
+        self._reconnects: dict[str, deque[Revalidation]] = {d: deque() for d in self._trees}
+        self._reconnects_lock = threading.Lock()
+        self.last_reconnect: Revalidation | None = None  # totals of the last one logged
+        self.reconnect_count = 0
         for directory, tree in self._trees.items():
             tree.listen(lambda path, d=directory: self._changed(d, path))
+            tree.listen_reconnect(lambda report, d=directory: self._reconnected(d, report))
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> None:
@@ -110,6 +124,9 @@ class ClusterView:
         self._auditor = None
         for tree in self._trees.values():
             tree.close()
+        with self._reconnects_lock:  # a reconnection half reported is never completed
+            for reports in self._reconnects.values():
+                reports.clear()
 
     def listen(self, listener: Listener) -> None:
         """Call ``listener(directory, topology_id)`` on a change under ``directory``;
@@ -300,6 +317,27 @@ class ClusterView:
         if isinstance(record, RecordError):
             raise record
         return record
+
+    def _reconnected(self, directory: str, report: Revalidation) -> None:
+        """One line per reconnection, once every directory is done with it (each on its
+        own cache's thread)."""
+        with self._reconnects_lock:
+            self._reconnects[directory].append(report)
+            if not all(self._reconnects.values()):
+                return
+            total = Revalidation.total([q.popleft() for q in self._reconnects.values()])
+            if total.reloaded:
+                log.info("%s: the ZooKeeper session was lost: the view was reloaded from "
+                         "scratch (%d nodes read)", self.name, total.reloaded)
+            else:
+                log.info("%s: ZooKeeper connection back within the session: %d nodes "
+                         "re-validated, %d re-read (%d changed, %d new, %d unread), %d "
+                         "removed%s", self.name, total.validated, total.reread,
+                         total.changed, total.added, total.unread, total.removed,
+                         f"; {total.failed} answers lost to another drop (the next "
+                         "reconnection re-validates them)" if total.failed else "")
+            self.last_reconnect = total  # after the line: whoever sees it can find that
+            self.reconnect_count += 1
 
     def _changed(self, directory: str, path: str) -> None:
         self._generation[directory] += 1  # only the cache's thread of this directory

@@ -9,7 +9,7 @@ its requests pile up unanswered, the connection stays "CONNECTED", no SUSPENDED 
 reported, and kazoo never tries another server of the ensemble, until the partition
 heals and the server says the session has expired.
 
-:class:`ConnectionWatchdog` closes that gap for one client: a named thread sends a cheap
+:class:`ConnectionWatchdog` closes that gap for one client: a named loop sends a cheap
 ``exists`` every ``T / 10`` (at most 1 s; ``T`` the negotiated session timeout) and, when
 no answer of any of them has arrived for ``2/3 T`` (the read timeout kazoo would apply to
 a ping) while kazoo reports CONNECTED, asks kazoo's connection thread to drop the
@@ -21,13 +21,13 @@ server if one answers, within the session.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.state.session_timeout import SessionTimeout
 
 log = logging.getLogger(__name__)
@@ -48,21 +48,18 @@ class ConnectionWatchdog:
         self._last_answer = clock()
         self._connected_since = clock()
         self.drops = 0   # connections dropped for silence (tests and logs read it)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"zk-watchdog-{name}",
-                                        daemon=True)
+        # The interval is read at every wait: the negotiated timeout may change.
+        self._loop = BackgroundLoop(f"zk-watchdog-{name}", self.check_once,
+                                    period=lambda: self.interval_s, wait_first=True)
         zk.add_listener(self._on_state)
 
     def start(self) -> ConnectionWatchdog:
         """Start watching (once; a stopped watchdog stays stopped)."""
-        if not self._thread.is_alive() and not self._stop.is_set():
-            self._thread.start()
+        self._loop.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._loop.stop(join_timeout=10)
         self._zk.remove_listener(self._on_state)
 
     @property
@@ -112,13 +109,6 @@ class ConnectionWatchdog:
         except Exception as exc:
             log.debug("ZooKeeper probe not sent: %s", exc)
         return False
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.check_once()
-            except Exception:
-                log.exception("ZooKeeper connection watchdog failed")
 
 
 class WatchedKazooClient(KazooClient):

@@ -64,13 +64,11 @@ class OrderedTreeNode(TreeNode):
 
     def _process_result(self, method_name: str, path: str, result: Any) -> None:
         if method_name == "get_children" and result.successful():
-            # Add new children as this class before the base class sees them (it would
-            # make plain TreeNodes); it then finds them known and skips them.
+            # Add new children as this node's class before the base class sees them (it
+            # would make plain TreeNodes); it then finds them known and skips them.
             for child in sorted(result.get()):
                 if child not in self._children:
-                    node = OrderedTreeNode(self._tree, posixpath.join(path, child), self)
-                    self._children[child] = node
-                    node.on_created()
+                    self._adopt(child)
         elif method_name == "get" and result.successful() and self._data is not None:
             held = self._data.stat.mzxid
             got = result.get()[1].mzxid
@@ -78,6 +76,12 @@ class OrderedTreeNode(TreeNode):
                 log.debug("%s: dropped an answer of version %d, %d is held", path, got, held)
                 result = SUPERSEDED
         super()._process_result(method_name, path, result)
+
+    def _adopt(self, name: str) -> None:
+        """Hold a new child ``name`` (a node of this class) and read it."""
+        node = type(self)(self._tree, posixpath.join(self._path, name), self)
+        self._children[name] = node
+        node.on_created()
 
 
 class OrderedTreeCache(TreeCache):

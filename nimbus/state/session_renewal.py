@@ -2,19 +2,20 @@
 
 Ephemeral nodes (a nimbus's registration, replica registrations) die with their session.
 kazoo reports LOST, then CONNECTED once a new session exists; this runs an action in a
-named thread at that moment (never on kazoo's event thread), retrying while ZooKeeper
-errors persist.
+named loop (``<name>-renewal``) at that moment (never on kazoo's event thread), retrying
+while ZooKeeper errors persist.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
+
+from nimbus.background_loop import BackgroundLoop
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +29,15 @@ class SessionRenewal:
         self._zk = zk
         self._action = action
         self._lost = False
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"{name}-renewal", daemon=True)
+        # No period: it runs only when a new session follows a lost one.
+        self._loop = BackgroundLoop(f"{name}-renewal", self._renew, period=None,
+                                    wait_first=True)
         zk.add_listener(self._on_connection_state)
-        self._thread.start()
+        self._loop.start()
 
     def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=10)
+        """Stop renewing (after an action under way) and stop listening."""
+        self._loop.stop(join_timeout=10)
         self._zk.remove_listener(self._on_connection_state)
 
     def _on_connection_state(self, state: str) -> None:
@@ -46,18 +46,12 @@ class SessionRenewal:
             self._lost = True
         elif state == KazooState.CONNECTED and self._lost:
             self._lost = False
-            self._wake.set()
+            self._loop.wake()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait()
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            try:
-                self._action()
-            except KazooException as exc:
-                log.warning("%s after session expiry failed, retrying: %s",
-                            self._thread.name, exc)
-                self._stop.wait(self.RETRY_PAUSE_S)
-                self._wake.set()
+    def _renew(self) -> None:
+        try:
+            self._action()
+        except KazooException as exc:
+            log.warning("%s after session expiry failed, retrying: %s", self._loop.name, exc)
+            if not self._loop.sleep(self.RETRY_PAUSE_S):
+                self._loop.wake()

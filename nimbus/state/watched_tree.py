@@ -11,6 +11,9 @@ What this adds to ``TreeCache`` (in its race-free form,
   and an absent directory means a wiped or foreign ZooKeeper (``LayoutMissingError``),
   never an empty one;
 * its background thread is named and joined on :meth:`WatchedTree.close`;
+* a reconnection within the session keeps what is held and reads again only what
+  changed meanwhile (:mod:`nimbus.state.revalidating_tree_cache`); reconnect listeners
+  are told what it cost;
 * :meth:`WatchedTree.barrier`: wait until every change made before the call (by anyone) is
   in memory, for read-your-writes and for decisions that must not miss a recent change;
 * listeners get the changed path only, on the cache's own thread.
@@ -28,7 +31,11 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import Callback, ZnodeStat
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
-from nimbus.state.ordered_tree_cache import OrderedTreeCache
+from nimbus.state.revalidating_tree_cache import (
+    ReconnectListener,
+    RevalidatingTreeCache,
+    Revalidation,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,16 +130,18 @@ class WatchedTree:
         self.name = name
         self._cache = self._new_cache()
         self._listeners: list[Listener] = []
+        self._reconnect_listeners: list[ReconnectListener] = []
         self._initialized = threading.Event()
         self._started = False
         self._audit_queue: list[str] = []  # nodes still to compare in this round
         self._suspects: dict[str, tuple[Fact, Fact]] = {}  # differed at the last audit
         self._suspects_since = 0  # a zxid no later than the suspects' looks
 
-    def _new_cache(self) -> TreeCache:
-        cache = OrderedTreeCache(self.zk, self.path)
+    def _new_cache(self) -> RevalidatingTreeCache:
+        cache = RevalidatingTreeCache(self.zk, self.path)
         cache.listen(self._on_event)
         cache.listen_fault(self._on_fault)
+        cache.listen_reconnect(self._on_reconnect)
         return cache
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -172,8 +181,14 @@ class WatchedTree:
     def listen(self, listener: Listener) -> None:
         """Call ``listener(path)`` (on the cache's thread) after a node under this
         directory was added, changed or removed; ``path`` is the directory itself after a
-        reconnection, when anything may have changed."""
+        reconnection, once the view has caught up (anything may have changed)."""
         self._listeners.append(listener)
+
+    def listen_reconnect(self, listener: ReconnectListener) -> None:
+        """Call ``listener(report)`` (on the cache's thread) once the work of each
+        reconnection is done: within the session, every held node re-validated; after a
+        lost session, every node loaded again (``report.reloaded``)."""
+        self._reconnect_listeners.append(listener)
 
     @property
     def started(self) -> bool:
@@ -309,6 +324,14 @@ class WatchedTree:
         elif kind in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED):
             data = event.event_data
             self._notify(data.path if data is not None else self.path)
+
+    def _on_reconnect(self, report: Revalidation) -> None:
+        log.debug("%s: reconnected: %s", self.name, report)
+        for listener in self._reconnect_listeners:
+            try:
+                listener(report)
+            except Exception:
+                log.exception("%s: reconnect listener failed", self.name)
 
     def _notify(self, path: str) -> None:
         for listener in self._listeners:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.supervisor.code_cache import CodeCache, CodeUnavailableError
 
 log = logging.getLogger(__name__)
@@ -46,21 +47,19 @@ class CodeFetcher:
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._queue: collections.deque[str] = collections.deque()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self.current: str | None = None   # the topology being fetched now
-        self._thread = threading.Thread(target=self._run, name="supervisor-code-fetch",
-                                        daemon=True)
+        self._idle = False                # the last step found nothing queued
+        # Straight on to the next fetch; when none is queued, a request wakes the loop
+        # (and a look every second is the safety net).
+        self._loop = BackgroundLoop("supervisor-code-fetch", self._fetch_next,
+                                    period=lambda: 1.0 if self._idle else 0.0)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
         """Stop after the fetch under way, if any (bounded by its deadline)."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.timeout_s + 10)
+        self._loop.stop(join_timeout=self.timeout_s + 10)
 
     def request(self, topology_id: str, code_sha256: dict[str, str]) -> Path | None:
         """The topology's verified code directory if it is here; otherwise None, and a
@@ -77,7 +76,7 @@ class CodeFetcher:
                 self._jobs[topology_id] = _Job(dict(code_sha256))
                 if topology_id not in self._queue:
                     self._queue.append(topology_id)
-                self._wake.set()
+                self._loop.wake()
         return None
 
     def forget_except(self, keep: set[str]) -> None:
@@ -99,32 +98,31 @@ class CodeFetcher:
                     return topology_id, job.code_sha256
             return None
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            found = self._next()
-            if found is None:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            topology_id, code_sha256 = found
-            error: CodeUnavailableError | None = None
-            started = time.monotonic()
-            try:
-                self.cache.ensure(topology_id, code_sha256, self._peers(topology_id),
-                                  deadline=started + self.timeout_s)
-            except CodeUnavailableError as exc:
-                error = exc
-            except Exception as exc:  # a ZooKeeper error listing the peers, say
-                error = CodeUnavailableError(f"{topology_id}: {exc}")
-            with self._lock:
-                self.current = None
-                job = self._jobs.get(topology_id)
-                if job is not None and job.code_sha256 == code_sha256:
-                    if error is None:
-                        del self._jobs[topology_id]
-                    else:
-                        job.error = error
-            if error is None:
-                log.info("code of %s ready after %.1f s", topology_id,
-                         time.monotonic() - started)
-            self._on_done()
+    def _fetch_next(self) -> None:
+        """One step of the ``supervisor-code-fetch`` loop: the next queued fetch."""
+        found = self._next()
+        self._idle = found is None
+        if found is None:
+            return
+        topology_id, code_sha256 = found
+        error: CodeUnavailableError | None = None
+        started = time.monotonic()
+        try:
+            self.cache.ensure(topology_id, code_sha256, self._peers(topology_id),
+                              deadline=started + self.timeout_s)
+        except CodeUnavailableError as exc:
+            error = exc
+        except Exception as exc:  # a ZooKeeper error listing the peers, say
+            error = CodeUnavailableError(f"{topology_id}: {exc}")
+        with self._lock:
+            self.current = None
+            job = self._jobs.get(topology_id)
+            if job is not None and job.code_sha256 == code_sha256:
+                if error is None:
+                    del self._jobs[topology_id]
+                else:
+                    job.error = error
+        if error is None:
+            log.info("code of %s ready after %.1f s", topology_id,
+                     time.monotonic() - started)
+        self._on_done()

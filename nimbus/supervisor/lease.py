@@ -22,13 +22,13 @@ asks for one at once): it starts nothing before.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.supervisor.worker_handle import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -69,10 +69,9 @@ class LeaseKeeper:
         self._may_renew = may_renew
         self._on_unassigned = on_unassigned
         self._max_interval_s = interval_s
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="supervisor-lease",
-                                        daemon=True)
+        self._round_started = time.monotonic()
+        self._loop = BackgroundLoop("supervisor-lease", self._round,
+                                    period=self._until_next_round)
 
     @property
     def half_s(self) -> float:
@@ -85,17 +84,14 @@ class LeaseKeeper:
         return min(self._max_interval_s, self.half_s / 4)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._loop.stop(join_timeout=10)
 
     def wake(self) -> None:
         """Renew now: a worker was just started and waits for its first lease."""
-        self._wake.set()
+        self._loop.wake()
 
     def renew_once(self) -> float | None:
         """One round trip and, if it proves the session, one renewal of every worker whose
@@ -137,15 +133,13 @@ class LeaseKeeper:
                 self._on_unassigned(worker)
         return deadline
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                self.renew_once()
-            except Exception:
-                log.exception("lease renewal failed")
-            if self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - started))):
-                self._wake.clear()
+    def _round(self) -> None:
+        self._round_started = time.monotonic()
+        self.renew_once()  # an unexpected error is logged by the loop; the next round runs
+
+    def _until_next_round(self) -> float:
+        # A round every interval_s, counted from when the previous one began.
+        return max(0.0, self.interval_s - (time.monotonic() - self._round_started))
 
 
 def _data_or_none(result: object, timeout_s: float) -> bytes | None:

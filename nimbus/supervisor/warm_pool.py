@@ -150,10 +150,14 @@ class WarmPool:
         Waiting for a starting warm worker is never slower than a cold start: the warm
         one does the same work and began earlier. A cold start beside it would only take
         half of its CPU."""
+        # Every warm worker is started with the same settings: a topology that differs
+        # from them is told why, whether or not one is ready right now.
+        why = warm_mismatch(self._spec(0, -1, -1), wanted) or ""
+        if why:
+            return None, why
         alive = [h for h in self._handles if h.exit_code() is None]
         if not alive:
             return None, "no warm worker ready"
-        why = ""
         for handle in sorted(alive, key=lambda h: h.warm != "ready"):
             why = warm_mismatch(self._specs[id(handle)], wanted) or ""
             if why:

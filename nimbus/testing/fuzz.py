@@ -150,7 +150,7 @@ def _hint_kind(hint: Any) -> str | None:
     if hint is Any:
         return None
     origin = typing.get_origin(hint) or hint
-    return {str: "str", int: "int", list: "list", dict: "dict"}[origin]
+    return {str: "str", int: "int", bool: "bool", list: "list", dict: "dict"}[origin]
 
 
 def _value_for(rng: random.Random, hint: Any, name: str) -> Any:
@@ -171,6 +171,8 @@ def _value_for(rng: random.Random, hint: Any, name: str) -> Any:
         return {random_text(rng, 8): _value_for(rng, item, "") for _ in range(rng.randint(0, 3))}
     if hint is int:
         return rng.choice([0, 1, rng.randint(-(2**40), 2**40)])
+    if hint is bool:
+        return rng.choice([False, True])
     return random_text(rng)
 
 
@@ -1002,10 +1004,10 @@ class FuzzNimbus:
                                           meta=[STAND_IN_PORT]).encode(), ephemeral=True)
         except NodeExistsError:
             return
-        self.daemon._duties_wake.set()
+        self.daemon.wake_duties()
         wait_for(lambda: (a := self.state.assignment_info(self.topology_id)) and
                  a.executor_node_port == {"worker-0": [STAND_IN_SUPERVISOR, STAND_IN_PORT]}
-                 or self.daemon._duties_wake.set(), 60, "the healthy worker on the stand-in")
+                 or self.daemon.wake_duties(), 60, "the healthy worker on the stand-in")
 
     # -- probes ------------------------------------------------------------------------
     def client(self) -> Any:
@@ -1044,11 +1046,11 @@ class FuzzNimbus:
         daemon = self.daemon
         runs, cycles = daemon.sync.runs, daemon.cycles
         daemon.sync.wake()
-        daemon._duties_wake.set()
+        daemon.wake_duties()
         daemon.cache.refresh_now(timeout_s)
         wait_for(lambda: daemon.sync.runs >= runs + 2 or daemon.sync.wake(), timeout_s,
                  "two code-sync passes")
-        wait_for(lambda: daemon.cycles >= cycles + 2 or daemon._duties_wake.set(),
+        wait_for(lambda: daemon.cycles >= cycles + 2 or daemon.wake_duties(),
                  timeout_s, "two duty cycles")
         daemon.cache.refresh_now(timeout_s)
 

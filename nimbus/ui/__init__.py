@@ -6,7 +6,8 @@ the leader through :class:`nimbus.thrift.client.NimbusClient`, so it keeps worki
 across leader failovers without a restart.
 
 Modules: ``view`` (cluster snapshot kept by watches, live rates), ``timeline`` (events
-seen while running), ``storm_json`` (Storm UI's JSON shapes), ``actions`` (POSTs to the
+seen while running), ``storm_json`` (Storm UI's JSON shapes), ``local_nimbus`` (what a
+UI inside a nimbus adds: the leader's duty-cycle age), ``actions`` (POSTs to the
 leader), ``app`` (the WSGI application), ``openapi`` (the API's description), ``server``
 (cheroot in a named thread), ``gate`` and ``request_head`` (TLS handshakes and request
 heads read before a worker thread sees a connection, with limits and deadlines; /metrics

@@ -48,6 +48,7 @@ from nimbus.ui import storm_json
 from nimbus.ui.actions import ApiError, forbidden, not_found, run_action
 from nimbus.ui.dashboard import dashboard_data, restrict_topology
 from nimbus.ui.https import IDENTITY_KEY
+from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.openapi import openapi_document
 from nimbus.ui.view import ClusterView, ViewUnavailableError
 
@@ -104,13 +105,15 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
 
 
 class UIApp:
-    """The WSGI callable; ``view`` must be started, ``client`` reaches the leader."""
+    """The WSGI callable; ``view`` must be started, ``client`` reaches the leader,
+    ``local_nimbus`` is the nimbus this UI runs inside (None: a UI process of its own)."""
 
     def __init__(self, conf: Config, view: ClusterView, client: NimbusClient,
-                 own_identity: str | None = None):
+                 own_identity: str | None = None, local_nimbus: LocalNimbus | None = None):
         self.conf = conf
         self.view = view
         self.client = client
+        self.local_nimbus = local_nimbus
         self.authorizer = authorizer_from_conf(conf)
         self.own_identity = own_identity  # the UI's certificate, for the leader's refusals
         self.static = _static_files()
@@ -170,7 +173,8 @@ class UIApp:
         return json_response(self.conf.redacted())
 
     def on_nimbus_summary(self, request: Request) -> Response:
-        return json_response(storm_json.nimbus_summary(self.view.snapshot(), self.conf))
+        return json_response(storm_json.nimbus_summary(self.view.snapshot(), self.conf,
+                                                       local=self.local_nimbus))
 
     def on_supervisor_summary(self, request: Request) -> Response:
         return json_response(storm_json.supervisor_summary(self.view.snapshot()))
@@ -204,8 +208,9 @@ class UIApp:
         key = (snap.version, self.view.live_version, now)
         data = self._dashboard_data
         if data is None or data[0] != key:
-            data = self._dashboard_data = (key, dashboard_data(self.view, snap, self.conf, now),
-                                           snap.storms)
+            data = self._dashboard_data = (
+                key, dashboard_data(self.view, snap, self.conf, now, self.local_nimbus),
+                snap.storms)
         who = self._identity(request)
         cached = self._dashboard_cache.get(who)
         if cached is None or cached[0] != key:

@@ -12,6 +12,7 @@ from nimbus.config import Config
 from nimbus.redaction import mask
 from nimbus.state.records import KILLED
 from nimbus.ui import storm_json
+from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.view import ClusterView, Snapshot
 
 TIMELINE_SHOWN = 50
@@ -45,12 +46,13 @@ def code_completeness(snap: Snapshot) -> dict[str, tuple[int, int]]:
     return out
 
 
-def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config,
-                   now: float) -> dict[str, Any]:
-    """The dashboard's JSON (see nimbus/ui/static/dashboard.js for its use)."""
+def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config, now: float,
+                   local: LocalNimbus | None = None) -> dict[str, Any]:
+    """The dashboard's JSON (see nimbus/ui/static/dashboard.js for its use); ``local``:
+    the nimbus this UI runs inside, if any (its duty-cycle age while it leads)."""
     completeness = code_completeness(snap)
     nimbuses = []
-    for entry in storm_json.nimbus_summary(snap, conf, now)["nimbuses"]:
+    for entry in storm_json.nimbus_summary(snap, conf, now, local)["nimbuses"]:
         address = f"{entry['host']}:{entry['port']}"
         held, live = completeness.get(address, (0, 0))
         nimbuses.append({**entry, "address": address, "codeHeld": held, "codeLive": live})

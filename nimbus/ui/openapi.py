@@ -64,7 +64,9 @@ def openapi_document() -> dict[str, Any]:
                                             "#/components/schemas/ClusterSummary"),
             "/api/v1/cluster/configuration": _get("Cluster configuration (secrets "
                                                   "redacted)"),
-            "/api/v1/nimbus/summary": _get("Every nimbus: Leader, Not a Leader, Offline"),
+            "/api/v1/nimbus/summary": _get("Every nimbus: Leader, Not a Leader, Offline; "
+                                           "dutyCycleAgeSecs on the leader's row when "
+                                           "this UI runs inside the leader"),
             "/api/v1/supervisor/summary": _get("Every supervisor and its slots"),
             "/api/v1/topology/summary": _get("Every topology"),
             "/api/v1/topology/{id}": _get("One topology: workers, components (bolts), "

@@ -30,6 +30,7 @@ from nimbus.ui.app import MAX_BODY_BYTES, UIApp
 from nimbus.ui.gate import GatedServer, HeadLimits
 from nimbus.ui.hosts import ANY, KEY, WILDCARD_BINDS, HostCheck, accepted_hosts, allowed_entries
 from nimbus.ui.https import ClientCertAdapter, own_identity, server_context, ui_transport
+from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,13 @@ def replica_count_fetcher(conf: Config) -> Any:
 
 class UIServer:
     """The REST API and dashboard on ``ui.host``:``ui.port`` (``port`` overrides; 0 picks
-    a free one, see :attr:`port` after :meth:`start`)."""
+    a free one, see :attr:`port` after :meth:`start`). ``local_nimbus``: the nimbus this
+    UI runs inside (``nimbus.ui.enabled``), which the UI then shows its duty cycle of."""
 
     def __init__(self, conf: Config, zk: KazooClient | None = None, port: int | None = None,
-                 host: str | None = None):
+                 host: str | None = None, local_nimbus: LocalNimbus | None = None):
         self.conf = conf
+        self.local_nimbus = local_nimbus
         self.host = host if host is not None else str(conf["ui.host"])
         self._port = int(conf["ui.port"]) if port is None else port
         self._own_zk = zk is None
@@ -142,7 +145,8 @@ class UIServer:
                                 replica_count_fetcher(self.conf))
         self.view.start()
         self.view.wait_ready(wait_ready_s)
-        app = UIApp(self.conf, self.view, ui_client(self.conf), own_identity=me)
+        app = UIApp(self.conf, self.view, ui_client(self.conf), own_identity=me,
+                    local_nimbus=self.local_nimbus)
         self._http = GatedServer(
             (self.host, self._port), app, name="ui-http", threads=HTTP_THREADS,
             limits=limits, server_name="nimbus-ha-ui",

@@ -15,6 +15,7 @@ from typing import Any
 from nimbus import __version__
 from nimbus.config import Config
 from nimbus.master import runtime_view
+from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.pretty import pretty_uptime
 from nimbus.ui.view import Snapshot
 
@@ -49,9 +50,12 @@ def nimbus_status(snap: Snapshot, address: str) -> str:
     return LEADER if address == snap.leader else NOT_LEADER
 
 
-def nimbus_summary(snap: Snapshot, conf: Config, now: float | None = None) -> dict[str, Any]:
+def nimbus_summary(snap: Snapshot, conf: Config, now: float | None = None,
+                   local: LocalNimbus | None = None) -> dict[str, Any]:
     """GET /api/v1/nimbus/summary: registered nimbuses, then seeds not registered
-    (``Offline``: down, or not yet up)."""
+    (``Offline``: down, or not yet up). nimbus-ha adds ``dutyCycleAgeSecs`` to the
+    leader's row when this UI runs inside the leader (``local``; see
+    nimbus.ui.local_nimbus)."""
     now = time.time() if now is None else now
     out = []
     seen = set()
@@ -59,10 +63,13 @@ def nimbus_summary(snap: Snapshot, conf: Config, now: float | None = None) -> di
         address = f"{info.host}:{info.port}"
         seen.add(address)
         up = max(0, int(now - info.start_time_secs))
+        status = nimbus_status(snap, address)
         out.append({"host": info.host, "port": info.port,
-                    "status": nimbus_status(snap, address), "version": info.version,
+                    "status": status, "version": info.version,
                     "nimbusUpTime": pretty_uptime(up), "nimbusUpTimeSeconds": up,
-                    "nimbusLogLink": ""})
+                    "nimbusLogLink": "",
+                    **(local.duty_cycle_age_field(address, status == LEADER)
+                       if local is not None else {})})
     for seed in conf.seeds:
         if str(seed) not in seen:
             seen.add(str(seed))

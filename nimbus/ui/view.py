@@ -1,6 +1,6 @@
 """What the UI shows, read from ZooKeeper with a client of the UI's own.
 
-A named thread (``ui-cluster-view``) keeps a :class:`Snapshot` of nimbuses, the leader,
+A named loop (``ui-cluster-view``) keeps a :class:`Snapshot` of nimbuses, the leader,
 topologies, assignments, replica registrations and supervisors. ZooKeeper watches wake
 it (so a new leader is seen within milliseconds of its lock), and a safety reload runs
 every few seconds. Reads are pipelined (kazoo's async calls), so 1,000 topologies cost
@@ -11,7 +11,7 @@ thread also polls worker heartbeats once a second for records per second and res
 and the newest errors every few seconds: nothing watches those nodes, and nobody pays
 for them when nobody looks.
 
-A second named thread (``ui-topology-conf``) fetches each topology's configuration once
+A second named loop (``ui-topology-conf``) fetches each topology's configuration once
 from a nimbus (getTopologyConf, secrets already redacted there): it holds
 ``topology.min.replication.count`` and is immutable after submit. It runs apart because a
 Thrift call to a frozen nimbus may block for seconds, and the snapshot must not wait.
@@ -33,6 +33,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.protocol.states import KazooState
 
+from nimbus.background_loop import BackgroundLoop
 from nimbus.config import Config
 from nimbus.redaction import redact
 from nimbus.state.cluster_state import StormClusterState
@@ -51,6 +52,8 @@ from nimbus.ui.timeline import Timeline, diff
 log = logging.getLogger(__name__)
 
 SAFETY_RELOAD_S = 30.0   # watches drive reloads; this only catches a missed one
+COALESCE_S = 0.02        # a burst of watches makes one reload
+CONF_EVERY_S = 1.0       # the configuration fetcher's pace
 DEMAND_S = 10.0          # the dashboard counts as open this long after its last request
 RATES_EVERY_S = 1.0
 # Beats read per second at most: with more workers than this the rates are sampled less
@@ -123,38 +126,39 @@ class ClusterView:
         self._topology_conf: dict[str, dict[str, Any]] = {}
         self._conf_failed: dict[str, float] = {}   # id -> monotonic time of last failure
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._fresh = threading.Condition()
         self._requested = 0
         self._loaded = 0
         self._demand_until = 0.0
         self._live_version = 0
-        self._threads = [
-            threading.Thread(target=self._run, name="ui-cluster-view", daemon=True),
-            threading.Thread(target=self._run_conf, name="ui-topology-conf", daemon=True)]
+        # The cluster view's schedule: each step sets when the next one is due.
+        self._next_safety = 0.0
+        self._next_rates = self._next_errors = 0.0
+        self._next_wait_s = 0.0
+        self._next_replicas = 0.0
+        self._loop = BackgroundLoop("ui-cluster-view", self._step,
+                                    period=lambda: self._next_wait_s, coalesce_s=COALESCE_S)
+        self._conf_loop = BackgroundLoop("ui-topology-conf", self._fetch_confs,
+                                         period=CONF_EVERY_S, wait_first=True)
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         self.zk.add_listener(self._on_state)
-        for thread in self._threads:
-            thread.start()
+        self._loop.start()
+        self._conf_loop.start()
 
     def stop(self) -> None:
-        """Stop both threads and wait for them (the ZooKeeper client stays open)."""
-        self._stop.set()
-        self._wake.set()
+        """Stop both loops and wait for them (the ZooKeeper client stays open)."""
         self.zk.remove_listener(self._on_state)
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join(timeout=15)
+        self._conf_loop.stop(join_timeout=15)
+        self._loop.stop(join_timeout=15)
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
-            self._wake.set()  # watches may have been lost with the session: reload
+            self._loop.wake()  # watches may have been lost with the session: reload
 
     def _changed(self, _event: object = None) -> None:
-        self._wake.set()
+        self._loop.wake()
 
     # -- reads for the REST API ------------------------------------------------------
     @property
@@ -176,7 +180,7 @@ class ClusterView:
         with self._fresh:
             self._requested += 1
             wanted = self._requested
-        self._wake.set()
+        self._loop.wake()
         deadline = time.monotonic() + timeout_s
         with self._fresh:
             while self._loaded < wanted and time.monotonic() < deadline:
@@ -193,7 +197,7 @@ class ClusterView:
         first = time.monotonic() > self._demand_until
         self._demand_until = time.monotonic() + DEMAND_S
         if first:
-            self._wake.set()
+            self._loop.wake()
 
     def live(self, topology_id: str) -> Live:
         with self._lock:
@@ -231,30 +235,24 @@ class ClusterView:
         return int(self.conf["topology.min.replication.count"])
 
     # -- the loop --------------------------------------------------------------------
-    def _run(self) -> None:
-        next_safety = 0.0
-        next_rates = next_errors = 0.0
-        while not self._stop.is_set():
-            now = time.monotonic()
-            woken = self._wake.is_set()
-            self._wake.clear()
-            if woken or now >= next_safety:
-                if woken:
-                    self._stop.wait(0.02)  # coalesce a burst of watches into one reload
-                    self._wake.clear()
-                self._reload_guarded()
-                next_safety = time.monotonic() + SAFETY_RELOAD_S
-            demanded = time.monotonic() < self._demand_until
-            if demanded and time.monotonic() >= next_rates:
-                with_errors = time.monotonic() >= next_errors
-                self._poll_live_guarded(with_errors)
-                next_rates = time.monotonic() + self._rates_interval()
-                if with_errors:
-                    next_errors = time.monotonic() + ERRORS_EVERY_S
-            wait = next_safety - time.monotonic()
-            if demanded:
-                wait = min(wait, next_rates - time.monotonic())
-            self._wake.wait(max(0.01, wait))
+    def _step(self) -> None:
+        """One step of ``ui-cluster-view``: reload when woken (a watch fired; a burst of
+        them is one wake-up) or when the safety reload is due, poll heartbeats and
+        errors while the dashboard is open, and set when the next step is due."""
+        if self._loop.woken or time.monotonic() >= self._next_safety:
+            self._reload_guarded()
+            self._next_safety = time.monotonic() + SAFETY_RELOAD_S
+        demanded = time.monotonic() < self._demand_until
+        if demanded and time.monotonic() >= self._next_rates:
+            with_errors = time.monotonic() >= self._next_errors
+            self._poll_live_guarded(with_errors)
+            self._next_rates = time.monotonic() + self._rates_interval()
+            if with_errors:
+                self._next_errors = time.monotonic() + ERRORS_EVERY_S
+        wait = self._next_safety - time.monotonic()
+        if demanded:
+            wait = min(wait, self._next_rates - time.monotonic())
+        self._next_wait_s = max(0.01, wait)
 
     def _rates_interval(self) -> float:
         """Seconds between two heartbeat polls: RATES_EVERY_S, longer for big clusters."""
@@ -270,12 +268,12 @@ class ClusterView:
             snap = self._load()
         except KazooException as exc:
             log.debug("UI reload failed: %s", exc)
-            self._stop.wait(0.5)
-            self._wake.set()
+            if not self._loop.sleep(0.5):
+                self._loop.wake()
             return
         except Exception:  # a bug must not end the thread that every request relies on
             log.exception("UI reload failed")
-            self._stop.wait(1.0)
+            self._loop.sleep(1.0)
             return
         old = self._snapshot
         diff(self.timeline, old, snap)
@@ -419,26 +417,26 @@ class ClusterView:
         return out
 
     # -- topology configurations -----------------------------------------------------
-    def _run_conf(self) -> None:
-        next_replicas = 0.0
-        while not self._stop.wait(1.0):
-            if self._fetch_replicas is not None and time.monotonic() >= next_replicas:
-                next_replicas = time.monotonic() + REPLICAS_EVERY_S
-                self._refresh_reported_replicas()
-            snap = self._snapshot
-            if snap is None or self._fetch_conf is None:
-                continue
-            now = time.monotonic()
-            todo = [t for t, base in snap.storms.items()
-                    if base.status != KILLED and self.topology_conf(t) is None
-                    and now - self._conf_failed.get(t, -1e9) > 30.0][:10]
-            for topology_id in todo:
-                if self._stop.is_set():
-                    return
-                self._fetch_one(topology_id)
-            with self._lock:
-                for gone in set(self._topology_conf) - set(snap.storms):
-                    del self._topology_conf[gone]
+    def _fetch_confs(self) -> None:
+        """One step of ``ui-topology-conf``: the nimbuses' replication counts every
+        REPLICAS_EVERY_S, and up to ten configurations not fetched yet."""
+        if self._fetch_replicas is not None and time.monotonic() >= self._next_replicas:
+            self._next_replicas = time.monotonic() + REPLICAS_EVERY_S
+            self._refresh_reported_replicas()
+        snap = self._snapshot
+        if snap is None or self._fetch_conf is None:
+            return
+        now = time.monotonic()
+        todo = [t for t, base in snap.storms.items()
+                if base.status != KILLED and self.topology_conf(t) is None
+                and now - self._conf_failed.get(t, -1e9) > 30.0][:10]
+        for topology_id in todo:
+            if self._conf_loop.stopping:
+                return
+            self._fetch_one(topology_id)
+        with self._lock:
+            for gone in set(self._topology_conf) - set(snap.storms):
+                del self._topology_conf[gone]
 
     def _refresh_reported_replicas(self) -> None:
         try:

@@ -143,8 +143,18 @@ function drawNimbuses(nimbuses) {
       h("td", {}, h("span", {class: `badge status ${n.status.replace(/ /g, "-")}`}, n.status)),
       h("td", {class: "num" + (complete ? "" : " low")}, `${n.codeHeld} / ${n.codeLive}`),
       h("td", {}, n.version || "—"),
-      h("td", {class: "num"}, n.nimbusUpTime));
+      h("td", {class: "num"}, n.nimbusUpTime),
+      h("td", {class: "num"}, dutyCycleAge(n)));
   }));
+}
+
+// The leader's last completed duty cycle: known only to a UI inside the leader.
+function dutyCycleAge(n) {
+  if (typeof n.dutyCycleAgeSecs !== "number") {
+    return h("span", {class: "muted", title: n.status === "Leader"
+      ? "shown by a UI running inside the leader (nimbus.ui.enabled)" : null}, "—");
+  }
+  return `${n.dutyCycleAgeSecs.toFixed(1)}s ago`;
 }
 
 function drawSupervisors(supervisors) {
