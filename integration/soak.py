@@ -1,6 +1,7 @@
 """Chaos soak: random faults against a whole cluster running exactly-once pipelines.
 
     .venv/bin/python integration/soak.py --faults 200 --seed 1 [--pipelines 4]
+        [--spacing LOW:HIGH] [--warm-workers N]
 
 The cluster: a 3-server ZooKeeper ensemble on loopback, each server behind a delay
 proxy (nimbus-ha's processes connect through the proxies; the soak's own observer does
@@ -9,11 +10,13 @@ slots each, and ``--pipelines`` word-count pipelines (examples/wordcount, Spark 
 fed numbered records continuously.
 
 Faults are drawn with ``random.Random(seed)``, one at a time, each followed by its
-repair, with a random pause between them: kill -9, SIGSTOP/SIGCONT and a wiped
+repair, with a random pause of 1-4 s between them: kill -9, SIGSTOP/SIGCONT and a wiped
 ``storm.local.dir`` of nimbuses; kill -9 and SIGSTOP/SIGCONT of supervisors and workers;
 one ZooKeeper server killed and restarted; the quorum lost (two servers killed) for longer
 than the session timeout, then restored; network delay on every ZooKeeper connection.
-The same seed gives the same faults in the same order (timing still varies).
+The same seed gives the same faults in the same order (timing still varies). Worker
+faults touch this cluster's workers only, told from other clusters' on the same machine
+by their command line or working directory, under the soak's work directory.
 
 Then every process is brought back, feeding stops, and the soak waits until every
 pipeline committed every record. It reports:
@@ -26,11 +29,52 @@ pipeline committed every record. It reports:
   claimed after SIGCONT, before it noticed, is reported separately);
 * the longest time without a leader and the longest time without progress per pipeline,
   as ratios to the session timeout.
-"""
 
+The figures:
+
+* **time without progress** (a pipeline's **stall**): a time in which the pipeline had
+  records fed but not yet committed and committed none. It runs from the pipeline's last
+  commit, or from the moment it had committed everything fed to it (or from just before
+  the first fault), to its next commit; so a stall caused by a fault runs from the last
+  commit before the fault (a batch a second: about a second before it) to the first
+  commit after it. A commit is seen as a rise in the records in the sink's commit log,
+  polled every 0.5 s (the resolution of the figure). Measured from just before the first
+  fault until the end, the drain included; the report names when each pipeline's longest
+  stall began and the faults that may have caused it: the last one begun before it and
+  those begun during it (``longest_no_progress_faults``).
+* **time without a leader**: a time in which no nimbus led, by the nimbuses' own logs
+  (above), from the pipelines' submission until the end.
+
+**Spaced faults.** ``--spacing LOW:HIGH`` (seconds: ``--spacing 30:60``) makes the pause
+after each fault's repair a uniform draw from [LOW, HIGH] instead of [1, 4], from the
+same generator, so a seed draws the same faults in either mode. The supervisors then keep
+``supervisor.warm.workers`` = 1 (the product's default; a local cluster's own default,
+which the default mode keeps, is none); ``--warm-workers N`` sets it in either mode.
+
+Before the first fault, the spaced mode measures the **warm restart** once, on the quiet
+cluster: every pipeline committing, and for 10 s no worker process started or ended and
+no supervisor of pipe0 reported a warm worker still starting (``topology-info``; at most
+120 s of waiting). Then pipe0's worker (and its Spark JVM) is killed with kill -9; the
+warm restart is the time from the kill to pipe0's next committed batch, whatever the
+supervisor does in between. The report says how many warm workers were ready before the
+kill and whether the new worker started warm (``warm_restart_ready_before``,
+``warm_restart_started_warm``; null where ``topology-info`` does not say). The first
+fault comes HIGH seconds after that commit. Every pipeline's longest stall is then
+checked against 2 × (session timeout + warm restart) (``stall_bound_s``).
+
+**Verdict.** After the JSON report comes the verdict, one line per figure with PASS or
+FAIL (``integration/soak_verdict.py``). Guarantees: 0 topologies lost, 0 records lost,
+duplicated or unexpected, 0 leader writes by a deposed leader, never two leaders at once.
+Targets: the longest time without progress (the worst pipeline's) ≤ 15 × the session
+timeout; the longest time without a leader ≤ 3 ×; with ``--spacing``, each pipeline's
+longest stall ≤ 2 × (session timeout + warm restart). The exit status is 1 if a guarantee
+failed, else 3 if a target was missed (the run held its guarantees but was slower than
+asked: a caller can gate on correctness alone by treating 3 as success), else 0.
+"""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -47,9 +91,12 @@ from typing import Any
 
 from helpers import leadership_events
 from kazoo.client import KazooClient
+from soak_verdict import STALL_BOUND_FACTOR, exit_status, judge, render, summary
 
 from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.master import runtime_view
+from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.leader_audit import deposed_writes, read_trail
 from nimbus.state.zkserver import ZooKeeperEnsemble
 from nimbus.testing.pipelines import (
@@ -69,6 +116,12 @@ FEED_EVERY_S = 1.0
 FEED_RECORDS = 5
 SAMPLE_EVERY_S = 0.5
 DRAIN_TIMEOUT_S = 600.0
+# Before the warm-restart baseline: how long no worker process may start or end, and the
+# most to wait for that (supervisors that keep warm workers get to make them ready).
+QUIET_S = 10.0
+QUIET_TIMEOUT_S = 120.0
+DEFAULT_PAUSE_S = (1.0, 4.0)  # between faults, without --spacing
+SPACED_WARM_WORKERS = 1       # supervisor.warm.workers with --spacing: the product default
 FAULTS = {  # kind -> weight
     "nimbus_kill9": 3, "nimbus_stop": 2, "nimbus_wipe": 2,
     "supervisor_kill9": 3, "supervisor_stop": 2,
@@ -111,8 +164,15 @@ class Freeze:
 class Soak:
     """One soak run; see the module docstring."""
 
-    def __init__(self, work: Path, seed: int, pipelines: int = 4, log=print):
+    def __init__(self, work: Path, seed: int, pipelines: int = 4, log=print,
+                 spacing: tuple[float, float] | None = None,
+                 warm_workers: int | None = None):
         self.work = Path(work)
+        self.spacing = spacing  # (low, high) s after each repair; None: DEFAULT_PAUSE_S
+        if warm_workers is None and spacing is not None:
+            warm_workers = SPACED_WARM_WORKERS
+        self.warm_workers = warm_workers  # supervisor.warm.workers; None: the cluster's own
+        self.baseline: dict[str, Any] = {}  # the spaced mode's warm restart, measured
         self.rng = random.Random(seed)
         self.seed = seed
         self.log = log
@@ -124,6 +184,7 @@ class Soak:
                                    CommittedOutput(self.work / f"pipe{i}" / "output"))
                           for i in range(pipelines)]
         self.events: list[tuple[float, str]] = []  # (wall clock, what the soak did)
+        self.fault_starts: list[tuple[float, str]] = []  # (wall clock, "fault n/N kind")
         self.kills: dict[int, list[float]] = {}     # nimbus index -> kill -9 times
         self.freezes: list[Freeze] = []
         self.fault_counts: dict[str, int] = {}
@@ -131,6 +192,7 @@ class Soak:
         self._feeding = threading.Event()
         self._threads: list[threading.Thread] = []
         self.observer: KazooClient | None = None
+        self.view: StormClusterState | None = None  # on the observer's session
 
     # -- set-up and tear-down ----------------------------------------------------------------
     def start(self) -> None:
@@ -146,10 +208,13 @@ class Soak:
                   "supervisor.heartbeat.frequency.secs": 1,
                   "topology.spark.master": "local[1]",
                   "topology.spark.conf": SPARK_CONF,
-                  "topology.spark.checkpoint.dir": str(self.work / "checkpoints")})
+                  "topology.spark.checkpoint.dir": str(self.work / "checkpoints"),
+                  **({} if self.warm_workers is None
+                     else {"supervisor.warm.workers": self.warm_workers})})
         self.cluster.start()
         self.observer = KazooClient(hosts=self.ensemble.hosts, timeout=10)
         self.observer.start(timeout=30)
+        self.view = StormClusterState(self.observer, "/storm")
         client = self.cluster.client(deadline_s=120)
         for pipe in self.pipelines:
             pipe.topology_id = client.submit(pipe.name, pack_directory(WORDCOUNT), {
@@ -168,11 +233,99 @@ class Soak:
         # Every pipeline running and committing before the first fault; progress is
         # measured from here (a pipeline's first Spark start is not a fault's doing).
         self.wait_all_committed(DRAIN_TIMEOUT_S, "the first records")
+        if self.spacing is not None:
+            self.measure_warm_restart()
         now = time.time()
         for pipe in self.pipelines:
             with pipe.lock:
                 pipe.last_progress, pipe.longest_stall_s = now, 0.0
         self.note("every pipeline commits: faults begin")
+
+    def measure_warm_restart(self) -> None:
+        """The baseline of the spaced mode: kill -9 of pipe0's worker on the quiet
+        cluster, timed to pipe0's next commit (see the module docstring)."""
+        pipe = self.pipelines[0]
+        self._wait_quiet(pipe.topology_id)
+        pid = pipeline_worker(pipe.topology_id, workers_under(self.work))
+        ready = self._warm(pipe.topology_id)[0]
+        killed_workers = {worker_key(w) for w in self._workers(pipe.topology_id)}
+        killed = time.time()
+        kill9_tree(pid)
+        # Counted after the kill: whatever committed by then was the killed worker's.
+        before = self._committed(pipe)
+        wait_for(lambda: self._committed(pipe) > before, DRAIN_TIMEOUT_S,
+                 f"{pipe.name} to commit after its worker's kill -9", interval_s=0.1)
+        restart_s = time.time() - killed
+        self.baseline = {"warm_restart_pipeline": pipe.name,
+                         "warm_restart_s": round(restart_s, 1),
+                         "warm_restart_ready_before": ready,
+                         "warm_restart_started_warm": self._started_warm(pipe.topology_id,
+                                                                         killed_workers)}
+        self.note(f"baseline: {pipe.name}'s worker {pid} killed, next commit after "
+                  f"{restart_s:.1f}s (the warm restart; warm workers ready before: "
+                  f"{ready}; the new worker started warm: "
+                  f"{self.baseline['warm_restart_started_warm']})")
+        # The kill is the soak's own fault: the first drawn fault gets the longest quiet
+        # gap after it, as every later one does after its predecessor (a supervisor that
+        # spent its warm worker on the baseline has that long to make another). Not drawn
+        # from the generator, so the seed's faults are the same as without --spacing.
+        self._stop.wait(self.spacing[1])
+
+    def _wait_quiet(self, topology_id: str) -> None:
+        """Until, for QUIET_S, no worker process has started or ended and no supervisor
+        of ``topology_id`` has reported a warm worker still starting (at most
+        QUIET_TIMEOUT_S; a cluster that never settles is measured as it is)."""
+        deadline = time.monotonic() + QUIET_TIMEOUT_S
+        seen, since = None, time.monotonic()
+        while True:
+            now = (workers_under(self.work), self._warm(topology_id)[1])
+            if now != seen or now[1]:
+                seen, since = now, time.monotonic()
+            if time.monotonic() - since >= QUIET_S:
+                return
+            if time.monotonic() > deadline:
+                self.note(f"  the cluster is not quiet after {QUIET_TIMEOUT_S:.0f}s: "
+                          "the baseline is measured anyway")
+                return
+            self._stop.wait(1.0)
+
+    def _topology_info(self, topology_id: str) -> dict[str, Any]:
+        """What ``nimbus-ha topology-info`` shows of ``topology_id`` (workers from their
+        beats, warm workers from their supervisors' heartbeats); {} if unreadable."""
+        try:
+            return runtime_view.topology_info(self.view, topology_id) or {}
+        except Exception:  # the view mid-fault or unreadable: not known
+            return {}
+
+    def _workers(self, topology_id: str) -> list[dict[str, Any]]:
+        return self._topology_info(topology_id).get("workers", [])
+
+    def _warm(self, topology_id: str) -> tuple[int | None, int | None]:
+        """(ready, starting) warm workers of the supervisors running ``topology_id``;
+        (None, None) where topology-info does not say (no warm workers kept)."""
+        warm = self._topology_info(topology_id).get("warm_workers") or {}
+        if not warm:
+            return None, None
+        return (sum(int(w.get("ready") or 0) for w in warm.values()),
+                sum(int(w.get("starting") or 0) for w in warm.values()))
+
+    def _started_warm(self, topology_id: str, killed: set[tuple[Any, ...]]) -> bool | None:
+        """Whether the worker that replaced the ``killed`` ones (:func:`worker_key`) says
+        it started warm (its beat, in topology-info); None if none says within 10 s."""
+        def said() -> list[bool]:
+            return [bool(w["warm_start"]) for w in self._workers(topology_id)
+                    if w.get("alive") and worker_key(w) not in killed
+                    and "warm_start" in w]
+        try:
+            return any(wait_for(said, 10, f"a beat of {topology_id}'s new worker",
+                                interval_s=0.2))
+        except TimeoutError:
+            return None
+
+    @staticmethod
+    def _committed(pipe: Pipeline) -> int:
+        with pipe.lock:
+            return sum(pipe.output.ids().values())
 
     def stop(self) -> None:
         self._stop.set()
@@ -223,9 +376,11 @@ class Soak:
         for number in range(1, count + 1):
             kind = self.rng.choices(kinds, weights)[0]
             self.fault_counts[kind] = self.fault_counts.get(kind, 0) + 1
+            self.fault_starts.append((time.time(), f"fault {number}/{count} {kind}"))
             self.note(f"fault {number}/{count}: {kind}")
             getattr(self, kind)()
-            self.pause(1.0, 4.0)
+            # One draw either way: a seed gives the same faults with or without spacing.
+            self.pause(*(self.spacing or DEFAULT_PAUSE_S))
 
     def pause(self, low: float, high: float) -> None:
         self._stop.wait(self.rng.uniform(low, high))
@@ -271,7 +426,8 @@ class Soak:
         self.note(f"  supervisor {supervisor.index} frozen and thawed")
 
     def _worker(self) -> int | None:
-        pids = processes_with_arg(WORKER_MODULE)
+        # This cluster's workers only: the machine may run other clusters' workers.
+        pids = workers_under(self.work)
         return self.rng.choice(pids) if pids else None
 
     def worker_kill9(self) -> None:
@@ -352,6 +508,10 @@ class Soak:
                                   "duplicated": len(check["duplicated"]),
                                   "unexpected": len(check["unexpected"])}
         trail = read_trail(self.observer, "/storm")
+        spaced: dict[str, Any] = {}
+        if self.spacing is not None:
+            spaced = {**self.baseline, "stall_bound_s": round(
+                STALL_BOUND_FACTOR * (self.session_s + self.baseline["warm_restart_s"]), 1)}
         leadership = leadership_report(self.cluster.nimbuses, self.kills, self.freezes,
                                        self.events[0][0], time.time())
         return {
@@ -375,7 +535,25 @@ class Soak:
                 for p in self.pipelines},
             "longest_no_progress_ratio": round(max(p.longest_stall_s for p in self.pipelines)
                                                / self.session_s, 2),
+            "longest_no_progress_faults": {
+                p.name: self.faults_in(p.longest_stall_since,
+                                       p.longest_stall_since + p.longest_stall_s)
+                for p in self.pipelines},
+            "spacing_s": list(self.spacing) if self.spacing is not None else None,
+            "warm_workers": self.warm_workers,
+            **spaced,
         }
+
+    def faults_in(self, began: float, ended: float) -> str:
+        """The faults that may have caused a stall from ``began`` to ``ended``: the last
+        one begun before it (it may still have been under way) and those begun during it;
+        the first two and the last of them when there are more than four."""
+        before = [label for started, label in self.fault_starts if started <= began][-1:]
+        labels = before + [label for started, label in self.fault_starts
+                           if began < started <= ended]
+        if len(labels) > 4:
+            labels = [*labels[:2], f"... {len(labels) - 3} more ...", labels[-1]]
+        return ", ".join(labels) or "none"
 
 
 # -- leadership from the nimbuses' own logs -------------------------------------------------------
@@ -432,9 +610,90 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
             "longest_no_leader_s": round(longest_gap, 2)}
 
 
-def run(work: Path, faults: int, seed: int, pipelines: int = 4, log=print) -> dict[str, Any]:
-    """Run a soak in ``work``; returns its report (see the module docstring)."""
-    soak = Soak(work, seed, pipelines, log=log)
+def workers_under(root: Path) -> list[int]:
+    """Pids of the ``nimbus.worker`` processes (warm or running a topology) whose command
+    line or working directory lies under ``root``: one cluster's workers, where the
+    machine may run other clusters' too."""
+    # Command lines hold paths as the cluster spelled them; /proc/<pid>/cwd, the real one.
+    found = set(processes_with_arg(WORKER_MODULE, str(Path(root).absolute())))
+    real = str(Path(root).resolve())
+    for pid in processes_with_arg(WORKER_MODULE):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd").startswith(real):
+                found.add(pid)
+    return sorted(found)
+
+
+def worker_key(worker: dict[str, Any]) -> tuple[Any, ...]:
+    """A worker of topology-info told from its successor: a restart in the same slot
+    counts one more restart; a move changes the slot (and starts counting afresh)."""
+    return worker.get("supervisor_id"), worker.get("port"), worker.get("restarts")
+
+
+def pipeline_worker(topology_id: str, workers: list[int]) -> int:
+    """The pid among ``workers`` of the worker process running ``topology_id``, seen from
+    outside: the one whose process tree (the worker, its Spark JVM) names the topology in
+    a command line, a working directory or an open file. A cold worker runs in the slot's
+    directory ``<topology id>-<port>``; a warm one that took the slot writes to that
+    directory's ``worker.log`` (docs/runtime.md). The soak does not rely on more."""
+    needle = f"{topology_id}-"
+    for pid in workers:
+        if any(needle in name for member in [pid, *process_tree(pid)]
+               for name in process_names(member)):
+            return pid
+    raise RuntimeError(f"no worker process of {topology_id} among the {WORKER_MODULE} "
+                       f"processes {workers}: none names it in its command line, working "
+                       "directory or open files, nor does any of their descendants")
+
+
+def process_names(pid: int) -> list[str]:
+    """The command line, working directory and open files' paths of ``pid`` (what of
+    them can be read: the process may end meanwhile)."""
+    proc = Path(f"/proc/{pid}")
+    names = []
+    with contextlib.suppress(OSError):
+        names.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace"))
+        names.append(os.readlink(proc / "cwd"))
+        for fd in (proc / "fd").iterdir():
+            with contextlib.suppress(OSError):
+                names.append(os.readlink(fd))
+    return names
+
+
+def process_tree(pid: int) -> list[int]:
+    """The descendants of ``pid`` (Linux /proc), children before grandchildren."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        found.append(todo.pop(0))
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def kill9_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and its descendants (a worker and its Spark JVM), by process tree
+    rather than process group: a worker need not lead a group of its own."""
+    for victim in [pid, *process_tree(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
+def run(work: Path, faults: int, seed: int, pipelines: int = 4, log=print,
+        spacing: tuple[float, float] | None = None,
+        warm_workers: int | None = None) -> dict[str, Any]:
+    """Run a soak in ``work``; returns its report (see the module docstring).
+    ``spacing``: (low, high) seconds between faults, as ``--spacing``; ``warm_workers``:
+    as ``--warm-workers``."""
+    soak = Soak(work, seed, pipelines, log=log, spacing=spacing, warm_workers=warm_workers)
     try:
         soak.start()
         soak.run_faults(faults)
@@ -444,27 +703,49 @@ def run(work: Path, faults: int, seed: int, pipelines: int = 4, log=print) -> di
         soak.stop()
 
 
+def spacing_arg(text: str) -> tuple[float, float]:
+    """``--spacing``: ``LOW:HIGH`` seconds (or ``S`` for exactly S), 0 <= LOW <= HIGH."""
+    low, _, high = text.partition(":")
+    try:
+        bounds = (float(low), float(high or low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected LOW:HIGH in seconds, such as 30:60") from None
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 <= LOW <= HIGH")
+    return bounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--pipelines", type=int, default=4)
+    parser.add_argument("--spacing", type=spacing_arg, metavar="LOW:HIGH",
+                        help="seconds between faults, drawn uniformly (such as 30:60); "
+                             "also measures the warm restart and checks every pipeline's "
+                             "longest stall (default: 1-4 s, no stall bound)")
+    parser.add_argument("--warm-workers", type=int, metavar="N",
+                        help="supervisor.warm.workers of every supervisor (default: 1 with "
+                             "--spacing, else the local cluster's default, none)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
+    if args.warm_workers is not None and args.warm_workers < 0:
+        parser.error(f"--warm-workers {args.warm_workers}: expected 0 or more")
     work = Path(tempfile.mkdtemp(prefix="nimbus-soak-"))
     started = time.monotonic()
     try:
-        report = run(work, args.faults, args.seed, args.pipelines)
+        report = run(work, args.faults, args.seed, args.pipelines, spacing=args.spacing,
+                     warm_workers=args.warm_workers)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     report["wall_time_s"] = round(time.monotonic() - started)
+    verdicts = judge(report)
+    report["verdicts"] = summary(verdicts)
     print(json.dumps(report, indent=2))
-    bad = (report["topologies_lost"] or report["leader_writes_by_deposed_leaders"]
-           or report["two_leaders_at_once"]
-           or any(r["lost"] or r["duplicated"] or r["unexpected"]
-                  for r in report["records"].values()))
-    sys.exit(1 if bad else 0)
+    print(render(verdicts, report))
+    sys.exit(exit_status(verdicts))
 
 
 if __name__ == "__main__":
