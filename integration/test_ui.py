@@ -32,7 +32,8 @@ TOPOLOGY_KEYS = {"id", "name", "status", "uptime", "uptimeSeconds", "tasksTotal"
 NIMBUS_KEYS = {"host", "port", "status", "version", "nimbusUpTime", "nimbusUpTimeSeconds",
                "nimbusLogLink"}
 SUPERVISOR_KEYS = {"id", "host", "uptime", "uptimeSeconds", "slotsTotal", "slotsUsed",
-                   "totalMem", "totalCpu", "usedMem", "usedCpu", "version"}
+                   "totalMem", "totalCpu", "usedMem", "usedCpu", "version",
+                   "warmReady", "warmStarting", "warmMemoryBytes"}
 CLUSTER_KEYS = {"stormVersion", "supervisors", "topologies", "slotsTotal", "slotsUsed",
                 "slotsFree", "executorsTotal", "tasksTotal", "schedulerDisplayResource",
                 "totalMem", "totalCpu", "availMem", "availCpu", "memAssignedPercentUtil",
@@ -186,6 +187,9 @@ def test_dashboard_shows_cluster_without_console_errors(env, browser, tmp_path):
              "the sleeper ACTIVE")
     wait_for(lambda: text_of(browser, f'tr[data-nimbus="{leader}"] td:nth-child(3)')
              == "2 / 2", 10, "the leader's code complete")
+    # This cluster's supervisor keeps no warm workers (a local cluster's default).
+    supervisor = env["cluster"].supervisors[0].id
+    assert text_of(browser, f'tr[data-supervisor="{supervisor}"] td:nth-child(4)') == "—"
     # The test's own screenshot, for looking at a failure; docs/dashboard.png (a running
     # pipeline) is taken by integration/screenshot_dashboard.py.
     assert browser.save_screenshot(str(tmp_path / "dashboard.png"))

@@ -19,7 +19,8 @@ CLUSTER_KEYS = {"stormVersion", "supervisors", "topologies", "slotsTotal", "slot
 NIMBUS_KEYS = {"host", "port", "status", "version", "nimbusUpTime", "nimbusUpTimeSeconds",
                "nimbusLogLink"}
 SUPERVISOR_KEYS = {"id", "host", "uptime", "uptimeSeconds", "slotsTotal", "slotsUsed",
-                   "totalMem", "totalCpu", "usedMem", "usedCpu", "version"}
+                   "totalMem", "totalCpu", "usedMem", "usedCpu", "version",
+                   "warmReady", "warmStarting", "warmMemoryBytes"}
 TOPOLOGY_KEYS = {"id", "name", "status", "uptime", "uptimeSeconds", "tasksTotal",
                  "workersTotal", "executorsTotal", "replicationCount", "requestedMemOnHeap",
                  "requestedMemOffHeap", "requestedTotalMem", "requestedCpu",
@@ -161,3 +162,15 @@ def test_openapi_covers_every_route():
                                        (3600, "1h 0m 0s"), (90061, "1d 1h 1m 1s")])
 def test_pretty_uptime(secs, text):
     assert pretty_uptime(secs) == text
+
+
+def test_supervisor_summary_shows_warm_workers(ui):
+    from nimbus.state.records import SupervisorInfo
+
+    ui.state.supervisor_heartbeat("sup-a", SupervisorInfo(
+        time_secs=1, hostname="host-a", meta=[6700, 6701], warm_ready=1, warm_starting=1,
+        warm_memory_bytes=420 * 2**20))
+    ui.view.refresh_now()
+    (sup,) = ui.client.get("/api/v1/supervisor/summary").json["supervisors"]
+    assert (sup["warmReady"], sup["warmStarting"], sup["warmMemoryBytes"]) == (
+        1, 1, 420 * 2**20)

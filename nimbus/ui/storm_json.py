@@ -86,7 +86,10 @@ def supervisor_summary(snap: Snapshot) -> dict[str, Any]:
         {"id": sid, "host": info.hostname, "uptime": pretty_uptime(info.uptime_secs),
          "uptimeSeconds": info.uptime_secs, "slotsTotal": len(info.meta),
          "slotsUsed": len(used.get(sid, [])), "totalMem": 0.0, "totalCpu": 0.0,
-         "usedMem": 0.0, "usedCpu": 0.0, "version": info.version}
+         "usedMem": 0.0, "usedCpu": 0.0, "version": info.version,
+         # Warm workers (supervisor.warm.workers): nimbus-ha's, not Storm's.
+         "warmReady": info.warm_ready, "warmStarting": info.warm_starting,
+         "warmMemoryBytes": info.warm_memory_bytes}
         for sid, info in sorted(snap.supervisors.items())],
         "schedulerDisplayResource": False}
 

@@ -165,8 +165,15 @@ function drawSupervisors(supervisors) {
       h("td", {}, h("small", {}, s.id)), h("td", {}, s.host),
       h("td", {class: "num"}, h("span", {class: "bar"}, h("span", {style: `width:${pct}%`})),
         `${s.slotsUsed} / ${s.slotsTotal}`),
+      h("td", {class: "num"}, warmWorkers(s)),
       h("td", {class: "num"}, s.uptime));
   }));
+}
+
+function warmWorkers(s) {
+  if (!s.warmReady && !s.warmStarting) return "—";
+  const starting = s.warmStarting ? ` (+${s.warmStarting} starting)` : "";
+  return `${s.warmReady} ready${starting} · ${Math.round(s.warmMemoryBytes / 1048576)} MiB`;
 }
 
 function drawTimeline(events) {
