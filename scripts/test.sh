@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check nimbus plugins tests integration examples
-.venv/bin/pytest tests plugins/*/tests integration -p no:cacheprovider "$@"
+.venv/bin/pytest tests plugins/*/tests integration -p no:cacheprovider --durations=25 "$@"
