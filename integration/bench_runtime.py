@@ -236,6 +236,14 @@ def main() -> None:
                                    "topology.spark.conf": SPARK_CONF,
                                    "topology.spark.checkpoint.dir": str(work / "ckpt")})
         with cluster:
+            if args.warm_workers:
+                # A warm worker starting takes a core: the baseline waits for them all.
+                state = observer(cluster)
+                wait_for(lambda: all((i := state.supervisor_info(s.id)) is not None
+                                     and i.warm_ready >= args.warm_workers
+                                     for s in cluster.supervisors), TIMEOUT_S,
+                         "every supervisor's warm workers", interval_s=0.5)
+                state.zk.stop()
             # The baseline runs beside the same idle daemons, so both sides share the load.
             cold, direct_rate, direct_restart = measure_direct(work, args.records, args.trials)
             print(f"baseline: cold start {cold:.2f}s; direct throughput "
@@ -244,7 +252,10 @@ def main() -> None:
             timed_commit(runtime.feed, runtime.output, 10)  # running, first batch done
             sid, _, pid = runtime.worker()
             idle = next(s for s in cluster.supervisors if s.id != sid)
-            runtime.wait_warm(idle.id, args.warm_workers)
+            # The worker may have taken a warm one, replaced once it committed: measured
+            # at rest, with that replacement's JVM start over.
+            for supervisor in cluster.supervisors:
+                runtime.wait_warm(supervisor.id, args.warm_workers)
             warm_rss = runtime.warm_mb(idle.id)
             # The supervisor's process tree holds its warm workers too.
             idle_rss = process_tree_rss_kib(idle.process.pid) / 1024 - warm_rss
