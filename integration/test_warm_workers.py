@@ -132,6 +132,10 @@ def test_a_killed_worker_resumes_on_the_replacement(warm):
                   rf"warm-2 \(pid {replacement}\)", "the restart to take warm-2", mark)
     warm.feed_and_check(30)
     wait_for(lambda: warm.info()["workers"][0]["restarts"] == 1, 30, "the restart counted")
+    # The table lists supervisors with warm workers: warm-2's replacement, once begun.
+    wait_for(lambda: (i := warm.state.supervisor_info(warm.supervisor.id)) is not None
+             and i.warm_ready + i.warm_starting == 1, SPARK_TIMEOUT_S,
+             "the heartbeat to show warm-2's replacement")
     out = run_cli("topology-info", "wordcount", "--config", str(warm.cluster.config_file))
     assert out.returncode == 0, out.stderr
     assert "warm" in out.stdout and "Warm workers on its supervisors" in out.stdout
