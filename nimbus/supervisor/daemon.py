@@ -746,7 +746,13 @@ class Supervisor:
             self.code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
         if not self._may_start(session):
             return
-        if self._start_warm(want, record, conf, num_workers, session, worker_dir, kind):
+        # What worker.json says, either way; the descriptors are the worker's own.
+        spec = WorkerSpec(
+            topology_id=want.topology_id, port=want.port, supervisor_id=self.id,
+            host=self.host, code_dir=str(self.code.resources(want.topology_id)), conf=conf,
+            restarts=record.restarts, worker_index=want.worker_index,
+            num_workers=num_workers, lease_fd=-1, status_fd=-1)
+        if self._start_warm(want, record, spec, session, worker_dir, kind):
             return
         handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,
                               record.restarts, self._on_status, self._on_closed,
@@ -764,12 +770,8 @@ class Supervisor:
             if handle.run_as is not None:  # its own directory, its own only
                 os.chown(worker_dir, *handle.run_as)
                 os.chmod(worker_dir, 0o700)
-            write_worker_spec(worker_dir / SPEC_FILE, {
-                "topology_id": want.topology_id, "port": want.port,
-                "supervisor_id": self.id, "host": self.host,
-                "code_dir": str(self.code.resources(want.topology_id)), "conf": conf,
-                "restarts": record.restarts, "worker_index": want.worker_index,
-                "num_workers": num_workers, "lease_fd": lease_fd, "status_fd": status_fd})
+            spec.lease_fd, spec.status_fd = lease_fd, status_fd
+            spec.dump(worker_dir / SPEC_FILE)  # mode 0600: the configuration may hold secrets
             if handle.run_as is not None:
                 os.chown(worker_dir / SPEC_FILE, *handle.run_as)
 
@@ -789,17 +791,12 @@ class Supervisor:
         if not self._connected.is_set():
             handle.kill("lost")  # the connection went while it was being started
 
-    def _start_warm(self, want: DesiredWorker, record: _SlotRecord, conf: dict[str, Any],
-                    num_workers: int, session: int, worker_dir: Path, kind: str) -> bool:
+    def _start_warm(self, want: DesiredWorker, record: _SlotRecord, spec: WorkerSpec,
+                    session: int, worker_dir: Path, kind: str) -> bool:
         """Run ``want`` on a warm worker if one can take it, or leave it to wait for one
         that is starting (True); else log why not (False: start it cold)."""
         if self.warm is None or kind != "pipeline":
             return False
-        spec = WorkerSpec(
-            topology_id=want.topology_id, port=want.port, supervisor_id=self.id,
-            host=self.host, code_dir=str(self.code.resources(want.topology_id)), conf=conf,
-            restarts=record.restarts, worker_index=want.worker_index,
-            num_workers=num_workers, lease_fd=-1, status_fd=-1)
         if record.cold_reason:
             handle, why = None, record.cold_reason
             record.cold_reason = ""
@@ -830,7 +827,7 @@ class Supervisor:
         handle.topology_id, handle.port, handle.worker_dir = (
             want.topology_id, want.port, worker_dir)
         handle.session_id, handle.restarts = session, record.restarts
-        handle.worker_index, handle.num_workers = want.worker_index, num_workers
+        handle.worker_index, handle.num_workers = want.worker_index, spec.num_workers
         handle.kind = "pipeline"
         handle.started_at, handle.last_status_at = time.monotonic(), None
         handle.rebind(self._on_status, self._on_closed)
@@ -998,11 +995,6 @@ class Supervisor:
 def handle_executor(handle: WorkerHandle) -> str:
     """The executor key (``worker-<i>``) of a worker: the component its own errors use."""
     return f"worker-{handle.worker_index}"
-
-
-def write_worker_spec(path: Path, fields: dict[str, Any]) -> None:
-    """Write ``worker.json`` (mode 0600: the configuration may hold secrets)."""
-    WorkerSpec(**fields).dump(path)
 
 
 def _worker_env() -> dict[str, str]:

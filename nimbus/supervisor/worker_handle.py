@@ -36,6 +36,7 @@ from nimbus.supervisor.cgroups import CGROUP_ENV, WorkerCgroups, in_cgroup, kill
 from nimbus.supervisor.memory import GroupMemory
 from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
+from nimbus.worker.warm import WARM_FILE
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ def tidy_warm_dir(directory: Path) -> None:
     directory, which stays the warm directory after the worker is taken."""
     if (directory / "spark-warehouse").exists() or (directory / "metastore_db").exists():
         with contextlib.suppress(OSError):
-            (directory / "warm.json").unlink()
+            (directory / WARM_FILE).unlink()
         log.info("kept %s: Spark left a warehouse or metastore in it", directory)
         return
     shutil.rmtree(directory, ignore_errors=True)
