@@ -24,10 +24,12 @@ from helpers import observer
 from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
+from nimbus.timing import WORKER_LEASE_FRACTION
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SESSION_MS = 4000
+LEASE_S = WORKER_LEASE_FRACTION * SESSION_MS / 1000
 CONF = {
     "storm.zookeeper.session.timeout": SESSION_MS,
     "nimbus.monitor.freq.secs": 1,
@@ -209,7 +211,7 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         killed_at = time.monotonic()
         first.kill9_group()
         wait_for(lambda: not _alive(pid), 10, "the orphaned command to die")
-        assert time.monotonic() - killed_at < SESSION_MS / 2000 + 1.0
+        assert time.monotonic() - killed_at < LEASE_S + 1.0
         port2, pid2 = wait_for(lambda: _new_writer(out, 1), 30, "the work to move")
         assert port2 == other.ports[0]
         assert _assignment(state, topology_id) == {"worker-0": [other.id, port2]}
@@ -222,15 +224,16 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         assert first.id == old_id
 
         # SIGSTOP the supervisor that runs the work for longer than the session timeout:
-        # its worker kills itself within half a session timeout, before the leader can
-        # move the work; the moved command's first write comes after the old one's last.
+        # its worker kills itself within its lease (2/3 of the session timeout), before
+        # the leader can move the work; the moved command's first write comes after the
+        # old one's last.
         frozen_at = time.monotonic()
         other.signal(signal.SIGSTOP)
         starts_before = other.log_text().count("starting worker")
         try:
             wait_for(lambda: not _alive(pid2), 10, "the frozen supervisor's command to die")
-            # Its last renewal was sent before the freeze: dead within half a session.
-            assert time.monotonic() - frozen_at < SESSION_MS / 2000 + 1.0
+            # Its last renewal was sent before the freeze: dead within one lease.
+            assert time.monotonic() - frozen_at < LEASE_S + 1.0
             port3, pid3 = wait_for(lambda: _new_writer(out, 2), 30, "the work to move back")
         finally:
             other.signal(signal.SIGCONT)

@@ -12,6 +12,14 @@ from typing import Any
 
 from nimbus.config import ConfigError
 
+#: A worker's lease, as a share of the negotiated session timeout ``T``: one round trip
+#: that proves the session renews it until ``sent + WORKER_LEASE_FRACTION * T``
+#: (nimbus.supervisor.lease). The leader waits as long before it places work it took off
+#: a live supervisor anywhere else (the release quarantine, nimbus.master.scheduler).
+#: Below 1, so that every lease of a supervisor that is cut off ends before its session
+#: can expire; the third left absorbs a late kill and clocks that run apart.
+WORKER_LEASE_FRACTION = 2.0 / 3.0
+
 #: (smaller key, larger key, why the first must be below the second)
 RELATIONS = (
     ("supervisor.worker.timeout.secs", "nimbus.task.timeout.secs",

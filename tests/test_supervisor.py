@@ -355,16 +355,26 @@ class FakeZk:
     def exists_async(self, path: str):
         self.asked.append(f"exists {path}")
         stat = None if self.owner is None else SimpleNamespace(ephemeralOwner=self.owner)
-        return SimpleNamespace(get=lambda timeout=None: stat)
+        return _Answered(lambda: stat)
 
     def get_async(self, path: str):
         self.asked.append(f"get {path}")
 
-        def get(timeout=None):
+        def get():
             if path not in self.assignments:
                 raise NoNodeError()
             return self.assignments[path], None
-        return SimpleNamespace(get=get)
+        return _Answered(get)
+
+
+class _Answered:
+    """An already answered kazoo async result."""
+
+    def __init__(self, value):
+        self.get_nowait = value
+
+    def rawlink(self, callback):
+        callback(self)
 
 
 class FakeWorker:
@@ -389,7 +399,7 @@ def test_lease_is_renewed_only_after_a_round_trip_of_the_workers_own_session():
     zk = FakeZk(5, owner=5, assignments={"/a/t-1-1": b"here"})
     before = time.monotonic()
     deadline = keeper(zk, [mine, older]).renew_once()
-    assert deadline is not None and before + 3.0 <= deadline <= time.monotonic() + 3.0
+    assert deadline is not None and before + 4.0 <= deadline <= time.monotonic() + 4.0
     assert mine.leases == [deadline] and older.leases == []
     # one pipelined round trip: its own node, and the assignment of each topology it runs
     assert zk.asked == ["exists /s/me", "get /a/t-1-1"]
@@ -412,6 +422,80 @@ def test_a_worker_whose_assignment_changed_is_not_renewed():
                       on_unassigned=unassigned.append).renew_once()
     assert kept.leases == [deadline] and moved.leases == [] and removed.leases == []
     assert unassigned == [moved, removed]
+
+
+class SlowZk(FakeZk):
+    """A FakeZk whose every answer comes ``delay_s`` after the request, in order."""
+
+    def __init__(self, delay_s: float, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.delay_s = delay_s
+        self.unanswered = 0
+        self.most_unanswered = 0
+        self._lock = threading.Lock()
+        self.timers: list[threading.Timer] = []
+
+    def _later(self, answered: _Answered) -> _Late:
+        late = _Late(answered, self)
+        with self._lock:
+            self.unanswered += 1
+            self.most_unanswered = max(self.most_unanswered, self.unanswered)
+        timer = threading.Timer(self.delay_s, late.answer)
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+        return late
+
+    def exists_async(self, path: str):
+        return self._later(super().exists_async(path))
+
+    def get_async(self, path: str):
+        return self._later(super().get_async(path))
+
+
+class _Late:
+    def __init__(self, answered: _Answered, zk: SlowZk):
+        self.get_nowait = answered.get_nowait
+        self._zk = zk
+        self._callbacks = []
+        self._done = False
+        self._lock = threading.Lock()
+
+    def rawlink(self, callback):
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def answer(self):
+        with self._zk._lock:
+            self._zk.unanswered -= 1
+        with self._lock:
+            self._done, callbacks = True, self._callbacks
+        for callback in callbacks:
+            callback(self)
+
+
+def test_rounds_are_pipelined_so_a_slow_zookeeper_keeps_the_leases():
+    """Issue 20: a round does not wait for the one before. With answers 1.2 s late and
+    a 4 s lease, rounds a quarter second apart are all in flight at once, and every
+    answer renews the lease, deadlines counted from each round's send, in send order."""
+    worker = FakeWorker(5)
+    zk = SlowZk(1.2, 5, owner=5, assignments={"/a/t-1-1": b"here"})
+    lease = keeper(zk, [worker], interval_s=0.25)
+    assert lease.length_s == pytest.approx(4.0)
+    lease.start()
+    try:
+        wait_for(lambda: len(worker.leases) >= 6, 20, "six renewals")
+    finally:
+        lease.stop()
+        for timer in zk.timers:
+            timer.cancel()
+    # Each round is two requests (the node, the assignment): more than one round was
+    # unanswered at once.
+    assert zk.most_unanswered >= 4
+    assert worker.leases == sorted(set(worker.leases))
 
 
 # -- the daemon against a real ZooKeeper --------------------------------------------------------

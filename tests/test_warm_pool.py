@@ -55,6 +55,17 @@ def test_a_starting_one_is_waited_for():
     assert warm._handles == [starting]
 
 
+def test_a_starting_one_is_waited_for_by_one_slot_only():
+    """Issue 20: a second slot does not wait for the warm worker the first one waits
+    for (it would start cold only after that one was taken): it starts cold at once."""
+    warm = pool(StandIn("warming"))
+    assert warm.take(spec(), waiting_ahead=0) == (None, WAIT)
+    assert warm.take(spec(), waiting_ahead=1) == (
+        None, "the warm workers starting are each awaited by another slot")
+    two = pool(StandIn("warming"), StandIn("warming"))
+    assert two.take(spec(), waiting_ahead=1) == (None, WAIT)
+
+
 def test_a_ready_one_is_taken_before_a_starting_one_and_leaves_the_pool():
     starting, ready = StandIn("warming"), StandIn("ready")
     warm = pool(starting, ready)

@@ -48,7 +48,7 @@ from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
 from nimbus.thrift.server import ThriftServer
 from nimbus.thrift.tls import configure_clients, server_context
-from nimbus.timing import check_timing
+from nimbus.timing import WORKER_LEASE_FRACTION, check_timing
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +170,13 @@ class NimbusDaemon:
                                            self.elector, self.address,
                                            code_lost=self.sync.lost_topologies,
                                            view=self.view)
-        # A supervisor's lease is half its session timeout: supervisors are asked to use
-        # the nimbuses' storm.zookeeper.session.timeout or less (docs/runtime.md).
+        # A worker's lease is WORKER_LEASE_FRACTION of its supervisor's session timeout:
+        # supervisors are asked to use the nimbuses' storm.zookeeper.session.timeout or
+        # less (docs/runtime.md).
         self.scheduler = Scheduler(
             conf, self.state, self.view,
-            quarantine_s=lambda: max(conf.session_timeout_s,
-                                     self.zk.session_timeout.seconds) / 2.0)
+            quarantine_s=lambda: WORKER_LEASE_FRACTION * max(
+                conf.session_timeout_s, self.zk.session_timeout.seconds))
         self.cache = ClusterSummaryCache(self.state, self.distributor, self.view)
         self.transfers = FileTransfers(conf.local_dir, self.store,
                                        conf["nimbus.max.topology.bytes"])
@@ -319,7 +320,7 @@ class NimbusDaemon:
     def _wait_out_releases(self) -> None:
         """A leader that took workers off live supervisors' slots moments ago keeps the
         lock until their leases have run out, so that its successor may place that work
-        at once (nimbus.master.scheduler, release quarantine). At most half a session."""
+        at once (nimbus.master.scheduler, release quarantine). At most 2/3 of a session."""
         pending = self.scheduler.last_release_s()
         if not pending or not self.elector.is_leader():
             return

@@ -21,16 +21,16 @@ Liveness never compares clocks of different hosts:
 
 Work never runs twice (docs/runtime.md, "A worker runs only while it is assigned"): a
 supervisor renews a worker's lease only while the assignment it reads from ZooKeeper still
-places the worker there, and a lease is at most ``T / 2`` long (``T`` the session
-timeout). So when a pass takes a worker off a slot whose supervisor still lives (a
-deactivate, a rebalance, a silent worker), the old worker may run for up to ``T / 2``
-after the write; the executor is placed anywhere else only after that (its *release
-quarantine*; the same slot may have it back at once). Quarantines live in the leader's
-memory only, which is enough: a successor leads only once the leader's session has
-expired, ``T`` after its last write, unless the leader handed over on purpose, and a
-nimbus that stops waits out its quarantines before it leaves the election
-(:meth:`Scheduler.next_release_s`). Work whose supervisor's session has ended moves at
-once: its lease ended before the session did.
+places the worker there, and a lease is at most ``2/3 T`` long (``T`` the session
+timeout; nimbus.timing.WORKER_LEASE_FRACTION). So when a pass takes a worker off a slot
+whose supervisor still lives (a deactivate, a rebalance, a silent worker), the old worker
+may run for up to ``2/3 T`` after the write; the executor is placed anywhere else only
+after that (its *release quarantine*; the same slot may have it back at once).
+Quarantines live in the leader's memory only, which is enough: a successor leads only
+once the leader's session has expired, ``T`` after its last write, unless the leader
+handed over on purpose, and a nimbus that stops waits out its quarantines before it
+leaves the election (:meth:`Scheduler.next_release_s`). Work whose supervisor's session
+has ended moves at once: its lease ended before the session did.
 
 Workers are spread: a new worker goes to the supervisor with the fewest workers of that
 topology, then the fewest used slots overall, so that one supervisor's death takes as
@@ -126,7 +126,7 @@ class Scheduler:
                  quarantine_s: Callable[[], float],
                  clock: Callable[[], float] = time.monotonic):
         """``quarantine_s()``: how long a worker taken off a live supervisor's slot may
-        still run, the longest lease a supervisor grants (half the session timeout)."""
+        still run, the longest lease a supervisor grants (2/3 of the session timeout)."""
         self._state = state
         self._quarantine_s = quarantine_s
         self._clock = clock

@@ -260,6 +260,7 @@ class Supervisor:
         self.fetcher: CodeFetcher | None = None   # made by start()
         self._owned_code: set[str] = set()   # code already given to its own account
         self.cgroups: WorkerCgroups | None = None  # found by start()
+        self._warm_waiters = 0   # see reconcile
         self._lease = LeaseKeeper(
             self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
             self._running_handles,
@@ -419,7 +420,7 @@ class Supervisor:
         if state == KazooState.SUSPENDED:
             self._connected.clear()  # nothing starts, nothing is renewed meanwhile
             log.warning("ZooKeeper connection suspended: workers run on their leases "
-                        "until it is back (at most %.1fs)", self._lease.half_s)
+                        "until it is back (at most %.1fs)", self._lease.length_s)
         elif state == KazooState.LOST:
             self._connected.clear()
             killed = self._kill_all("lost")
@@ -454,7 +455,7 @@ class Supervisor:
 
     def _on_unassigned(self, handle: WorkerHandle) -> None:
         # The lease thread: its lease is not renewed any more; the reconcile loop stops it
-        # (and if it cannot, say its view lags, the lease ends it within T/2).
+        # (and if it cannot, say its view lags, the lease ends it within 2/3 T).
         if not handle.unassigned_seen:
             handle.unassigned_seen = True
             log.info("worker %s is no longer assigned here: its lease is not renewed",
@@ -557,6 +558,7 @@ class Supervisor:
         # release's, or damaged; the state logs the node): their workers here are neither
         # started nor stopped and their code is kept, until the node is readable again.
         frozen: set[str] = set()
+        self._warm_waiters = 0  # slots of this pass that wait for a starting warm worker
         assignments = self._read_assignments(frozen)
         desired = desired_workers(assignments, self.id, self.ports)
         num_workers = self._num_workers({w.topology_id for w in desired.values()}, frozen)
@@ -801,8 +803,9 @@ class Supervisor:
             handle, why = None, record.cold_reason
             record.cold_reason = ""
         else:
-            handle, why = self.warm.take(spec)
+            handle, why = self.warm.take(spec, waiting_ahead=self._warm_waiters)
         if handle is None and why == WARM_WAIT:
+            self._warm_waiters += 1
             if not record.waiting_for_warm:  # said once per wait
                 record.waiting_for_warm = True
                 log.info("worker %s:%d waits for the warm worker that is starting",

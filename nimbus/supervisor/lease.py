@@ -1,19 +1,27 @@
 """The lease thread: workers live only while this supervisor's ZooKeeper session does,
 and only while their slot is still assigned to them.
 
-Roughly every second the thread sends, pipelined on the current session, one ``exists``
-of the supervisor's own ephemeral node and one ``get`` of the assignment of every
-topology it runs a worker of, noting ``time.monotonic()`` *before* sending them. If the
-node exists and belongs to that same session, the server heard from the session after
-that moment, so the session cannot expire, and the leader cannot move the workers, before
-``sent + T / 2`` (``T`` the negotiated session timeout). A worker is renewed up to that
-deadline only if the assignment the server answered with still places it (its
-``worker-<i>`` on this supervisor and port): an answer given after ``sent`` shows the
-assignment unchanged at a moment after ``sent``. So a worker's lease ends at most
-``T / 2`` after the leader changed its assignment, whatever this supervisor's reconcile
-loop is doing, and the leader's scheduler waits that long before it places the work
-anywhere else (docs/runtime.md, "A worker runs only while it is assigned"). A frozen,
-partitioned or expired supervisor renews nothing, and its workers kill themselves.
+Every ``L / 8`` (at most 1 s; ``L`` the lease, below) the thread sends, pipelined on the
+current session, one ``exists`` of the supervisor's own ephemeral node and one ``get`` of
+the assignment of every topology it runs a worker of, noting ``time.monotonic()``
+*before* sending them. If the node exists and belongs to that same session, the server
+heard from the session after that moment, so the session cannot expire, and the leader
+cannot move the workers, before ``sent + L``, where ``L`` is
+:data:`~nimbus.timing.WORKER_LEASE_FRACTION` (2/3) of ``T``, the negotiated session
+timeout. A worker is renewed up to that deadline only if the assignment the server
+answered with still places it (its ``worker-<i>`` on this supervisor and port): an answer
+given after ``sent`` shows the assignment unchanged at a moment after ``sent``. So a
+worker's lease ends at most ``L`` after the leader changed its assignment, whatever this
+supervisor's reconcile loop is doing, and the leader's scheduler waits that long before it
+places the work anywhere else (docs/runtime.md, "A worker runs only while it is
+assigned"). A frozen, partitioned or expired supervisor renews nothing, and its workers
+kill themselves.
+
+Rounds do not wait for each other: a new one is sent every interval whether or not the
+earlier ones were answered (at most :data:`MAX_IN_FLIGHT` at once), and each answer is
+applied as it comes, in the order sent. So a slow ZooKeeper (a loaded server, a long
+link) keeps the leases as long as a round trip takes less than ``L`` minus the interval;
+with each round waiting for the one before, it had to take less than half of ``L``.
 
 A newly started worker gets its first lease from the next round trip (the supervisor
 asks for one at once): it starts nothing before.
@@ -22,24 +30,45 @@ asks for one at once): it starts nothing before.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.supervisor.worker_handle import WorkerHandle
+from nimbus.timing import WORKER_LEASE_FRACTION
 
 log = logging.getLogger(__name__)
 
 RENEW_INTERVAL_S = 1.0
+#: Rounds sent and not yet answered, at most: beyond that (a connection that answers
+#: nothing, which the connection watchdog will drop) no more are sent.
+MAX_IN_FLIGHT = 16
 
 
 def session_id(zk: KazooClient) -> int | None:
     """The id of the client's current session, or None when it has none."""
     client_id = zk.client_id
     return client_id[0] if client_id else None
+
+
+@dataclass
+class _Round:
+    """One pipelined round trip: what was asked, when, on which session, for whom."""
+
+    sent: float
+    session: int
+    workers: list[WorkerHandle]
+    node: Any                      # kazoo's IAsyncResult of the exists
+    assignments: dict[str, Any]    # topology id -> IAsyncResult of its get
+    answered: threading.Event = field(default_factory=threading.Event)
+    waiting: int = 0               # answers still to come (kazoo's completion thread)
 
 
 class LeaseKeeper:
@@ -69,19 +98,23 @@ class LeaseKeeper:
         self._may_renew = may_renew
         self._on_unassigned = on_unassigned
         self._max_interval_s = interval_s
-        self._round_started = time.monotonic()
-        self._loop = BackgroundLoop("supervisor-lease", self._round,
-                                    period=self._until_next_round)
+        self._answers: queue.SimpleQueue[_Round] = queue.SimpleQueue()
+        self._in_flight = 0         # the lease thread's rounds sent and not yet applied
+        self._last_applied = 0.0    # ``sent`` of the newest round applied
+        self._next_round = time.monotonic()
+        self._round_now = threading.Event()
+        self._loop = BackgroundLoop("supervisor-lease", self._tick, period=self._until_next)
 
     @property
-    def half_s(self) -> float:
-        """The lease one round trip earns: half the negotiated session timeout."""
-        return self._session_timeout_s() / 2.0
+    def length_s(self) -> float:
+        """The lease one round trip earns: WORKER_LEASE_FRACTION of the negotiated
+        session timeout, counted from when the round was sent."""
+        return WORKER_LEASE_FRACTION * self._session_timeout_s()
 
     @property
     def interval_s(self) -> float:
-        # Never longer than a quarter of the lease, so one lost round trip is not fatal.
-        return min(self._max_interval_s, self.half_s / 4)
+        # Several rounds per lease, so that a late or lost answer is not fatal.
+        return min(self._max_interval_s, self.length_s / 8)
 
     def start(self) -> None:
         self._loop.start()
@@ -91,40 +124,97 @@ class LeaseKeeper:
 
     def wake(self) -> None:
         """Renew now: a worker was just started and waits for its first lease."""
+        self._round_now.set()
         self._loop.wake()
 
-    def renew_once(self) -> float | None:
-        """One round trip and, if it proves the session, one renewal of every worker whose
-        assignment still holds; returns the deadline sent (None: nothing renewed)."""
+    def renew_once(self, wait_s: float | None = None) -> float | None:
+        """One round trip, waited for (up to ``wait_s``, default the lease's length),
+        and, if it proves the session, one renewal of every worker whose assignment
+        still holds; returns the deadline sent (None: nothing renewed)."""
+        sent = self._send(queued=False)
+        if sent is None:
+            return None
+        if not sent.answered.wait(self.length_s if wait_s is None else wait_s):
+            return None
+        return self._apply(sent)
+
+    # -- the lease thread ------------------------------------------------------------------
+    def _tick(self) -> None:
+        while True:  # every answer that came, in the order sent
+            try:
+                answered = self._answers.get_nowait()
+            except queue.Empty:
+                break
+            self._in_flight -= 1
+            self._apply(answered)
+        now = time.monotonic()
+        if self._round_now.is_set() or now >= self._next_round:
+            self._round_now.clear()
+            self._next_round = now + self.interval_s
+            if self._in_flight < MAX_IN_FLIGHT and self._send(queued=True) is not None:
+                self._in_flight += 1
+
+    def _until_next(self) -> float:
+        return max(0.0, self._next_round - time.monotonic())
+
+    def _send(self, queued: bool) -> _Round | None:
+        """Send one round (not waiting for it). ``queued``: its answer goes to the lease
+        thread; otherwise the caller waits on ``answered`` and applies it."""
         if not self._may_renew():
             return None
-        before = session_id(self._zk)
-        if before is None:
+        session = session_id(self._zk)
+        if session is None:
             return None
-        half_s = self.half_s
         workers = [w for w in list(self._workers())
-                   if w.session_id == before and not w.ended_by]
+                   if w.session_id == session and not w.ended_by]
         sent = time.monotonic()
         try:
-            # One pipelined round trip, no retry. While disconnected kazoo queues the
-            # requests; a late answer would still be safe (the deadline counts from
-            # ``sent``), the timeout only keeps this thread responsive.
+            # No retry: while disconnected kazoo queues the requests, and fails them when
+            # the connection drops. A late answer is still safe: the deadline counts
+            # from ``sent``.
             node = self._zk.exists_async(self._node_path())
             assignments = {t: self._zk.get_async(self._assignment_path(t))
                            for t in sorted({w.topology_id for w in workers})}
-            stat = node.get(timeout=half_s)
-            data = {t: _data_or_none(r, half_s) for t, r in assignments.items()}
+        except Exception as exc:
+            log.debug("lease round trip not sent: %s", exc)
+            return None
+        sent_round = _Round(sent, session, workers, node, assignments)
+        results = [node, *assignments.values()]
+        sent_round.waiting = len(results)
+        lock = threading.Lock()
+
+        def answer(_result: object) -> None:  # kazoo's completion thread
+            with lock:
+                sent_round.waiting -= 1
+                if sent_round.waiting:
+                    return
+            sent_round.answered.set()
+            if queued:
+                self._answers.put(sent_round)
+                self._loop.wake()
+
+        for result in results:
+            result.rawlink(answer)
+        return sent_round
+
+    def _apply(self, answered: _Round) -> float | None:
+        """Renew the workers a round's answer proves; returns the deadline (None: none)."""
+        try:
+            stat = answered.node.get_nowait()
+            data = {t: _data_or_none(r) for t, r in answered.assignments.items()}
         except Exception as exc:
             log.debug("lease round trip failed: %s", exc)
             return None
         # The node must be there and ours: a node left by an earlier session of this
         # supervisor (a restart) proves nothing about the current one.
-        if stat is None or stat.ephemeralOwner != before or session_id(self._zk) != before:
+        session = answered.session
+        if stat is None or stat.ephemeralOwner != session or session_id(self._zk) != session:
             return None
-        if not self._may_renew():
+        if not self._may_renew() or answered.sent < self._last_applied:
             return None
-        deadline = sent + half_s
-        for worker in workers:
+        self._last_applied = answered.sent
+        deadline = answered.sent + self.length_s
+        for worker in answered.workers:
             if worker.ended_by:
                 continue
             if self._holds(worker, data[worker.topology_id]):
@@ -133,19 +223,11 @@ class LeaseKeeper:
                 self._on_unassigned(worker)
         return deadline
 
-    def _round(self) -> None:
-        self._round_started = time.monotonic()
-        self.renew_once()  # an unexpected error is logged by the loop; the next round runs
 
-    def _until_next_round(self) -> float:
-        # A round every interval_s, counted from when the previous one began.
-        return max(0.0, self.interval_s - (time.monotonic() - self._round_started))
-
-
-def _data_or_none(result: object, timeout_s: float) -> bytes | None:
-    """The data of a ``get_async`` answer; None when the node does not exist."""
+def _data_or_none(result: object) -> bytes | None:
+    """The data of an answered ``get_async``; None when the node does not exist."""
     try:
-        data, _stat = result.get(timeout=timeout_s)  # type: ignore[attr-defined]
+        data, _stat = result.get_nowait()  # type: ignore[attr-defined]
     except NoNodeError:
         return None
     return data

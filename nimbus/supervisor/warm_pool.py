@@ -143,13 +143,17 @@ class WarmPool:
         self._handles.append(handle)
         log.info("starting warm worker %s (pid %s)", directory, handle.pid)
 
-    def take(self, wanted: WorkerSpec) -> tuple[WorkerHandle | None, str]:
+    def take(self, wanted: WorkerSpec,
+             waiting_ahead: int = 0) -> tuple[WorkerHandle | None, str]:
         """A ready warm worker whose session can run ``wanted`` (removed from the pool);
         else None and why not, :data:`WAIT` meaning that one is still starting.
 
         Waiting for a starting warm worker is never slower than a cold start: the warm
         one does the same work and began earlier. A cold start beside it would only take
-        half of its CPU."""
+        half of its CPU. But each starting one is waited for by one slot only:
+        ``waiting_ahead`` slots already wait (this pass), so they have the first that
+        many, and a slot beyond the starting ones starts cold at once rather than after
+        the warm one is taken by another."""
         # Every warm worker is started with the same settings: a topology that differs
         # from them is told why, whether or not one is ready right now.
         why = warm_mismatch(self._spec(0, -1, -1), wanted) or ""
@@ -158,12 +162,17 @@ class WarmPool:
         alive = [h for h in self._handles if h.exit_code() is None]
         if not alive:
             return None, "no warm worker ready"
+        starting = 0
         for handle in sorted(alive, key=lambda h: h.warm != "ready"):
             why = warm_mismatch(self._specs[id(handle)], wanted) or ""
             if why:
                 continue
             if handle.warm != "ready":
-                return None, WAIT
+                starting += 1
+                if starting > waiting_ahead:
+                    return None, WAIT
+                why = "the warm workers starting are each awaited by another slot"
+                continue
             self._handles.remove(handle)
             self._specs.pop(id(handle), None)
             handle.warm = "taken"
