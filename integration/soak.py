@@ -1,7 +1,7 @@
 """Chaos soak: random faults against a whole cluster running exactly-once pipelines.
 
     .venv/bin/python integration/soak.py --faults 200 --seed 1 [--pipelines 4]
-        [--spacing LOW:HIGH] [--warm-workers N]
+        [--spacing LOW:HIGH] [--warm-workers N] [--no-class-archive]
 
 The cluster: a 3-server ZooKeeper ensemble on loopback, each server behind a delay
 proxy (nimbus-ha's processes connect through the proxies; the soak's own observer does
@@ -47,9 +47,13 @@ The figures:
 
 **Spaced faults.** ``--spacing LOW:HIGH`` (seconds: ``--spacing 30:60``) makes the pause
 after each fault's repair a uniform draw from [LOW, HIGH] instead of [1, 4], from the
-same generator, so a seed draws the same faults in either mode. The supervisors then keep
-``supervisor.warm.workers`` = 1 (the product's default; a local cluster's own default,
-which the default mode keeps, is none); ``--warm-workers N`` sets it in either mode.
+same generator, so a seed draws the same faults in either mode.
+
+**The supervisors' settings** are the product's defaults, not a local cluster's (which
+saves a small machine the JVMs): ``supervisor.warm.workers`` = 1 (``--warm-workers N``)
+and ``supervisor.spark.class.archive`` = true (``--no-class-archive``). Each supervisor
+builds its class archive before the pipelines are submitted, as a host would have long
+before (a supervisor restarted by a fault finds it in place).
 
 Before the first fault, the spaced mode measures the **warm restart** once, on the quiet
 cluster: every pipeline committing, and for 10 s no worker process started or ended and
@@ -121,7 +125,8 @@ DRAIN_TIMEOUT_S = 600.0
 QUIET_S = 10.0
 QUIET_TIMEOUT_S = 120.0
 DEFAULT_PAUSE_S = (1.0, 4.0)  # between faults, without --spacing
-SPACED_WARM_WORKERS = 1       # supervisor.warm.workers with --spacing: the product default
+WARM_WORKERS = 1              # supervisor.warm.workers: the product default
+ARCHIVE_TIMEOUT_S = 600.0     # three supervisors building their class archives at once
 FAULTS = {  # kind -> weight
     "nimbus_kill9": 3, "nimbus_stop": 2, "nimbus_wipe": 2,
     "supervisor_kill9": 3, "supervisor_stop": 2,
@@ -166,12 +171,11 @@ class Soak:
 
     def __init__(self, work: Path, seed: int, pipelines: int = 4, log=print,
                  spacing: tuple[float, float] | None = None,
-                 warm_workers: int | None = None):
+                 warm_workers: int = WARM_WORKERS, class_archive: bool = True):
         self.work = Path(work)
         self.spacing = spacing  # (low, high) s after each repair; None: DEFAULT_PAUSE_S
-        if warm_workers is None and spacing is not None:
-            warm_workers = SPACED_WARM_WORKERS
-        self.warm_workers = warm_workers  # supervisor.warm.workers; None: the cluster's own
+        self.warm_workers = warm_workers      # supervisor.warm.workers
+        self.class_archive = class_archive    # supervisor.spark.class.archive
         self.baseline: dict[str, Any] = {}  # the spaced mode's warm restart, measured
         self.rng = random.Random(seed)
         self.seed = seed
@@ -209,9 +213,15 @@ class Soak:
                   "topology.spark.master": "local[1]",
                   "topology.spark.conf": SPARK_CONF,
                   "topology.spark.checkpoint.dir": str(self.work / "checkpoints"),
-                  **({} if self.warm_workers is None
-                     else {"supervisor.warm.workers": self.warm_workers})})
+                  "supervisor.warm.workers": self.warm_workers,
+                  "supervisor.spark.class.archive": self.class_archive})
         self.cluster.start()
+        if self.class_archive:
+            for supervisor in self.cluster.supervisors:
+                wait_for(lambda s=supervisor: "Spark class archive" in s.log_text()
+                         and " in use" in s.log_text(), ARCHIVE_TIMEOUT_S,
+                         f"supervisor {supervisor.index}'s class archive")
+            self.note("every supervisor's class archive in use")
         self.observer = KazooClient(hosts=self.ensemble.hosts, timeout=10)
         self.observer.start(timeout=30)
         self.view = StormClusterState(self.observer, "/storm")
@@ -541,6 +551,7 @@ class Soak:
                 for p in self.pipelines},
             "spacing_s": list(self.spacing) if self.spacing is not None else None,
             "warm_workers": self.warm_workers,
+            "class_archive": self.class_archive,
             **spaced,
         }
 
@@ -688,12 +699,14 @@ def kill9_tree(pid: int) -> None:
 
 
 def run(work: Path, faults: int, seed: int, pipelines: int = 4, log=print,
-        spacing: tuple[float, float] | None = None,
-        warm_workers: int | None = None) -> dict[str, Any]:
+        spacing: tuple[float, float] | None = None, warm_workers: int = WARM_WORKERS,
+        class_archive: bool = True) -> dict[str, Any]:
     """Run a soak in ``work``; returns its report (see the module docstring).
-    ``spacing``: (low, high) seconds between faults, as ``--spacing``; ``warm_workers``:
-    as ``--warm-workers``."""
-    soak = Soak(work, seed, pipelines, log=log, spacing=spacing, warm_workers=warm_workers)
+    ``spacing``: (low, high) seconds between faults, as ``--spacing``; ``warm_workers``
+    and ``class_archive``: the supervisors' settings (``--warm-workers``,
+    ``--no-class-archive``)."""
+    soak = Soak(work, seed, pipelines, log=log, spacing=spacing, warm_workers=warm_workers,
+                class_archive=class_archive)
     try:
         soak.start()
         soak.run_faults(faults)
@@ -725,18 +738,21 @@ def main() -> None:
                         help="seconds between faults, drawn uniformly (such as 30:60); "
                              "also measures the warm restart and checks every pipeline's "
                              "longest stall (default: 1-4 s, no stall bound)")
-    parser.add_argument("--warm-workers", type=int, metavar="N",
-                        help="supervisor.warm.workers of every supervisor (default: 1 with "
-                             "--spacing, else the local cluster's default, none)")
+    parser.add_argument("--warm-workers", type=int, metavar="N", default=WARM_WORKERS,
+                        help="supervisor.warm.workers of every supervisor (default: "
+                             "%(default)s, the product's)")
+    parser.add_argument("--no-class-archive", dest="class_archive", action="store_false",
+                        help="supervisor.spark.class.archive false (default: true, the "
+                             "product's)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     args = parser.parse_args()
-    if args.warm_workers is not None and args.warm_workers < 0:
+    if args.warm_workers < 0:
         parser.error(f"--warm-workers {args.warm_workers}: expected 0 or more")
     work = Path(tempfile.mkdtemp(prefix="nimbus-soak-"))
     started = time.monotonic()
     try:
         report = run(work, args.faults, args.seed, args.pipelines, spacing=args.spacing,
-                     warm_workers=args.warm_workers)
+                     warm_workers=args.warm_workers, class_archive=args.class_archive)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -20,7 +20,11 @@ SOAK_TIMEOUT_S = 1500
 
 @pytest.mark.timeout(SOAK_TIMEOUT_S)
 def test_twenty_random_faults_lose_nothing(tmp_path):
-    report = run(tmp_path / "soak", faults=20, seed=20, pipelines=4)
+    # A local cluster's settings, not the product's: no warm workers and no class archive
+    # (three more JVMs and three archive builds on a small CI machine). The guarantees
+    # are checked here; the liveness figures come from the full runs (README).
+    report = run(tmp_path / "soak", faults=20, seed=20, pipelines=4, warm_workers=0,
+                 class_archive=False)
     print(json.dumps(report, indent=2))
     assert report["faults"] == 20
     assert report["topologies_lost"] == 0

@@ -166,13 +166,15 @@ class LocalCluster:
                  conf: dict[str, Any] | None = None, zk_port: int | None = None,
                  supervisors: int = 0, slots_per_supervisor: int = 2,
                  metrics: bool = False, zk_servers: list[str] | None = None,
-                 warm_workers: int = 0):
+                 warm_workers: int = 0, class_archive: bool = False):
         """With ``metrics``, every daemon serves /metrics on a free port of its own
         (its ``metrics_port``): one shared ``conf`` cannot give each process its own.
 
         ``warm_workers`` is each supervisor's ``supervisor.warm.workers`` (unless ``conf``
         sets it): none by default, since every one is a JVM and all the daemons of a local
-        cluster share one machine."""
+        cluster share one machine. ``class_archive`` is their
+        ``supervisor.spark.class.archive`` (unless ``conf`` sets it): off by default, since
+        each supervisor would build its own (a JVM's start, about 30 s of CPU)."""
         self.metrics = metrics
         self.work_dir = Path(work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -191,6 +193,7 @@ class LocalCluster:
             "nimbus.host": "127.0.0.1",
             "nimbus.monitor.freq.secs": 1,
             "supervisor.warm.workers": warm_workers,
+            "supervisor.spark.class.archive": class_archive,
             **(conf or {}),
         }
         self.nimbuses = [self._make_nimbus(i, port) for i, port in enumerate(ports)]

@@ -14,6 +14,8 @@ Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.s
   reconcile loop, which is also what stops unassigned workers.
 * ``supervisor-heartbeat``: rewrites ``/supervisors/<id>`` every
   ``supervisor.heartbeat.frequency.secs``.
+* ``supervisor-class-archive``: builds the Spark class archive once, if this host has
+  none yet (:mod:`nimbus.supervisor.class_archive`); killed and joined by stop.
 * ``worker-status-<topology>:<port>``: one per worker, reading its status pipe; beats go
   to ``/workerbeats``, errors to ``/errors``. Warm workers (``supervisor.warm.workers``,
   :mod:`nimbus.supervisor.warm_pool`) have one each too, from the moment they start.
@@ -64,6 +66,7 @@ from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
+from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.code_cache import (
     CONF_FILE,
     CodeCache,
@@ -261,6 +264,7 @@ class Supervisor:
         self._owned_code: set[str] = set()   # code already given to its own account
         self.cgroups: WorkerCgroups | None = None  # found by start()
         self._warm_waiters = 0   # see reconcile
+        self.class_archive: ClassArchive | None = None  # started by start()
         self._lease = LeaseKeeper(
             self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
             self._running_handles,
@@ -307,7 +311,11 @@ class Supervisor:
         # topology's own keys: the session is made before any topology is known.
         return WorkerSpec(topology_id=f"warm-{n}", port=0, supervisor_id=self.id,
                           host=self.host, code_dir="", lease_fd=lease_fd,
-                          status_fd=status_fd, conf=self._cluster_worker_conf())
+                          status_fd=status_fd, conf=self._cluster_worker_conf(),
+                          class_archive=self._class_archive_path())
+
+    def _class_archive_path(self) -> str:
+        return self.class_archive.path if self.class_archive is not None else ""
 
     def _prepare_run_as_user(self) -> None:
         """Checks and modes for workers that run as accounts of their own: this
@@ -364,6 +372,9 @@ class Supervisor:
                                    on_done=self._wake.set,
                                    timeout_s=float(self.conf["supervisor.code.fetch.timeout.secs"]))
         self.fetcher.start()
+        if self.conf[ARCHIVE_KEY]:
+            self.class_archive = ClassArchive(self.supervisor_dir / "class-archive")
+            self.class_archive.start()
         self.warm = self._make_warm_pool()
         self._lease.start()
         self._heartbeat.start()
@@ -390,6 +401,8 @@ class Supervisor:
             stop_all(handles, self._grace_s)
         if self.warm is not None:
             self.warm.stop(self._grace_s)
+        if self.class_archive is not None:
+            self.class_archive.stop()
         if self.fetcher is not None:
             self.fetcher.stop()
         self._lease.stop()
@@ -753,7 +766,8 @@ class Supervisor:
             topology_id=want.topology_id, port=want.port, supervisor_id=self.id,
             host=self.host, code_dir=str(self.code.resources(want.topology_id)), conf=conf,
             restarts=record.restarts, worker_index=want.worker_index,
-            num_workers=num_workers, lease_fd=-1, status_fd=-1)
+            num_workers=num_workers, lease_fd=-1, status_fd=-1,
+            class_archive=self._class_archive_path())
         if self._start_warm(want, record, spec, session, worker_dir, kind):
             return
         handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,

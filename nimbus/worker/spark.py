@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from nimbus.redaction import redact
+from nimbus.worker.class_archive import java_options
 from nimbus.worker.exits import InvalidTopology
 from nimbus.worker.spec import WorkerSpec
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
+JAVA_OPTIONS_KEY = "spark.driver.extraJavaOptions"
 # Keys with which a topology chooses the driver's address itself.
 HOST_KEYS = ("spark.driver.host", "spark.driver.bindAddress")
 
@@ -147,6 +149,12 @@ def build_session(spec: WorkerSpec, app_name: str = "") -> SparkSession:
     for key, value in settings.items():
         builder = builder.config(key, value)
     log.info("starting SparkSession: master %s, conf %s", master, redact(settings))
+    options = java_options(spec.class_archive, settings.get(JAVA_OPTIONS_KEY))
+    if options is not None:
+        # Not one of the session's settings (warm_mismatch compares those): how fast the
+        # JVM starts, not what it runs.
+        builder = builder.config(JAVA_OPTIONS_KEY, options)
+        log.info("with the class archive %s", spec.class_archive)
     session = builder.getOrCreate()
     ignore_sigterm_in_jvm(session)
     return session

@@ -56,6 +56,8 @@ class WorkerSpec:
     * ``worker_index``, ``num_workers``: this is ``worker-<worker_index>`` of
       ``num_workers`` (``topology.workers``); a pipeline worker runs the components whose
       index in sorted name order is ``worker_index`` modulo ``num_workers``.
+    * ``class_archive``: the supervisor's Spark class archive for the driver's JVM, or ""
+      (nimbus.worker.class_archive).
 
     The file can hold secrets (the configuration), so :meth:`dump` writes it with mode 0600.
     """
@@ -71,6 +73,7 @@ class WorkerSpec:
     restarts: int = 0
     worker_index: int = 0
     num_workers: int = 1
+    class_archive: str = ""
 
     def __post_init__(self) -> None:
         self._check()

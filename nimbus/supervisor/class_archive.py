@@ -1,0 +1,122 @@
+"""The supervisor's Spark class archive: built once per host, Spark and JDK, in the
+background, then named in every worker's spec (``supervisor.spark.class.archive``).
+
+What the archive is and why: :mod:`nimbus.worker.class_archive`. Here: where it lives
+(``<storm.local.dir>/supervisor/class-archive/``, the supervisor's own, so no worker can
+change what every other topology's JVM loads), building it on the
+``supervisor-class-archive`` thread (a JVM start, about 30 s of CPU, at low priority; the
+workers started meanwhile simply go without it), and removing archives of an earlier
+Spark or JDK. A build that fails is logged with its log file and not tried again until
+the supervisor restarts: workers then start as they would without one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from nimbus.worker.class_archive import ARCHIVE_PREFIX, SUFFIX, archive_path
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_KEY = "supervisor.spark.class.archive"
+BUILD_LOG = "build.log"
+#: The most one build may take before it is given up (killed).
+BUILD_TIMEOUT_S = 600.0
+
+
+class ClassArchive:
+    """The archive of one supervisor (see the module docstring)."""
+
+    def __init__(self, directory: Path, python: str = sys.executable):
+        self.directory = directory
+        self._python = python
+        self._target: Path | None = None
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._build, name="supervisor-class-archive",
+                                        daemon=True)
+
+    @property
+    def path(self) -> str:
+        """The archive for workers to use, or "" while there is none (yet)."""
+        return str(self._target) if self._target is not None and self._ready.is_set() else ""
+
+    def start(self) -> None:
+        """Use the archive already built, or start building it; logs which."""
+        target = archive_path(self.directory)
+        if target is None:
+            log.warning("%s: pyspark is not installed; no class archive", ARCHIVE_KEY)
+            return
+        self._target = target
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._remove_others(target)
+        if target.is_file():
+            self._ready.set()
+            log.info("Spark class archive %s in use (%s)", target, ARCHIVE_KEY)
+            return
+        self._thread.start()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether the archive is there, waiting up to ``timeout_s`` (tests, benchmarks)."""
+        return self._ready.wait(timeout_s)
+
+    def stop(self) -> None:
+        """Kill a build under way and join its thread."""
+        self._stop.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the builder and its JVM
+            except ProcessLookupError:
+                pass
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+    def _remove_others(self, keep: Path) -> None:
+        # Archives of another Spark or JDK can never be used again; partial ones are an
+        # interrupted build's.
+        for child in self.directory.iterdir():
+            if child != keep and (child.name.startswith((ARCHIVE_PREFIX, f".{ARCHIVE_PREFIX}"))
+                                  and SUFFIX in child.name):
+                child.unlink(missing_ok=True)
+
+    def _build(self) -> None:
+        assert self._target is not None
+        build_log = self.directory / BUILD_LOG
+        log.info("building the Spark class archive %s (see %s); workers start without it "
+                 "until it is done", self._target, build_log)
+        try:
+            with open(build_log, "wb") as out:
+                # Low priority: it must not slow the workers that start meanwhile.
+                self._proc = subprocess.Popen(
+                    ["nice", "-n", "10", self._python, "-m", "nimbus.worker.class_archive",
+                     str(self._target)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+                try:
+                    code = self._proc.wait(timeout=BUILD_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                    code = self._proc.wait()
+                    log.warning("the Spark class archive was not built within %.0f s; "
+                                "workers start without it", BUILD_TIMEOUT_S)
+                    return
+        except OSError as exc:
+            log.warning("cannot build the Spark class archive: %s; workers start without it",
+                        exc)
+            return
+        if self._stop.is_set():
+            return
+        if code == 0 and self._target.is_file():
+            self._ready.set()
+            log.info("Spark class archive %s built and in use", self._target)
+        else:
+            log.warning("the Spark class archive build failed (exit code %s, see %s); "
+                        "workers start without it", code, build_log)
