@@ -524,6 +524,7 @@ class Soak:
                 STALL_BOUND_FACTOR * (self.session_s + self.baseline["warm_restart_s"]), 1)}
         leadership = leadership_report(self.cluster.nimbuses, self.kills, self.freezes,
                                        self.events[0][0], time.time())
+        no_leader_since = leadership.pop("longest_no_leader_since")
         return {
             "seed": self.seed,
             "faults": sum(self.fault_counts.values()),
@@ -538,6 +539,9 @@ class Soak:
             **leadership,
             "longest_no_leader_ratio": round(leadership["longest_no_leader_s"] / self.session_s,
                                              2),
+            "longest_no_leader_from": f"{datetime.fromtimestamp(no_leader_since):%H:%M:%S}",
+            "longest_no_leader_faults": self.faults_in(
+                no_leader_since, no_leader_since + leadership["longest_no_leader_s"]),
             "longest_no_progress_s": {p.name: round(p.longest_stall_s, 1)
                                       for p in self.pipelines},
             "longest_no_progress_from": {
@@ -610,15 +614,16 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
                 break
             if other != who:
                 overlaps.append(round(min(end, other_end) - other_start, 3))
-    longest_gap, covered = 0.0, began
+    longest_gap, gap_from, covered = 0.0, began, began
     for start, end, _ in intervals:
-        if start > covered:
-            longest_gap = max(longest_gap, start - covered)
+        if start - covered > longest_gap:
+            longest_gap, gap_from = start - covered, covered
         covered = max(covered, end)
-    longest_gap = max(longest_gap, ended - covered)
+    if ended - covered > longest_gap:
+        longest_gap, gap_from = ended - covered, covered
     return {"leaderships": len(intervals), "two_leaders_at_once": len(overlaps),
             "overlap_s": overlaps, "claimed_after_thaw_s": round(after_thaw, 3),
-            "longest_no_leader_s": round(longest_gap, 2)}
+            "longest_no_leader_s": round(longest_gap, 2), "longest_no_leader_since": gap_from}
 
 
 def workers_under(root: Path) -> list[int]:

@@ -31,6 +31,7 @@ def test_a_clean_handover_has_no_overlap_and_its_gap():
         kills={}, freezes=[], began=BASE, ended=BASE + 20)
     assert (report["leaderships"], report["two_leaders_at_once"]) == (2, 0)
     assert report["longest_no_leader_s"] == 2.5
+    assert report["longest_no_leader_since"] == BASE + 10
 
 
 def test_two_claims_at_once_are_counted():
@@ -47,6 +48,7 @@ def test_a_kill_ends_a_leadership_that_the_log_never_closed():
         kills={0: [BASE + 3]}, freezes=[], began=BASE + 1, ended=BASE + 20)
     assert report["two_leaders_at_once"] == 0
     assert report["longest_no_leader_s"] == 4.0
+    assert report["longest_no_leader_since"] == BASE + 3
 
 
 def test_a_freeze_ends_a_leadership_and_the_claim_after_the_thaw_is_measured():
