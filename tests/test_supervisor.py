@@ -352,6 +352,10 @@ class FakeZk:
         self.assignments = assignments or {}
         self.asked: list[str] = []
 
+    def sync_async(self, path: str):
+        self.asked.append(f"sync {path}")
+        return _Answered(lambda: path)
+
     def exists_async(self, path: str):
         self.asked.append(f"exists {path}")
         stat = None if self.owner is None else SimpleNamespace(ephemeralOwner=self.owner)
@@ -401,8 +405,9 @@ def test_lease_is_renewed_only_after_a_round_trip_of_the_workers_own_session():
     deadline = keeper(zk, [mine, older]).renew_once()
     assert deadline is not None and before + 4.0 <= deadline <= time.monotonic() + 4.0
     assert mine.leases == [deadline] and older.leases == []
-    # one pipelined round trip: its own node, and the assignment of each topology it runs
-    assert zk.asked == ["exists /s/me", "get /a/t-1-1"]
+    # one pipelined round trip: a sync through the ensemble's leader, its own node, and
+    # the assignment of each topology it runs
+    assert zk.asked == ["sync /s/me", "exists /s/me", "get /a/t-1-1"]
     # The node belongs to another session (left by a restart): proves nothing.
     assert keeper(FakeZk(5, owner=4), [mine]).renew_once() is None
     # No node (session expired, not yet registered again), or disconnected: nothing.
@@ -452,6 +457,9 @@ class SlowZk(FakeZk):
     def get_async(self, path: str):
         return self._later(super().get_async(path))
 
+    def sync_async(self, path: str):
+        return self._later(super().sync_async(path))
+
 
 class _Late:
     def __init__(self, answered: _Answered, zk: SlowZk):
@@ -492,9 +500,9 @@ def test_rounds_are_pipelined_so_a_slow_zookeeper_keeps_the_leases():
         lease.stop()
         for timer in zk.timers:
             timer.cancel()
-    # Each round is two requests (the node, the assignment): more than one round was
-    # unanswered at once.
-    assert zk.most_unanswered >= 4
+    # Each round is three requests (the sync, the node, the assignment): more than one
+    # round was unanswered at once.
+    assert zk.most_unanswered >= 6
     assert worker.leases == sorted(set(worker.leases))
 
 

@@ -8,8 +8,10 @@ for long after its lock node is gone and another nimbus leads.
 
 So a nimbus leads only while it holds a lease, earned by round trips:
 
-* every ``T / 10`` (at most 1 s) the lease thread sends ``exists`` of this nimbus's lock
-  node, noting ``time.monotonic()`` *before* sending it;
+* every ``T / 10`` (at most 1 s) the lease thread sends ``sync`` and ``exists`` of this
+  nimbus's lock node, pipelined, noting ``time.monotonic()`` *before* sending them; the
+  ``sync`` goes through the ensemble's leader, so a server cut off from its quorum (which
+  may answer reads for ``syncLimit`` ticks more) cannot answer the round;
 * an answer that shows the node owned by the current session proves that the server
   heard the session at or after that moment, so the session cannot expire, and no other
   nimbus can take the lock, before ``sent + T``;
@@ -127,12 +129,14 @@ class LeaderLease:
         renewed = threading.Event()
 
         def answered(result: object) -> None:  # kazoo's completion thread
-            if self._answer(node, session, sent, result):
+            if self._answer(node, session, sent, result, synced):
                 renewed.set()
             self._loop.wake()  # the lease loop reports a change
 
         try:
-            # No retry: while a partition lasts kazoo just queues the request.
+            # No retry: while a partition lasts kazoo just queues the requests. Answers
+            # come in the order sent: the sync's is in when the exists' is.
+            synced = self._zk.sync_async(node)
             self._zk.exists_async(node).rawlink(answered)
         except Exception as exc:
             log.debug("leader lease request not sent: %s", exc)
@@ -160,8 +164,10 @@ class LeaderLease:
         silent = self.silent_for()
         return silent is not None and silent < self.length_s
 
-    def _answer(self, node: str, session: int, sent: float, result: object) -> bool:
+    def _answer(self, node: str, session: int, sent: float, result: object,
+                synced: object) -> bool:
         try:
+            synced.get_nowait()  # type: ignore[attr-defined]  # raises: not answered, or failed
             stat = result.get_nowait()  # type: ignore[attr-defined]
         except Exception as exc:
             log.debug("leader lease round trip failed: %s", exc)

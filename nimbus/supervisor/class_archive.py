@@ -12,6 +12,7 @@ the supervisor restarts: workers then start as they would without one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ class ClassArchive:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._proc_lock = threading.Lock()   # _proc against stop()
         self._thread = threading.Thread(target=self._build, name="supervisor-class-archive",
                                         daemon=True)
 
@@ -49,14 +51,19 @@ class ClassArchive:
         return str(self._target) if self._target is not None and self._ready.is_set() else ""
 
     def start(self) -> None:
-        """Use the archive already built, or start building it; logs which."""
-        target = archive_path(self.directory)
-        if target is None:
-            log.warning("%s: pyspark is not installed; no class archive", ARCHIVE_KEY)
+        """Use the archive already built, or start building it; logs which. Never
+        raises: the archive only makes starts faster."""
+        try:
+            target = archive_path(self.directory)
+            if target is None:
+                log.warning("%s: pyspark is not installed; no class archive", ARCHIVE_KEY)
+                return
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._remove_others(target)
+        except OSError as exc:
+            log.warning("no Spark class archive (%s): %s", ARCHIVE_KEY, exc)
             return
         self._target = target
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._remove_others(target)
         if target.is_file():
             self._ready.set()
             log.info("Spark class archive %s in use (%s)", target, ARCHIVE_KEY)
@@ -69,8 +76,9 @@ class ClassArchive:
 
     def stop(self) -> None:
         """Kill a build under way and join its thread."""
-        self._stop.set()
-        proc = self._proc
+        with self._proc_lock:
+            self._stop.set()
+            proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # the builder and its JVM
@@ -93,21 +101,24 @@ class ClassArchive:
         log.info("building the Spark class archive %s (see %s); workers start without it "
                  "until it is done", self._target, build_log)
         try:
-            with open(build_log, "wb") as out:
+            with open(build_log, "wb") as out, self._proc_lock:
+                if self._stop.is_set():
+                    return
                 # Low priority: it must not slow the workers that start meanwhile.
-                self._proc = subprocess.Popen(
+                proc = self._proc = subprocess.Popen(
                     ["nice", "-n", "10", self._python, "-m", "nimbus.worker.class_archive",
                      str(self._target)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True)
-                try:
-                    code = self._proc.wait(timeout=BUILD_TIMEOUT_S)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                    code = self._proc.wait()
-                    log.warning("the Spark class archive was not built within %.0f s; "
-                                "workers start without it", BUILD_TIMEOUT_S)
-                    return
+            try:
+                code = proc.wait(timeout=BUILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                log.warning("the Spark class archive was not built within %.0f s; "
+                            "workers start without it", BUILD_TIMEOUT_S)
+                return
         except OSError as exc:
             log.warning("cannot build the Spark class archive: %s; workers start without it",
                         exc)

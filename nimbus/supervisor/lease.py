@@ -2,11 +2,14 @@
 and only while their slot is still assigned to them.
 
 Every ``L / 8`` (at most 1 s; ``L`` the lease, below) the thread sends, pipelined on the
-current session, one ``exists`` of the supervisor's own ephemeral node and one ``get`` of
-the assignment of every topology it runs a worker of, noting ``time.monotonic()``
-*before* sending them. If the node exists and belongs to that same session, the server
-heard from the session after that moment, so the session cannot expire, and the leader
-cannot move the workers, before ``sent + L``, where ``L`` is
+current session, one ``sync``, one ``exists`` of the supervisor's own ephemeral node and
+one ``get`` of the assignment of every topology it runs a worker of, noting
+``time.monotonic()`` *before* sending them. The ``sync`` goes through the ensemble's
+leader, so a server cut off from its quorum (which may go on answering reads for
+``syncLimit`` ticks) cannot answer the round; the reads after it are answered after it.
+If the node exists and belongs to that same session, the ensemble heard from the session
+after that moment, so the session cannot expire, and the leader cannot move the workers,
+before ``sent + L``, where ``L`` is
 :data:`~nimbus.timing.WORKER_LEASE_FRACTION` (2/3) of ``T``, the negotiated session
 timeout. A worker is renewed up to that deadline only if the assignment the server
 answered with still places it (its ``worker-<i>`` on this supervisor and port): an answer
@@ -65,6 +68,7 @@ class _Round:
     sent: float
     session: int
     workers: list[WorkerHandle]
+    synced: Any                    # kazoo's IAsyncResult of the sync
     node: Any                      # kazoo's IAsyncResult of the exists
     assignments: dict[str, Any]    # topology id -> IAsyncResult of its get
     answered: threading.Event = field(default_factory=threading.Event)
@@ -130,7 +134,8 @@ class LeaseKeeper:
     def renew_once(self, wait_s: float | None = None) -> float | None:
         """One round trip, waited for (up to ``wait_s``, default the lease's length),
         and, if it proves the session, one renewal of every worker whose assignment
-        still holds; returns the deadline sent (None: nothing renewed)."""
+        still holds; returns the deadline sent (None: nothing renewed). For a keeper that
+        was not started: the lease thread applies its own rounds."""
         sent = self._send(queued=False)
         if sent is None:
             return None
@@ -149,10 +154,13 @@ class LeaseKeeper:
             self._apply(answered)
         now = time.monotonic()
         if self._round_now.is_set() or now >= self._next_round:
-            self._round_now.clear()
             self._next_round = now + self.interval_s
-            if self._in_flight < MAX_IN_FLIGHT and self._send(queued=True) is not None:
-                self._in_flight += 1
+            # At the cap, a round asked for (a new worker's first lease) is sent when an
+            # answer makes room: answers wake this loop.
+            if self._in_flight < MAX_IN_FLIGHT:
+                self._round_now.clear()
+                if self._send(queued=True) is not None:
+                    self._in_flight += 1
 
     def _until_next(self) -> float:
         return max(0.0, self._next_round - time.monotonic())
@@ -172,14 +180,15 @@ class LeaseKeeper:
             # No retry: while disconnected kazoo queues the requests, and fails them when
             # the connection drops. A late answer is still safe: the deadline counts
             # from ``sent``.
+            synced = self._zk.sync_async(self._node_path())
             node = self._zk.exists_async(self._node_path())
             assignments = {t: self._zk.get_async(self._assignment_path(t))
                            for t in sorted({w.topology_id for w in workers})}
         except Exception as exc:
             log.debug("lease round trip not sent: %s", exc)
             return None
-        sent_round = _Round(sent, session, workers, node, assignments)
-        results = [node, *assignments.values()]
+        sent_round = _Round(sent, session, workers, synced, node, assignments)
+        results = [synced, node, *assignments.values()]
         sent_round.waiting = len(results)
         lock = threading.Lock()
 
@@ -200,6 +209,7 @@ class LeaseKeeper:
     def _apply(self, answered: _Round) -> float | None:
         """Renew the workers a round's answer proves; returns the deadline (None: none)."""
         try:
+            answered.synced.get_nowait()  # raises if the ensemble's leader did not answer
             stat = answered.node.get_nowait()
             data = {t: _data_or_none(r) for t, r in answered.assignments.items()}
         except Exception as exc:

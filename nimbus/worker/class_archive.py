@@ -8,13 +8,14 @@ session's start from about 5 s to 2-3 s, and the JVM's CPU time to about half, w
 what a host restarting several pipelines at once is short of.
 
 A supervisor builds one archive for its Spark and its JDK (``supervisor.spark.class.
-archive``; :class:`nimbus.supervisor.class_archive.ArchiveBuilder` runs this module as a
+archive``; :class:`nimbus.supervisor.class_archive.ClassArchive` runs this module as a
 program, ``python -m nimbus.worker.class_archive <file>``) and names it in every
 worker's ``worker.json``; :func:`java_options` adds it to the driver's JVM options. The
 JVM checks the archive against its own build and class path, and one that does not fit
 (another JDK, another Spark, a damaged file) is ignored with a warning in the worker's
-log: the session starts as it would have without it. The file is the supervisor's, not
-writable by any worker: classes in it are loaded into every topology's JVM.
+log: the session starts as it would have without it. The file is the supervisor's:
+classes in it are loaded into every topology's JVM (docs/runtime.md says who may write
+it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,11 +69,12 @@ def archive_path(directory: Path) -> Path | None:
 
 def java_options(archive: str, configured: str | None) -> str | None:
     """``spark.driver.extraJavaOptions`` with ``archive`` in use: after the topology's
-    own options (``configured``); None when there is no such file."""
-    if not archive or not Path(archive).is_file():
+    own options (``configured``, which may turn it off with ``-Xshare:off``); None when
+    there is no such file, or its path has white space (Spark splits the options there)."""
+    if not archive or not Path(archive).is_file() or any(c.isspace() for c in archive):
         return None
-    # -Xshare:auto (the default) ignores an archive that does not fit, and says why.
-    ours = f"-XX:SharedArchiveFile={archive} -Xshare:auto"
+    # -Xshare:auto, the JVM's default, ignores an archive that does not fit and says why.
+    ours = f"-XX:SharedArchiveFile={archive}"
     return f"{configured} {ours}" if configured else ours
 
 
@@ -116,7 +119,13 @@ def build(out: Path) -> None:
         raise RuntimeError("cannot tell when the JVM has exited (no gateway process)")
     # The JVM exits when its stdin closes, and writes the archive as it does.
     proc.stdin.close()
-    code = proc.wait(timeout=120)
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # no JVM of a failed build is left to write the file later
+        proc.wait()
+        partial.unlink(missing_ok=True)
+        raise RuntimeError("the JVM did not exit within 120 s of its gateway closing") from None
     if code != 0 or not partial.is_file():
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"the JVM exited with code {code} without writing {partial}")
