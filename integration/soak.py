@@ -26,7 +26,8 @@ pipeline committed every record. It reports:
 * leader writes by a deposed leader (the audit trail, nimbus.state.leader_audit);
 * moments with two leaders, from every nimbus's own log of when it led (a nimbus frozen
   by SIGSTOP executes nothing, so its leadership is cut at the freeze; the time it still
-  claimed after SIGCONT, before it noticed, is reported separately);
+  claimed after SIGCONT, before it noticed, is reported separately; one frozen for less
+  than its lease never lost it, and leads again from the thaw: see leadership_report);
 * the longest time without a leader and the longest time without progress per pipeline,
   as ratios to the session timeout.
 
@@ -100,6 +101,7 @@ from soak_verdict import STALL_BOUND_FACTOR, exit_status, judge, render, summary
 from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.master import runtime_view
+from nimbus.master.leader_lease import FRACTION as LEASE_FRACTION
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.leader_audit import deposed_writes, read_trail
 from nimbus.state.zkserver import ZooKeeperEnsemble
@@ -573,12 +575,17 @@ class Soak:
 
 # -- leadership from the nimbuses' own logs -------------------------------------------------------
 def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float]],
-                      freezes: list[Freeze], began: float, ended: float) -> dict[str, Any]:
+                      freezes: list[Freeze], began: float, ended: float,
+                      lease_s: float = LEASE_FRACTION * SESSION_MS / 1000) -> dict[str, Any]:
     """Intervals in which each nimbus led, by its own log; overlaps and gaps.
 
     A leadership ends at the nimbus's "lost leadership" line, at a kill -9, or at a
-    SIGSTOP (a frozen process executes nothing). What it still claimed after SIGCONT,
-    before it noticed the loss, is measured as ``claimed_after_thaw_s``.
+    SIGSTOP (a frozen process executes nothing). After SIGCONT it either notices that its
+    lease ran out meanwhile, within moments (what it still claimed until then is measured
+    as ``claimed_after_thaw_s``), or, frozen for less than its lease, it never lost it
+    and leads on: a claim that lasts longer than ``lease_s`` after the thaw was renewed
+    by ZooKeeper's answers, and counts as leading from the thaw (for the gaps and for the
+    overlaps alike).
     """
     intervals: list[tuple[float, float, int]] = []
     after_thaw = 0.0
@@ -595,10 +602,12 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
                 if start is None:
                     start = stamp
                 continue
-            if kind == "lost" and cut_by_freeze:
-                # Thawed while still believing it led, until it noticed: measured apart.
+            if kind in ("lost", "kill") and cut_by_freeze:
                 thawed = [t for t in thaws if t <= stamp]
-                if thawed:
+                if thawed and stamp - thawed[-1] > lease_s:
+                    intervals.append((thawed[-1], stamp, nimbus.index))  # it led on
+                elif thawed and kind == "lost":
+                    # Thawed while still believing it led, until it noticed: apart.
                     after_thaw = max(after_thaw, stamp - thawed[-1])
             cut_by_freeze = kind == "freeze" and start is not None
             if start is not None:
@@ -606,6 +615,8 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
                 start = None
         if start is not None:
             intervals.append((start, ended, nimbus.index))
+        elif cut_by_freeze and thaws and ended - thaws[-1] > lease_s:
+            intervals.append((thaws[-1], ended, nimbus.index))  # led on to the end
     intervals.sort()
     overlaps = []
     for i, (_start, end, who) in enumerate(intervals):

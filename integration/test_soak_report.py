@@ -59,3 +59,25 @@ def test_a_freeze_ends_a_leadership_and_the_claim_after_the_thaw_is_measured():
     assert report["two_leaders_at_once"] == 0
     assert report["claimed_after_thaw_s"] == 0.25
     assert report["longest_no_leader_s"] == 6.0
+
+
+def test_a_leader_frozen_for_less_than_its_lease_leads_on_after_the_thaw():
+    """Frozen 3 s (its lease is 4 s): it never lost the lead, so from the thaw to its
+    "lost" line 20 s later it led; only the freeze itself is a time without a leader."""
+    report = leadership_report(
+        [FakeNimbus(0, [(1, GAIN), (25, LOST)]), FakeNimbus(1, [(26, GAIN)])],
+        kills={}, freezes=[Freeze(0, BASE + 2, BASE + 5)], began=BASE + 1,
+        ended=BASE + 30, lease_s=4.0)
+    assert report["two_leaders_at_once"] == 0
+    assert report["claimed_after_thaw_s"] == 0.0
+    assert report["longest_no_leader_s"] == 3.0
+    assert report["longest_no_leader_since"] == BASE + 2
+
+
+def test_a_leader_that_led_on_after_a_thaw_overlapping_another_is_two_leaders():
+    report = leadership_report(
+        [FakeNimbus(0, [(1, GAIN), (25, LOST)]), FakeNimbus(1, [(20, GAIN)])],
+        kills={}, freezes=[Freeze(0, BASE + 2, BASE + 5)], began=BASE + 1,
+        ended=BASE + 30, lease_s=4.0)
+    assert report["two_leaders_at_once"] == 1
+    assert report["overlap_s"] == [5.0]
