@@ -89,6 +89,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -558,6 +559,11 @@ class Soak:
             "spacing_s": list(self.spacing) if self.spacing is not None else None,
             "warm_workers": self.warm_workers,
             "class_archive": self.class_archive,
+            # What the leadership figures were computed from, with the nimbus logs.
+            "nimbus_freezes": [[f.index, round(f.stopped, 3), round(f.resumed, 3)]
+                               for f in self.freezes],
+            "nimbus_kills": {str(i): [round(t, 3) for t in times]
+                             for i, times in sorted(self.kills.items())},
             **spaced,
         }
 
@@ -583,11 +589,14 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
     SIGSTOP (a frozen process executes nothing). After SIGCONT it either notices that its
     lease ran out meanwhile, within moments (what it still claimed until then is measured
     as ``claimed_after_thaw_s``), or, frozen for less than its lease, it never lost it
-    and leads on: a claim that lasts longer than ``lease_s`` after the thaw was renewed
-    by ZooKeeper's answers, and counts as leading from the thaw (for the gaps and for the
-    overlaps alike).
+    and leads on: a claim that lasts longer than ``lease_s`` after the thaw counts as
+    leading from the thaw for the gaps (time without a leader). Overlaps (two leaders)
+    are counted on the leaderships cut at the freeze, as before; those of a claim after
+    a thaw with another leader are listed apart (``led_on_overlap_s``), for a reader to
+    look into.
     """
     intervals: list[tuple[float, float, int]] = []
+    led_on: list[tuple[float, float, int]] = []   # after a thaw, longer than a lease
     after_thaw = 0.0
     for nimbus in nimbuses:
         ends = [(t, "kill") for t in kills.get(nimbus.index, [])]
@@ -605,7 +614,7 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
             if kind in ("lost", "kill") and cut_by_freeze:
                 thawed = [t for t in thaws if t <= stamp]
                 if thawed and stamp - thawed[-1] > lease_s:
-                    intervals.append((thawed[-1], stamp, nimbus.index))  # it led on
+                    led_on.append((thawed[-1], stamp, nimbus.index))
                 elif thawed and kind == "lost":
                     # Thawed while still believing it led, until it noticed: apart.
                     after_thaw = max(after_thaw, stamp - thawed[-1])
@@ -616,25 +625,34 @@ def leadership_report(nimbuses: list[NimbusProcess], kills: dict[int, list[float
         if start is not None:
             intervals.append((start, ended, nimbus.index))
         elif cut_by_freeze and thaws and ended - thaws[-1] > lease_s:
-            intervals.append((thaws[-1], ended, nimbus.index))  # led on to the end
+            led_on.append((thaws[-1], ended, nimbus.index))  # to the end
     intervals.sort()
-    overlaps = []
-    for i, (_start, end, who) in enumerate(intervals):
-        for other_start, other_end, other in intervals[i + 1:]:
-            if other_start >= end:
-                break
-            if other != who:
-                overlaps.append(round(min(end, other_end) - other_start, 3))
+    overlaps = _overlaps(intervals)
+    led_on_overlaps = sorted((Counter(_overlaps(sorted(intervals + led_on)))
+                              - Counter(overlaps)).elements())
     longest_gap, gap_from, covered = 0.0, began, began
-    for start, end, _ in intervals:
+    for start, end, _ in sorted(intervals + led_on):
         if start - covered > longest_gap:
             longest_gap, gap_from = start - covered, covered
         covered = max(covered, end)
     if ended - covered > longest_gap:
         longest_gap, gap_from = ended - covered, covered
     return {"leaderships": len(intervals), "two_leaders_at_once": len(overlaps),
-            "overlap_s": overlaps, "claimed_after_thaw_s": round(after_thaw, 3),
+            "overlap_s": overlaps, "led_on_overlap_s": led_on_overlaps,
+            "claimed_after_thaw_s": round(after_thaw, 3),
             "longest_no_leader_s": round(longest_gap, 2), "longest_no_leader_since": gap_from}
+
+
+def _overlaps(intervals: list[tuple[float, float, int]]) -> list[float]:
+    """Seconds of each overlap of two nimbuses' intervals (sorted by start)."""
+    found = []
+    for i, (_start, end, who) in enumerate(intervals):
+        for other_start, other_end, other in intervals[i + 1:]:
+            if other_start >= end:
+                break
+            if other != who:
+                found.append(round(min(end, other_end) - other_start, 3))
+    return found
 
 
 def workers_under(root: Path) -> list[int]:
