@@ -1,5 +1,5 @@
-"""The Spark class archive's rules, without a JVM (the real build: integration/
-test_class_archive.py)."""
+"""The Spark class archive's rules, without a JVM (the real build:
+integration/test_spark_class_archive.py)."""
 
 from __future__ import annotations
 
