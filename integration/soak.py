@@ -52,9 +52,10 @@ same generator, so a seed draws the same faults in either mode.
 
 **The supervisors' settings** are the product's defaults, not a local cluster's (which
 saves a small machine the JVMs): ``supervisor.warm.workers`` = 1 (``--warm-workers N``)
-and ``supervisor.spark.class.archive`` = true (``--no-class-archive``). Each supervisor
-builds its class archive before the pipelines are submitted, as a host would have long
-before (a supervisor restarted by a fault finds it in place).
+and ``supervisor.spark.class.archive`` = true (``--no-class-archive``). With warm workers,
+each supervisor builds its class archive before the pipelines are submitted, as a host
+would have long before (a supervisor restarted by a fault finds it in place); without,
+each builds it when a pipeline first starts there.
 
 Before the first fault, the spaced mode measures the **warm restart** once, on the quiet
 cluster: every pipeline committing, and for 10 s no worker process started or ended and
@@ -219,7 +220,7 @@ class Soak:
                   "supervisor.warm.workers": self.warm_workers,
                   "supervisor.spark.class.archive": self.class_archive})
         self.cluster.start()
-        if self.class_archive:
+        if self.class_archive and self.warm_workers:  # the warm workers ask for it
             for supervisor in self.cluster.supervisors:
                 wait_for(lambda s=supervisor: "Spark class archive" in s.log_text()
                          and " in use" in s.log_text(), ARCHIVE_TIMEOUT_S,

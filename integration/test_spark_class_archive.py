@@ -1,5 +1,6 @@
 """The Spark class archive (supervisor.spark.class.archive): a supervisor builds it once,
-in the background, and every pipeline worker's JVM maps it; a damaged one is ignored.
+in the background, when a Spark session is first wanted there, and every pipeline
+worker's JVM started afterwards maps it; a damaged one is ignored.
 
 One cluster for the module: ZooKeeper, one nimbus, one supervisor process with one slot,
 real Spark (local[1]). The tests run in order.
@@ -92,17 +93,27 @@ def archived(tmp_path_factory):
         print(f"--- supervisor log ---\n{cluster.supervisors[0].log_text()[-4000:]}")
 
 
-def test_the_supervisor_builds_the_archive_and_a_pipeline_maps_it(archived):
-    match = archived.wait_log(r"Spark class archive (\S+) built and in use",
-                              "the class archive to be built")
-    archive = Path(match.group(1))
-    assert archive.parent == archived.supervisor.local_dir / "supervisor" / "class-archive"
-    assert archive.stat().st_mode & 0o777 == 0o644   # no worker may change it
+def test_the_first_pipeline_has_the_archive_built_and_its_restart_maps_it(archived):
+    supervisor_dir = archived.supervisor.local_dir / "supervisor"
+    # Nothing built before a Spark session is wanted here (no warm workers: the first
+    # pipeline).
+    assert "building the Spark class archive" not in archived.supervisor.log_text()
     archived.topology_id = archived.cluster.client().submit(
         "wordcount", pack_directory(WORDCOUNT), {
             "wordcount.input.dir": str(archived.feed.input_dir),
             "wordcount.output.dir": str(archived.output.output_dir),
             "wordcount.trigger.secs": 0.5})
+    archived.feed_and_check(20)    # started without it: the build runs beside it
+    match = archived.wait_log(r"Spark class archive (\S+) built and in use",
+                              "the class archive to be built")
+    archive = Path(match.group(1))
+    assert archive.parent == supervisor_dir / "class-archive"
+    assert archive.stat().st_mode & 0o777 == 0o644   # the supervisor's, read-only to others
+    [worker] = workers_in(archived.worker_dir())
+    mark = len(archived.supervisor.log_text())
+    os.killpg(worker, signal.SIGKILL)
+    archived.wait_log(rf"starting worker {archived.topology_id}:\d+ \(restart 1\)",
+                      "the worker to be restarted", mark)
     archived.feed_and_check(20)
     assert f"with the class archive {archive}" in \
         (archived.worker_dir() / "worker.log").read_text()
@@ -118,7 +129,7 @@ def test_a_damaged_archive_is_ignored_and_the_pipeline_still_runs(archived):
     [worker] = workers_in(archived.worker_dir())
     mark = len(archived.supervisor.log_text())
     os.killpg(worker, signal.SIGKILL)
-    archived.wait_log(rf"starting worker {archived.topology_id}:\d+ \(restart 1\)",
+    archived.wait_log(rf"starting worker {archived.topology_id}:\d+ \(restart 2\)",
                       "the worker to be restarted", mark)
     archived.feed_and_check(20)
     [worker] = workers_in(archived.worker_dir())

@@ -50,7 +50,8 @@ def test_a_failed_build_leaves_workers_without_one(tmp_path, caplog):
     archive = ClassArchive(tmp_path / "class-archive", python="/bin/false")
     with caplog.at_level(logging.INFO, logger="nimbus.supervisor.class_archive"):
         archive.start()
-        assert archive.path == ""
+        assert archive.path == "" and not archive._thread.is_alive()  # nothing wanted yet
+        archive.needed()
         archive._thread.join(30)
     assert archive.path == ""
     assert "build failed (exit code 1" in caplog.text

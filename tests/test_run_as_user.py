@@ -74,7 +74,8 @@ def _conf(zk_server, zk_root, base: Path, ports: list[int], **extra):
         "storm.zookeeper.session.timeout": 4000, "storm.local.dir": str(base / "local"),
         "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports,
         "supervisor.monitor.frequency.secs": 1, "supervisor.worker.start.timeout.secs": 10,
-        "supervisor.run.worker.as.user": True, **extra})
+        "supervisor.run.worker.as.user": True, "supervisor.spark.class.archive": False,
+        **extra})
 
 
 def _assign(state: StormClusterState, topology_id: str, files: dict[str, bytes],

@@ -531,7 +531,7 @@ def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port) -> Super
         "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": [port],
         "supervisor.monitor.frequency.secs": 1, "supervisor.heartbeat.frequency.secs": 1,
         "supervisor.worker.start.timeout.secs": 5, "supervisor.worker.timeout.secs": 3,
-        "supervisor.worker.shutdown.sleep.secs": 1})
+        "supervisor.worker.shutdown.sleep.secs": 1, "supervisor.spark.class.archive": False})
     sup = Supervisor(conf, worker_command=stub_worker)
     sup.code = CodeCache(sup.code.root, 1 << 20, FakePeers({"nimbus:6627": files}))
     sup._peers = lambda topology_id: ["nimbus:6627"]  # no nimbus in these tests

@@ -80,9 +80,11 @@ class PartitionLab:
             "nimbus.audit.leader.writes": True,
             "supervisor.monitor.frequency.secs": 1,
             "supervisor.heartbeat.frequency.secs": 1,
-            # No warm workers: every scenario's timings were measured with cold starts, and
-            # an older release under comparison (PYTHONPATH) does not know the key.
-            **({} if path else {"supervisor.warm.workers": 0}),
+            # No warm workers and no class archive: every scenario's timings were measured
+            # with cold starts, and an older release under comparison (PYTHONPATH) does not
+            # know the keys.
+            **({} if path else {"supervisor.warm.workers": 0,
+                                "supervisor.spark.class.archive": False}),
             **(conf or {}),
         }
         self.client_config = self.work / "client.yaml"

@@ -2,10 +2,10 @@
 background, then named in every worker's spec (``supervisor.spark.class.archive``).
 
 What the archive is and why: :mod:`nimbus.worker.class_archive`. Here: where it lives
-(``<storm.local.dir>/supervisor/class-archive/``, the supervisor's own, so no worker can
-change what every other topology's JVM loads), building it on the
-``supervisor-class-archive`` thread (a JVM start, about 30 s of CPU, at low priority; the
-workers started meanwhile simply go without it), and removing archives of an earlier
+(``<storm.local.dir>/supervisor/class-archive/``, the supervisor's), building it on the
+``supervisor-class-archive`` thread once a Spark session is first wanted here (a warm
+worker, a pipeline; a JVM start, about 30 s of CPU, at low priority; the workers started
+meanwhile simply go without it), and removing archives of an earlier
 Spark or JDK. A build that fails is logged with its log file and not tried again until
 the supervisor restarts: workers then start as they would without one.
 """
@@ -42,6 +42,7 @@ class ClassArchive:
         self._stop = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._proc_lock = threading.Lock()   # _proc against stop()
+        self._started_build = False
         self._thread = threading.Thread(target=self._build, name="supervisor-class-archive",
                                         daemon=True)
 
@@ -51,8 +52,8 @@ class ClassArchive:
         return str(self._target) if self._target is not None and self._ready.is_set() else ""
 
     def start(self) -> None:
-        """Use the archive already built, or start building it; logs which. Never
-        raises: the archive only makes starts faster."""
+        """Use the archive already built, if there is one (logged). Never raises: the
+        archive only makes starts faster. Nothing is built before :meth:`needed`."""
         try:
             target = archive_path(self.directory)
             if target is None:
@@ -67,7 +68,15 @@ class ClassArchive:
         if target.is_file():
             self._ready.set()
             log.info("Spark class archive %s in use (%s)", target, ARCHIVE_KEY)
+
+    def needed(self) -> None:
+        """A Spark session is about to start here (a warm worker, a pipeline): build
+        the archive unless it is there or under way. A host that runs only process
+        topologies never builds one. Called from one thread (the monitor's)."""
+        if self._target is None or self._ready.is_set() or self._thread.is_alive() \
+                or self._stop.is_set() or self._started_build:
             return
+        self._started_build = True
         self._thread.start()
 
     def wait_ready(self, timeout_s: float) -> bool:

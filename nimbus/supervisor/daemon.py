@@ -315,7 +315,11 @@ class Supervisor:
                           class_archive=self._class_archive_path())
 
     def _class_archive_path(self) -> str:
-        return self.class_archive.path if self.class_archive is not None else ""
+        """The archive for a Spark worker starting now (building it if need be)."""
+        if self.class_archive is None:
+            return ""
+        self.class_archive.needed()
+        return self.class_archive.path
 
     def _prepare_run_as_user(self) -> None:
         """Checks and modes for workers that run as accounts of their own: this
@@ -767,7 +771,7 @@ class Supervisor:
             host=self.host, code_dir=str(self.code.resources(want.topology_id)), conf=conf,
             restarts=record.restarts, worker_index=want.worker_index,
             num_workers=num_workers, lease_fd=-1, status_fd=-1,
-            class_archive=self._class_archive_path())
+            class_archive=self._class_archive_path() if kind == "pipeline" else "")
         if self._start_warm(want, record, spec, session, worker_dir, kind):
             return
         handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,
