@@ -47,6 +47,19 @@ class Archived:
     def worker_dir(self) -> Path:
         return self.supervisor.worker_dir(self.topology_id, self.supervisor.ports[0])
 
+    def kill_and_resume(self, restarts: int) -> int:
+        """kill -9 of the worker's group, its restart (the ``restarts``-th), 20 records
+        committed exactly once; returns the pid of the new worker's JVM."""
+        [worker] = workers_in(self.worker_dir())
+        mark = len(self.supervisor.log_text())
+        os.killpg(worker, signal.SIGKILL)
+        self.wait_log(rf"starting worker {self.topology_id}:\d+ \(restart {restarts}\)",
+                      "the worker to be restarted", mark)
+        self.feed_and_check(20)
+        [worker] = workers_in(self.worker_dir())
+        [jvm] = java_children(worker)
+        return jvm
+
     def feed_and_check(self, count: int) -> None:
         ids = self.feed.feed(count)
         wait_for(lambda: self.output.holds(ids), SPARK_TIMEOUT_S,
@@ -109,16 +122,9 @@ def test_the_first_pipeline_has_the_archive_built_and_its_restart_maps_it(archiv
     archive = Path(match.group(1))
     assert archive.parent == supervisor_dir / "class-archive"
     assert archive.stat().st_mode & 0o777 == 0o644   # the supervisor's, read-only to others
-    [worker] = workers_in(archived.worker_dir())
-    mark = len(archived.supervisor.log_text())
-    os.killpg(worker, signal.SIGKILL)
-    archived.wait_log(rf"starting worker {archived.topology_id}:\d+ \(restart 1\)",
-                      "the worker to be restarted", mark)
-    archived.feed_and_check(20)
+    jvm = archived.kill_and_resume(restarts=1)
     assert f"with the class archive {archive}" in \
         (archived.worker_dir() / "worker.log").read_text()
-    [worker] = workers_in(archived.worker_dir())
-    [jvm] = java_children(worker)
     assert mapped(jvm, archive), "the driver's JVM has not mapped the class archive"
 
 
@@ -126,12 +132,5 @@ def test_a_damaged_archive_is_ignored_and_the_pipeline_still_runs(archived):
     archive = next((archived.supervisor.local_dir / "supervisor" / "class-archive")
                    .glob("spark-classes-*.jsa"))
     archive.write_bytes(os.urandom(1 << 16))
-    [worker] = workers_in(archived.worker_dir())
-    mark = len(archived.supervisor.log_text())
-    os.killpg(worker, signal.SIGKILL)
-    archived.wait_log(rf"starting worker {archived.topology_id}:\d+ \(restart 2\)",
-                      "the worker to be restarted", mark)
-    archived.feed_and_check(20)
-    [worker] = workers_in(archived.worker_dir())
-    [jvm] = java_children(worker)
+    jvm = archived.kill_and_resume(restarts=2)
     assert not mapped(jvm, archive)

@@ -73,8 +73,8 @@ class ClassArchive:
         """A Spark session is about to start here (a warm worker, a pipeline): build
         the archive unless it is there or under way. A host that runs only process
         topologies never builds one. Called from one thread (the monitor's)."""
-        if self._target is None or self._ready.is_set() or self._thread.is_alive() \
-                or self._stop.is_set() or self._started_build:
+        if self._target is None or self._ready.is_set() or self._started_build \
+                or self._stop.is_set():
             return
         self._started_build = True
         self._thread.start()

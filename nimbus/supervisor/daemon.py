@@ -14,8 +14,9 @@ Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.s
   reconcile loop, which is also what stops unassigned workers.
 * ``supervisor-heartbeat``: rewrites ``/supervisors/<id>`` every
   ``supervisor.heartbeat.frequency.secs``.
-* ``supervisor-class-archive``: builds the Spark class archive once, if this host has
-  none yet (:mod:`nimbus.supervisor.class_archive`); killed and joined by stop.
+* ``supervisor-class-archive``: builds the Spark class archive once, when a Spark session
+  is first wanted here and the host has none yet (:mod:`nimbus.supervisor.class_archive`);
+  killed and joined by stop.
 * ``worker-status-<topology>:<port>``: one per worker, reading its status pipe; beats go
   to ``/workerbeats``, errors to ``/errors``. Warm workers (``supervisor.warm.workers``,
   :mod:`nimbus.supervisor.warm_pool`) have one each too, from the moment they start.
