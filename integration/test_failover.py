@@ -7,7 +7,7 @@ import signal
 
 import pytest
 from helpers import leadership_claims, observer, stormdist
-from thriftpy2.thrift import TApplicationException
+from thriftpy2.thrift import TApplicationException, TException
 
 from nimbus.devcluster import sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
@@ -140,6 +140,37 @@ def test_sigterm_fails_over_without_waiting_for_the_session(make_cluster):
     leader.terminate()
     assert leader.process.returncode == 0
     cluster.wait_for_leader(exclude=leader.address, timeout_s=20)
+
+
+def test_a_killed_leader_started_again_removes_its_dead_lock_node(make_cluster):
+    # The dead process's session, and its lock node at the head of the queue, would live
+    # for the session timeout (60 s asked, at least the 40 s ZooKeeper grants at most):
+    # only the restarted nimbus removing that node lets anyone lead within 20 s.
+    cluster = make_cluster(2, **{"storm.zookeeper.session.timeout": 60000})
+    state = observer(cluster)
+    leader = cluster.wait_for_leader()
+    [(dead_node, address), *_] = state.leader_queue()
+    assert address == leader.address
+    leader.kill9()
+    leader.start()
+    wait_for(lambda: dead_node not in [node for node, _ in state.leader_queue()], 20,
+             "the dead process's lock node to be removed")
+    assert f"removed leader-lock node {dead_node} of {leader.address}'s previous " \
+        "process" in leader.log_text()
+
+    def someone_leads() -> bool:
+        for nimbus in cluster.nimbuses:
+            try:
+                with connect(nimbus.address) as raw:
+                    if any(n.isLeader and f"{n.host}:{n.port}" == nimbus.address
+                           for n in raw.getClusterInfo().nimbuses):
+                        return True
+            except (OSError, TException):   # the restarted one may not serve yet
+                continue
+        return False
+
+    wait_for(someone_leads, 20, "a nimbus to say it leads")
+    state.zk.stop()
 
 
 def test_expired_session_stops_leading_and_rejoins(make_cluster, bundle):

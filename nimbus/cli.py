@@ -608,7 +608,7 @@ def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
                 demo: bool, warm_workers: int, config_path: str | None,
                 overrides: tuple[str, ...]) -> None:
     """ZooKeeper plus N nimbuses (and supervisors) on loopback, for a first look
-    (Ctrl-C stops all).
+    (Ctrl-C or SIGTERM stops all).
 
     --config and --set are validated as for every command and passed to every nimbus and
     supervisor (e.g. --set storm.codedistributor.class=s3 and the plugin's keys), except

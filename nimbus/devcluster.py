@@ -379,6 +379,11 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
                            supervisors=supervisors, warm_workers=warm_workers)
     click.echo(f"starting ZooKeeper, {nimbuses} nimbuses and {supervisors} supervisors "
                f"under {work_dir} ...")
+    # SIGTERM stops the cluster as Ctrl-C does: the daemons run in sessions of their own,
+    # so the default (dying at once) would leave them all running. It is also the only
+    # way to stop a dev cluster started in the background of a script, whose shell
+    # makes it ignore SIGINT.
+    signal.signal(signal.SIGTERM, _interrupt)
     with cluster:
         leader = cluster.wait_for_leader()
         click.echo(f"ZooKeeper at {cluster.zk.hosts}; nimbuses: "
@@ -396,13 +401,17 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
                 if not runtime_demo.run(cluster, work_dir):
                     raise SystemExit(1)
             return
-        click.echo("Ctrl-C stops the cluster")
+        click.echo("Ctrl-C (or SIGTERM) stops the cluster")
         try:
             while all(d.alive() for d in [*cluster.nimbuses, *cluster.supervisors]
                       if d.process):
                 time.sleep(1)
         except KeyboardInterrupt:
             click.echo("stopping")
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _demo(cluster: LocalCluster, work_dir: Path) -> None:

@@ -312,3 +312,47 @@ def test_work_of_an_ended_session_moves_at_once(cluster, zk_server):
     wait_for(lambda: "s2" not in state.supervisors(), 10, "s2's node to go")
     sched.schedule(elector.fence())
     assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s3", 6700)}
+
+
+def test_a_successor_places_what_it_found_unplaced_only_after_a_quarantine(cluster):
+    """The previous leader may have taken the work off a live supervisor just before it
+    died: where that worker ran, and how long its lease may run, a successor cannot know."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    successor = scheduler(quarantine_s=2.0)
+    successor.reset(successor=True)
+    assert successor.schedule(elector.fence()) == {}
+    assert successor.next_release_s() == pytest.approx(2.0)
+    clock.now += 1.9
+    assert successor.schedule(elector.fence()) == {}
+    clock.now += 0.1
+    assert set(successor.schedule(elector.fence())) == {"a-1-1"}
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)}
+
+
+def test_leadership_claimed_again_on_the_same_lock_node_places_at_once(cluster):
+    """No other nimbus can have led while this one's node headed the queue."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    sched = scheduler(quarantine_s=2.0)
+    sched.reset(successor=False)
+    assert set(sched.schedule(elector.fence())) == {"a-1-1"}
+    assert sched.next_release_s() is None
+
+
+def test_a_successor_moves_work_of_an_ended_session_at_once(cluster, zk_server):
+    """Placed on a supervisor whose session ended is not unplaced: no quarantine."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    doomed = add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    scheduler().schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)}
+    add_supervisor("s2", [6700])
+    expire_session(doomed.zk, zk_server.hosts)
+    wait_for(lambda: "s1" not in state.supervisors(), 10, "s1's node to go")
+    successor = scheduler(quarantine_s=2.0)
+    successor.reset(successor=True)
+    assert set(successor.schedule(elector.fence())) == {"a-1-1"}
+    assert slots(state, "a-1-1") == {"worker-0": ("s2", 6700)}

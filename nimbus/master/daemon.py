@@ -21,6 +21,7 @@ import threading
 import time
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 from kazoo.retry import KazooRetry
 
 from nimbus import __version__
@@ -32,6 +33,7 @@ from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.code_sync import CodeSync
 from nimbus.master.duty_cycle import LeaderDutyCycle
 from nimbus.master.elector import LeaderElector
+from nimbus.master.incarnation import Incarnation
 from nimbus.master.leader_watchdog import LeaderWatchdog
 from nimbus.master.lifecycle import CONF_FILE, TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
@@ -237,6 +239,7 @@ class NimbusDaemon:
         self.server.start()
         if self.metrics_server is not None:
             self.metrics_server.start()
+        self._remove_dead_predecessor()
         self._register()
         self._renewal = SessionRenewal(self.zk, "nimbus-registration", self._reregister)
         self.zk.add_listener(self._on_connection_state)
@@ -338,9 +341,41 @@ class NimbusDaemon:
 
     # -- membership ----------------------------------------------------------------------------
     def _register(self) -> None:
+        me = Incarnation.of_process()
         self.state.register_nimbus(NimbusInfo(
             host=self.conf["nimbus.host"], port=self.conf["nimbus.thrift.port"],
-            start_time_secs=int(self.started_at), version=__version__))
+            start_time_secs=int(self.started_at), version=__version__,
+            boot_id=me.boot_id, pid_namespace=me.pid_namespace, pid=me.pid,
+            pid_started_ticks=me.started_ticks, lock_token=self.elector.token))
+
+    def _remove_dead_predecessor(self) -> None:
+        """This nimbus, started again after a kill -9 (or a crash), removes the lock node
+        its previous process left, when that process is certainly dead
+        (:mod:`nimbus.master.incarnation`). Otherwise a node at the head of the queue
+        keeps every nimbus from leading until the dead session expires."""
+        host, port = self.conf["nimbus.host"], self.conf["nimbus.thrift.port"]
+        try:
+            previous = [n for n in self.state.nimbuses() if (n.host, n.port) == (host, port)]
+            if not previous or not previous[0].lock_token:
+                return
+            before = previous[0]
+            dead = Incarnation(before.boot_id, before.pid_namespace, before.pid,
+                               before.pid_started_ticks)
+            if not dead.is_dead():
+                if dead.known:
+                    log.info("the previous registration of %s (pid %d) is not known to "
+                             "be dead here: its lock node is left to expire with its "
+                             "session", self.address, before.pid)
+                return
+            removed = self.elector.remove_nodes_of(before.lock_token)
+        except KazooException as exc:
+            log.warning("could not look for the lock node of %s's previous process: %s; "
+                        "it expires with that process's session", self.address, exc)
+            return
+        if removed:
+            log.warning("removed leader-lock node %s of %s's previous process (pid %d, no "
+                        "longer running) instead of waiting for its session to expire",
+                        ", ".join(removed), self.address, before.pid)
 
     def _reregister(self) -> None:
         self._register()

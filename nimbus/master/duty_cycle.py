@@ -64,6 +64,7 @@ class LeaderDutyCycle:
         self._period_s = period_s
         self._completed = completed
         self._term: int | None = None  # the leadership the scheduler was reset for
+        self._node: str | None = None  # and its lock node
         self._error = ""  # the RecordError that last stopped scheduling, if any
         self.cycles = 0   # cycles completed (tests wait on it)
         self._loop = BackgroundLoop("leader-duties", self.run_cycle, period=self._wait_s,
@@ -101,7 +102,10 @@ class LeaderDutyCycle:
     def _lead(self, leadership: Leadership) -> None:
         if leadership.term != self._term:
             self._term = leadership.term
-            self._scheduler.reset()  # heartbeat ages are measured afresh by a new leader
+            # Heartbeat ages are measured afresh by a new leader. A new lock node means
+            # another nimbus may have led since: its releases are not known here.
+            self._scheduler.reset(successor=leadership.node != self._node)
+            self._node = leadership.node
         try:
             self._lifecycle.remove_due_kills()
             self._lifecycle.remove_orphan_code()

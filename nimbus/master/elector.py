@@ -161,6 +161,33 @@ class LeaderElector:
         self.lease.start()
         self.wake()
 
+    @property
+    def token(self) -> str:
+        """The id in this process's lock node names (``nimbus-<token>-<sequence>``)."""
+        return self._token
+
+    def remove_nodes_of(self, token: str) -> list[str]:
+        """Delete the lock nodes that ``token``'s process made for this nimbus's address
+        and return their names. Only for a process known to be dead (see
+        :mod:`nimbus.master.incarnation`): its session, and so its nodes, would otherwise
+        live on for up to a session timeout, and keep the lock if one headed the queue."""
+        if not token or token == self._token:
+            return []
+        removed = []
+        for name in self._state.leader_lock_nodes():
+            if not name.startswith(f"{LOCK_PREFIX}{token}-"):
+                continue
+            path = posixpath.join(self._state.leader_lock_path, name)
+            try:
+                data, stat = self._zk.get(path)
+                if data.decode("utf-8", "replace") != self._address:
+                    continue   # not this nimbus's: never touched
+                self._zk.delete(path, version=stat.version)
+            except NoNodeError:
+                continue
+            removed.append(name)
+        return removed
+
     def remove_from_leader_lock_queue(self) -> None:
         """Leave the queue, releasing the lock at once if held (used on SIGTERM)."""
         with self._lock:

@@ -26,11 +26,16 @@ timeout; nimbus.timing.WORKER_LEASE_FRACTION). So when a pass takes a worker off
 whose supervisor still lives (a deactivate, a rebalance, a silent worker), the old worker
 may run for up to ``2/3 T`` after the write; the executor is placed anywhere else only
 after that (its *release quarantine*; the same slot may have it back at once).
-Quarantines live in the leader's memory only, which is enough: a successor leads only
-once the leader's session has expired, ``T`` after its last write, unless the leader
-handed over on purpose, and a nimbus that stops waits out its quarantines before it
-leaves the election (:meth:`Scheduler.next_release_s`). Work whose supervisor's session
-has ended moves at once: its lease ended before the session did.
+Quarantines live in the leader's memory only. A successor cannot know them, so at the
+start of its first term on a lock node (:meth:`Scheduler.reset` with ``successor``) it
+treats every executor the assignments leave unplaced as released at that moment: it is
+placed nowhere for ``2/3 T``. The predecessor's last write came before that (its lock
+node was gone, by session expiry, a handover or a restarted nimbus removing its dead
+predecessor's node, and with it every write fenced on the node), so its releases have
+run out by then. Work still placed on a slot is kept or moved as usual. A nimbus that
+stops on purpose waits out its own quarantines before it leaves the election
+(:meth:`Scheduler.last_release_s`). Work whose supervisor's session has ended moves at
+once: its lease ended before the session did.
 
 Workers are spread: a new worker goes to the supervisor with the fewest workers of that
 topology, then the fewest used slots overall, so that one supervisor's death takes as
@@ -131,19 +136,24 @@ class Scheduler:
         self._quarantine_s = quarantine_s
         self._clock = clock
         # (topology id, executor) -> (the slot it was taken off, when): see module doc.
-        self._released: dict[tuple[str, str], tuple[Slot, float]] = {}
+        # No slot: unplaced when this nimbus took over, where it ran is not known.
+        self._released: dict[tuple[str, str], tuple[Slot | None, float]] = {}
         self._held_back: set[tuple[str, str, float]] = set()   # logged once each
         self._view = view
         self._timeout_s = conf["nimbus.task.timeout.secs"]
         self._launch_s = conf["nimbus.task.launch.secs"]
         self._observer = HeartbeatObserver(clock)
         self._fresh = False
+        self._successor = False
 
-    def reset(self) -> None:
-        """Call on gaining leadership: heartbeat ages are measured afresh.
+    def reset(self, successor: bool = True) -> None:
+        """Call on gaining leadership: heartbeat ages are measured afresh. ``successor``
+        (a lock node this scheduler has not led on before, so another nimbus may have
+        led since): the executors left unplaced wait out a release quarantine too.
 
         Safe from any thread: the next :meth:`schedule` (the duty thread) does the reset.
         """
+        self._successor = self._successor or successor
         self._fresh = True
 
     def schedule(self, fence: Fence) -> dict[str, Assignment]:
@@ -162,9 +172,11 @@ class Scheduler:
 
     def _schedule(self, fence: Fence, counts: dict[str, int]) -> dict[str, Assignment]:
         now = self._clock()
+        inherit = False
         if self._fresh:
             # Releases are kept: they were this process's own, and still hold.
             self._fresh = False
+            inherit, self._successor = self._successor, False
             self._observer.reset()
         quarantine = self._quarantine_s()
         self._released = {k: v for k, v in self._released.items()
@@ -186,6 +198,8 @@ class Scheduler:
         observed: set[tuple[str, str]] = set()
         wanted = {t: (max(0, base.num_workers) if base.status == ACTIVE else 0)
                   for t, base in topologies.items()}
+        if inherit:
+            self._hold_unplaced(current, wanted, now)
         before = {t: dict(workers) for t, workers in kept.items()}
         # Every topology gives back what it no longer needs before any grows, so that a
         # slot freed by a deactivate or a rebalance is used in the same pass.
@@ -242,10 +256,29 @@ class Scheduler:
                 self._released[(topology_id, executor)] = (Slot(supervisor_id, int(port)),
                                                            written_at)
 
+    def _hold_unplaced(self, current: dict[str, Assignment | None], wanted: dict[str, int],
+                       now: float) -> None:
+        """A successor's first pass: what the assignments place nowhere may have been
+        released by the predecessor moments ago (see the module doc), so it waits a
+        quarantine. (Work placed on a supervisor whose session ended is not unplaced: it
+        moves at once.)"""
+        held = 0
+        for topology_id, assignment in current.items():
+            if assignment is None:
+                continue
+            for index in range(wanted.get(topology_id, 0)):
+                executor = f"{WORKER_PREFIX}{index}"
+                if executor not in assignment.executor_node_port:
+                    self._released.setdefault((topology_id, executor), (None, now))
+                    held += 1
+        if held:
+            log.info("took over with %d executors unplaced: they are placed once a "
+                     "release the previous leader may have made has run out", held)
+
     def _held_back_from(self, topology_id: str, executor: str, now: float,
-                        quarantine: float) -> tuple[Slot, float] | None:
-        """(the only slot it may take now, seconds left) while the executor is in its
-        release quarantine; None when it may go anywhere."""
+                        quarantine: float) -> tuple[Slot | None, float] | None:
+        """(the only slot it may take now, or None for none, seconds left) while the
+        executor is in its release quarantine; None when it may go anywhere."""
         released = self._released.get((topology_id, executor))
         if released is not None and now < released[1] + quarantine:
             return released[0], released[1] + quarantine - now

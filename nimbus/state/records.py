@@ -262,6 +262,14 @@ class NimbusInfo(Record):
     port: int
     start_time_secs: int
     version: str
+    # The process that registered (nimbus.master.incarnation) and its leader-lock token:
+    # they let the same nimbus, started again, remove the lock node of a predecessor that
+    # is certainly dead. Empty (unknown) in records of earlier releases.
+    boot_id: str = ""
+    pid_namespace: str = ""
+    pid: int = 0
+    pid_started_ticks: int = 0
+    lock_token: str = ""
 
 
 @dataclass
