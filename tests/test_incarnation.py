@@ -28,9 +28,10 @@ class FakeProc:
         self.root = root
         (root / "sys/kernel/random").mkdir(parents=True)
         (root / "sys/kernel/random/boot_id").write_text(boot + "\n")
-        (root / "self/ns").mkdir(parents=True)
-        os.symlink(namespace, root / "self/ns/pid")
         self.add(os.getpid(), 1000)
+        (root / str(os.getpid()) / "ns").mkdir()
+        os.symlink(namespace, root / str(os.getpid()) / "ns/pid")
+        os.symlink(str(os.getpid()), root / "self")
 
     def add(self, pid: int, ticks: int, state: str = "S", name: str = "python") -> None:
         (self.root / str(pid)).mkdir(exist_ok=True)
@@ -77,6 +78,10 @@ def test_unknown_or_unreadable_is_never_dead(proc, tmp_path):
     (proc.root / "4247").mkdir()
     (proc.root / "4247" / "stat").write_text("4247 (short) S 1 2\n")  # malformed
     assert not Incarnation(BOOT, NAMESPACE, 4247, 500).is_dead(proc.root)
+    os.remove(proc.root / "self")
+    os.symlink("1", proc.root / "self")          # a /proc of another pid namespace
+    assert not Incarnation.of_process(proc=proc.root).known
+    assert not Incarnation(BOOT, NAMESPACE, 4243, 500).is_dead(proc.root)
     nowhere = tmp_path / "no-proc"
     assert not Incarnation(BOOT, NAMESPACE, 4243, 500).is_dead(nowhere)
     assert not Incarnation.of_process(proc=nowhere).known

@@ -314,15 +314,22 @@ def test_work_of_an_ended_session_moves_at_once(cluster, zk_server):
     assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s3", 6700)}
 
 
-def test_a_successor_places_what_it_found_unplaced_only_after_a_quarantine(cluster):
-    """The previous leader may have taken the work off a live supervisor just before it
-    died: where that worker ran, and how long its lease may run, a successor cannot know."""
+def mark_removed_early(state: StormClusterState) -> None:
+    """What a nimbus does when it removes its dead predecessor's lock node."""
+    state.zk.set(state.leader_lock_path, StormClusterState.REMOVED_EARLY)
+
+
+def test_after_an_early_removal_a_successor_holds_unplaced_work_for_a_quarantine(cluster):
+    """The dead leader may have taken the work off a live supervisor just before it died:
+    where that worker ran, and how long its lease may run, a successor cannot know."""
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
+    mark_removed_early(state)
     successor = scheduler(quarantine_s=2.0)
     successor.reset(successor=True)
     assert successor.schedule(elector.fence()) == {}
+    assert not state.lock_nodes_removed_early(), "the mark is cleared once read"
     assert successor.next_release_s() == pytest.approx(2.0)
     clock.now += 1.9
     assert successor.schedule(elector.fence()) == {}
@@ -331,11 +338,60 @@ def test_a_successor_places_what_it_found_unplaced_only_after_a_quarantine(clust
     assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)}
 
 
+def test_the_hold_covers_work_that_becomes_wanted_during_it(cluster):
+    """Deactivated by the dead leader, activated again after the takeover: still held."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    _set_status(state, elector, "a-1-1", INACTIVE)
+    mark_removed_early(state)
+    successor = scheduler(quarantine_s=2.0)
+    successor.reset(successor=True)
+    assert successor.schedule(elector.fence()) == {}
+    _set_status(state, elector, "a-1-1", ACTIVE)
+    clock.now += 1.0
+    assert successor.schedule(elector.fence()) == {}
+    clock.now += 1.0
+    assert set(successor.schedule(elector.fence())) == {"a-1-1"}
+
+
+def test_a_first_pass_that_fails_keeps_the_hold(cluster, monkeypatch):
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    mark_removed_early(state)
+    successor = scheduler(quarantine_s=2.0)
+    successor.reset(successor=True)
+    real = state.lock_nodes_removed_early
+    monkeypatch.setattr(state, "lock_nodes_removed_early",
+                        lambda: (_ for _ in ()).throw(ConnectionError("blip")))
+    with pytest.raises(ConnectionError):
+        successor.schedule(elector.fence())
+    monkeypatch.setattr(state, "lock_nodes_removed_early", real)
+    clock.now += 1.0
+    assert successor.schedule(elector.fence()) == {}, "held: counted from the takeover"
+    clock.now += 1.0
+    assert set(successor.schedule(elector.fence())) == {"a-1-1"}
+
+
+def test_a_successor_without_an_early_removal_places_at_once(cluster):
+    """Its predecessor's session expired (T after its last write) or it handed over
+    after waiting out its releases: nothing to wait for."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    successor = scheduler(quarantine_s=2.0)
+    successor.reset(successor=True)
+    assert set(successor.schedule(elector.fence())) == {"a-1-1"}
+    assert successor.next_release_s() is None
+
+
 def test_leadership_claimed_again_on_the_same_lock_node_places_at_once(cluster):
     """No other nimbus can have led while this one's node headed the queue."""
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
+    mark_removed_early(state)
     sched = scheduler(quarantine_s=2.0)
     sched.reset(successor=False)
     assert set(sched.schedule(elector.fence())) == {"a-1-1"}
@@ -343,7 +399,7 @@ def test_leadership_claimed_again_on_the_same_lock_node_places_at_once(cluster):
 
 
 def test_a_successor_moves_work_of_an_ended_session_at_once(cluster, zk_server):
-    """Placed on a supervisor whose session ended is not unplaced: no quarantine."""
+    """Placed on a supervisor whose session ended is not unplaced: no hold."""
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     doomed = add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
@@ -352,7 +408,28 @@ def test_a_successor_moves_work_of_an_ended_session_at_once(cluster, zk_server):
     add_supervisor("s2", [6700])
     expire_session(doomed.zk, zk_server.hosts)
     wait_for(lambda: "s1" not in state.supervisors(), 10, "s1's node to go")
+    mark_removed_early(state)
     successor = scheduler(quarantine_s=2.0)
     successor.reset(successor=True)
     assert set(successor.schedule(elector.fence())) == {"a-1-1"}
+    assert slots(state, "a-1-1") == {"worker-0": ("s2", 6700)}
+
+
+def test_a_silent_worker_goes_elsewhere_only_after_its_lease(cluster):
+    """A silent worker may be hung, not gone: its supervisor lives and renews its lease
+    until it reads the change, so the work waits out a release quarantine."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, beat = cluster
+    add_supervisor("s1", [6700])
+    add_topology("a-1-1", workers=1)
+    sched = scheduler(quarantine_s=2.0)
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700)}
+    add_supervisor("s2", [6700])
+    beat("a-1-1", "s1", 6700)
+    sched.schedule(elector.fence())
+    clock.now += TIMEOUT_S + 1
+    assert set(sched.schedule(elector.fence())) == {"a-1-1"}
+    assert slots(state, "a-1-1") == {}, "placed elsewhere while the old lease may run"
+    clock.now += 2.0
+    sched.schedule(elector.fence())
     assert slots(state, "a-1-1") == {"worker-0": ("s2", 6700)}

@@ -173,20 +173,21 @@ class LeaderElector:
         live on for up to a session timeout, and keep the lock if one headed the queue."""
         if not token or token == self._token:
             return []
-        removed = []
+        doomed = {}
         for name in self._state.leader_lock_nodes():
             if not name.startswith(f"{LOCK_PREFIX}{token}-"):
                 continue
-            path = posixpath.join(self._state.leader_lock_path, name)
             try:
-                data, stat = self._zk.get(path)
-                if data.decode("utf-8", "replace") != self._address:
-                    continue   # not this nimbus's: never touched
-                self._zk.delete(path, version=stat.version)
+                data, stat = self._zk.get(posixpath.join(self._state.leader_lock_path, name))
             except NoNodeError:
                 continue
-            removed.append(name)
-        return removed
+            if data.decode("utf-8", "replace") == self._address:   # else never touched
+                doomed[name] = stat.version
+        if doomed:
+            # With the mark that makes the next leader wait out the releases the dead one
+            # may have made moments ago (nimbus.master.scheduler).
+            self._state.remove_dead_lock_nodes(doomed)
+        return sorted(doomed)
 
     def remove_from_leader_lock_queue(self) -> None:
         """Leave the queue, releasing the lock at once if held (used on SIGTERM)."""

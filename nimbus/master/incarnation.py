@@ -42,6 +42,10 @@ class Incarnation:
         """This process (or ``pid``, seen from this process); fields it cannot read are
         left unknown."""
         pid = os.getpid() if pid is None else pid
+        if _link(proc / "self") != str(os.getpid()):
+            # A /proc of another pid namespace (unshare -p without a remount): its pids
+            # are not ours, so nothing read there can be trusted.
+            return cls("", "", pid, 0)
         return cls(boot_id=_read(proc / "sys/kernel/random/boot_id"),
                    pid_namespace=_link(proc / "self/ns/pid"),
                    pid=pid, started_ticks=_ticks_or_zero(proc, pid))
@@ -93,6 +97,14 @@ def _started_ticks(proc: Path, pid: int) -> int | None:
     except FileNotFoundError:
         if not (proc / "self").exists():
             raise   # no /proc at all: nothing is known
+        if proc == PROC:
+            # /proc mounted with hidepid hides other users' processes as if gone: only
+            # the kernel's "no such process" is proof (PermissionError: it exists).
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return None
+            raise ValueError(f"pid {pid} runs but {proc}/{pid} cannot be read") from None
         return None
     except ProcessLookupError:   # the process ended while being read
         return None
@@ -100,7 +112,7 @@ def _started_ticks(proc: Path, pid: int) -> int | None:
     fields = stat[stat.rfind(")") + 2:].split()
     if len(fields) < 20:
         raise ValueError(f"{proc}/{pid}/stat: too few fields")
-    if fields[0] in ("Z", "X"):
+    if fields[0] in ("Z", "X", "x"):
         return None   # a zombie has ended (closed its sockets); only its parent waits
     return int(fields[19])   # field 22 counted from 1; fields[0] is field 3
 

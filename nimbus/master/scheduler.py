@@ -26,16 +26,23 @@ timeout; nimbus.timing.WORKER_LEASE_FRACTION). So when a pass takes a worker off
 whose supervisor still lives (a deactivate, a rebalance, a silent worker), the old worker
 may run for up to ``2/3 T`` after the write; the executor is placed anywhere else only
 after that (its *release quarantine*; the same slot may have it back at once).
-Quarantines live in the leader's memory only. A successor cannot know them, so at the
-start of its first term on a lock node (:meth:`Scheduler.reset` with ``successor``) it
-treats every executor the assignments leave unplaced as released at that moment: it is
-placed nowhere for ``2/3 T``. The predecessor's last write came before that (its lock
-node was gone, by session expiry, a handover or a restarted nimbus removing its dead
-predecessor's node, and with it every write fenced on the node), so its releases have
-run out by then. Work still placed on a slot is kept or moved as usual. A nimbus that
-stops on purpose waits out its own quarantines before it leaves the election
-(:meth:`Scheduler.last_release_s`). Work whose supervisor's session has ended moves at
-once: its lease ended before the session did.
+A worker that went silent is taken off its slot the same way: it may be hung, not
+gone, and its supervisor renews its lease until it reads the change.
+
+Quarantines live in the leader's memory only. That is enough when a successor leads
+only once the leader's session has expired, ``T`` after its last write, or after a
+handover (a nimbus that stops on purpose waits out its quarantines before it leaves the
+election, :meth:`Scheduler.last_release_s`). A nimbus started again after a kill -9 may
+remove its dead predecessor's lock node before that session expires
+(:mod:`nimbus.master.incarnation`), and marks the removal in ZooKeeper. A leader that
+takes over on a new lock node (:meth:`Scheduler.reset` with ``successor``) and finds
+that mark places no executor the assignment leaves unplaced for ``2/3 T`` after the
+takeover, whatever the counts were then: the dead leader may have released it moments
+ago, from a slot nobody recorded, but its last write came before the takeover (every
+leader write is fenced on its lock node), so those releases have run out by the end of
+this *takeover hold*. It supersedes this nimbus's own releases of earlier terms. Work
+still placed on a slot is kept or moved as usual. Work whose supervisor's session has
+ended moves at once: its lease ended before the session did.
 
 Workers are spread: a new worker goes to the supervisor with the fewest workers of that
 topology, then the fewest used slots overall, so that one supervisor's death takes as
@@ -136,24 +143,32 @@ class Scheduler:
         self._quarantine_s = quarantine_s
         self._clock = clock
         # (topology id, executor) -> (the slot it was taken off, when): see module doc.
-        # No slot: unplaced when this nimbus took over, where it ran is not known.
-        self._released: dict[tuple[str, str], tuple[Slot | None, float]] = {}
+        self._released: dict[tuple[str, str], tuple[Slot, float]] = {}
         self._held_back: set[tuple[str, str, float]] = set()   # logged once each
+        # (topology id, executor) -> the slot it went silent on: placed elsewhere if any
+        # other slot is free, once its release quarantine allows.
+        self._went_silent: dict[tuple[str, str], Slot] = {}
         self._view = view
         self._timeout_s = conf["nimbus.task.timeout.secs"]
         self._launch_s = conf["nimbus.task.launch.secs"]
         self._observer = HeartbeatObserver(clock)
         self._fresh = False
-        self._successor = False
+        # When this nimbus last took over from another leader, while a takeover hold
+        # may apply (see the module doc); whether the mark is still to be read.
+        self._taken_over_at: float | None = None
+        self._takeover_unread = False
 
     def reset(self, successor: bool = True) -> None:
         """Call on gaining leadership: heartbeat ages are measured afresh. ``successor``
         (a lock node this scheduler has not led on before, so another nimbus may have
-        led since): the executors left unplaced wait out a release quarantine too.
+        led since): the next pass reads whether a takeover hold applies, from now.
 
-        Safe from any thread: the next :meth:`schedule` (the duty thread) does the reset.
+        Safe from any thread: the takeover time is stamped here, and the hold is in
+        force until that pass has read otherwise, so a pass that fails loses nothing.
         """
-        self._successor = self._successor or successor
+        if successor:
+            self._taken_over_at = self._clock()
+            self._takeover_unread = True
         self._fresh = True
 
     def schedule(self, fence: Fence) -> dict[str, Assignment]:
@@ -172,21 +187,23 @@ class Scheduler:
 
     def _schedule(self, fence: Fence, counts: dict[str, int]) -> dict[str, Assignment]:
         now = self._clock()
-        inherit = False
         if self._fresh:
-            # Releases are kept: they were this process's own, and still hold.
+            # Releases are kept: they were this process's own (a takeover hold, which
+            # lasts longer, supersedes those of earlier terms).
             self._fresh = False
-            inherit, self._successor = self._successor, False
             self._observer.reset()
         quarantine = self._quarantine_s()
         self._released = {k: v for k, v in self._released.items()
                           if now < v[1] + quarantine}
+        if self._takeover_unread:
+            self._read_takeover_mark(fence, quarantine)
         # A constant number of round trips, whatever the cluster's size; then memory only.
         self._view.barrier(directories=self.READS)
         supervisors = self._view.supervisors()
         topologies = self._topologies()
         counts.update(topologies=len(topologies), supervisors=len(supervisors))
         current = {t: self._assignment_of(t) for t in topologies}
+        self._went_silent = {k: v for k, v in self._went_silent.items() if k[0] in topologies}
         silent: set[Slot] = set()
         kept = {t: self._keep_alive_workers(t, current[t], supervisors, silent)
                 for t in topologies if current[t] is not None}
@@ -198,8 +215,6 @@ class Scheduler:
         observed: set[tuple[str, str]] = set()
         wanted = {t: (max(0, base.num_workers) if base.status == ACTIVE else 0)
                   for t, base in topologies.items()}
-        if inherit:
-            self._hold_unplaced(current, wanted, now)
         before = {t: dict(workers) for t, workers in kept.items()}
         # Every topology gives back what it no longer needs before any grows, so that a
         # slot freed by a deactivate or a rebalance is used in the same pass.
@@ -211,7 +226,7 @@ class Scheduler:
             if old is None:
                 continue  # being created or removed; the next pass sees it settled
             workers = self._grow(topology_id, kept[topology_id], wanted[topology_id],
-                                 free, used, now, quarantine)
+                                 free, used, now, quarantine, old, supervisors)
             placed = [s for e, s in workers.items() if before[topology_id].get(e) != s]
             if placed:
                 beats = self._view.worker_beat_versions(topology_id)
@@ -228,9 +243,14 @@ class Scheduler:
         return written
 
     def next_release_s(self) -> float | None:
-        """Seconds until the earliest release quarantine ends (None: none pending), so
-        that the duty loop runs a pass then rather than at its next period."""
+        """Seconds until the earliest release quarantine (or takeover hold) ends (None:
+        none pending), so that the duty loop runs a pass then rather than at its next
+        period."""
         ends = self._quarantine_ends()
+        if self._taken_over_at is not None:
+            hold = self._taken_over_at + self._quarantine_s() - self._clock()
+            if hold > 0:
+                ends.append(hold)
         return min(ends) if ends else None
 
     def last_release_s(self) -> float | None:
@@ -256,32 +276,38 @@ class Scheduler:
                 self._released[(topology_id, executor)] = (Slot(supervisor_id, int(port)),
                                                            written_at)
 
-    def _hold_unplaced(self, current: dict[str, Assignment | None], wanted: dict[str, int],
-                       now: float) -> None:
-        """A successor's first pass: what the assignments place nowhere may have been
-        released by the predecessor moments ago (see the module doc), so it waits a
-        quarantine. (Work placed on a supervisor whose session ended is not unplaced: it
-        moves at once.)"""
-        held = 0
-        for topology_id, assignment in current.items():
-            if assignment is None:
-                continue
-            for index in range(wanted.get(topology_id, 0)):
-                executor = f"{WORKER_PREFIX}{index}"
-                if executor not in assignment.executor_node_port:
-                    self._released.setdefault((topology_id, executor), (None, now))
-                    held += 1
-        if held:
-            log.info("took over with %d executors unplaced: they are placed once a "
-                     "release the previous leader may have made has run out", held)
+    def _read_takeover_mark(self, fence: Fence, quarantine: float) -> None:
+        """The first pass after a takeover: a hold if the predecessor's lock node was
+        removed before its session expired, then the mark cleared (fenced)."""
+        if self._state.lock_nodes_removed_early():
+            log.info("took over from a leader whose lock node was removed before its "
+                     "session expired: unplaced work waits %.1fs for any release it may "
+                     "have made", quarantine)
+            self._state.clear_removed_early(fence)
+        else:
+            self._taken_over_at = None
+        self._takeover_unread = False
 
     def _held_back_from(self, topology_id: str, executor: str, now: float,
-                        quarantine: float) -> tuple[Slot | None, float] | None:
-        """(the only slot it may take now, or None for none, seconds left) while the
-        executor is in its release quarantine; None when it may go anywhere."""
+                        quarantine: float, placed_on: Slot | None,
+                        supervisors: dict[str, SupervisorInfo],
+                        ) -> tuple[Slot | None, float] | None:
+        """(the only slot it may take now, None for none; seconds left) while the
+        executor may not go just anywhere; None when it may. ``placed_on`` is its slot in
+        the assignment read by this pass (None: unplaced)."""
+        if placed_on is not None:
+            if placed_on.supervisor_id in supervisors and quarantine > 0:
+                # Taken off a live supervisor's slot in this very pass (it went silent):
+                # nowhere else until its release, noted once written, has run out.
+                return placed_on, quarantine
+            return None  # its supervisor's session ended, and with it the lease
+        takeover = self._taken_over_at
         released = self._released.get((topology_id, executor))
-        if released is not None and now < released[1] + quarantine:
+        if released is not None and (takeover is None or released[1] >= takeover) \
+                and now < released[1] + quarantine:
             return released[0], released[1] + quarantine - now
+        if takeover is not None and now < takeover + quarantine:
+            return None, takeover + quarantine - now
         return None
 
     # -- reading ----------------------------------------------------------------------------
@@ -327,6 +353,7 @@ class Scheduler:
                             topology_id, executor, supervisor_id, slot.port, quiet, limit)
                 self._observer.forget(topology_id, slot.beat_name)
                 silent.add(slot)
+                self._went_silent[(topology_id, executor)] = slot
                 continue
             kept[executor] = slot
         return kept
@@ -345,15 +372,18 @@ class Scheduler:
         free.sort()
 
     def _grow(self, topology_id: str, workers: dict[str, Slot], wanted: int,
-              free: list[Slot], used: set[Slot], now: float,
-              quarantine: float) -> dict[str, Slot]:
+              free: list[Slot], used: set[Slot], now: float, quarantine: float,
+              old: Assignment, supervisors: dict[str, SupervisorInfo]) -> dict[str, Slot]:
         """``workers`` grown to ``wanted`` as far as free slots and release quarantines
         allow."""
         for index in range(wanted):
             executor = f"{WORKER_PREFIX}{index}"
             if executor in workers:
                 continue
-            held = self._held_back_from(topology_id, executor, now, quarantine)
+            was = old.executor_node_port.get(executor)
+            held = self._held_back_from(topology_id, executor, now, quarantine,
+                                        Slot(was[0], int(was[1])) if was else None,
+                                        supervisors)
             if held is not None and held[0] not in free:
                 key = (topology_id, executor, round(now + held[1], 1))
                 if key not in self._held_back:
@@ -362,7 +392,12 @@ class Scheduler:
                              "previous worker's lease may run until then", topology_id,
                              executor, held[1])
                 continue
-            slot = held[0] if held is not None else self._pick(workers, free, used)
+            if held is not None:
+                slot = held[0]
+            else:
+                failed_on = self._went_silent.get((topology_id, executor))
+                slot = self._pick(workers, [f for f in free if f != failed_on] or free,
+                                  used)
             if slot is None:
                 log.warning("%s: no free slot for %s (%d of %d workers placed)",
                             topology_id, executor, len(workers), wanted)
@@ -370,6 +405,7 @@ class Scheduler:
             free.remove(slot)
             used.add(slot)
             workers[executor] = slot
+            self._went_silent.pop((topology_id, executor), None)
         return workers
 
     @staticmethod

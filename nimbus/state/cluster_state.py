@@ -635,6 +635,36 @@ class StormClusterState:
             nodes.append(node)
         return nodes
 
+    # -- early removal of a dead leader's lock node -------------------------------------
+    #: What the leader-lock directory's data holds after a dead process's lock nodes were
+    #: removed before its session expired (nimbus.master.incarnation), until the next
+    #: leader has read it: that leader cannot rely on the predecessor's last write
+    #: being a session timeout old (nimbus.master.scheduler, the takeover hold).
+    REMOVED_EARLY = b"removed-before-session-expiry"
+
+    def remove_dead_lock_nodes(self, nodes: dict[str, int]) -> None:
+        """Delete lock nodes (name -> version) of a process known to be dead, and mark
+        the removal for the next leader, in one transaction."""
+        txn = self.zk.transaction()
+        for name, version in nodes.items():
+            txn.delete(posixpath.join(self.leader_lock_path, name), version=version)
+        txn.set_data(self.leader_lock_path, self.REMOVED_EARLY)
+        results = txn.commit()
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            raise failed[0]
+
+    def lock_nodes_removed_early(self) -> bool:
+        """Whether lock nodes were removed early (see :meth:`remove_dead_lock_nodes`)
+        since a leader last cleared the mark."""
+        data, _stat = self.zk.get(self.leader_lock_path)
+        return data == self.REMOVED_EARLY
+
+    def clear_removed_early(self, fence: Fence) -> None:
+        """The leader has taken the early removal into account (a fenced write: a
+        deposed leader must not clear a mark meant for its successor)."""
+        self._commit(fence, lambda txn: txn.set_data(self.leader_lock_path, b""))
+
     def leader_queue(self, watch: Watch = None) -> list[tuple[str, str]]:
         """(lock node name, host:port) of every queued nimbus, the leader first."""
         out = []

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import glob
 import os
+import random
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -46,10 +48,48 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+#: Ports free_port hands out start here and end below the kernel's ephemeral range.
+PORT_FLOOR = 20000
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    try:
+        with open(path) as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port of 127.0.0.1 that is free now, for a server to bind soon after.
+
+    Chosen below the kernel's ephemeral range, so that no outgoing connection (whose
+    local port the kernel picks from that range) can take it before the server binds
+    it, and never the same one twice in this process: an ensemble's nine ports are
+    picked before its first server starts, and its servers connect to each other while
+    the last ones start."""
+    low = _ephemeral_low()
+    with _handed_out_lock:
+        for _ in range(200 if low - PORT_FLOOR >= 1000 else 0):
+            port = random.randrange(PORT_FLOOR, low)
+            if port in _handed_out:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+        while True:   # a host whose ephemeral range leaves no room below it
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def ruok(port: int, timeout_s: float = 1.0, host: str = "127.0.0.1") -> bool:
