@@ -314,9 +314,15 @@ def test_work_of_an_ended_session_moves_at_once(cluster, zk_server):
     assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s3", 6700)}
 
 
-def mark_removed_early(state: StormClusterState) -> None:
-    """What a nimbus does when it removes its dead predecessor's lock node."""
-    state.zk.set(state.leader_lock_path, StormClusterState.REMOVED_EARLY)
+def take_over(state: StormClusterState, scheduler, removed_early: bool = True,
+              successor: bool = True) -> Scheduler:
+    """A new leader's scheduler (a 2 s quarantine). ``removed_early``: the predecessor's
+    lock node was removed by its restarted nimbus, which marks the removal."""
+    if removed_early:
+        state.zk.set(state.leader_lock_path, StormClusterState.REMOVED_EARLY)
+    sched = scheduler(quarantine_s=2.0)
+    sched.reset(successor=successor)
+    return sched
 
 
 def test_after_an_early_removal_a_successor_holds_unplaced_work_for_a_quarantine(cluster):
@@ -325,9 +331,7 @@ def test_after_an_early_removal_a_successor_holds_unplaced_work_for_a_quarantine
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
-    mark_removed_early(state)
-    successor = scheduler(quarantine_s=2.0)
-    successor.reset(successor=True)
+    successor = take_over(state, scheduler)
     assert successor.schedule(elector.fence()) == {}
     assert not state.lock_nodes_removed_early(), "the mark is cleared once read"
     assert successor.next_release_s() == pytest.approx(2.0)
@@ -344,9 +348,7 @@ def test_the_hold_covers_work_that_becomes_wanted_during_it(cluster):
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
     _set_status(state, elector, "a-1-1", INACTIVE)
-    mark_removed_early(state)
-    successor = scheduler(quarantine_s=2.0)
-    successor.reset(successor=True)
+    successor = take_over(state, scheduler)
     assert successor.schedule(elector.fence()) == {}
     _set_status(state, elector, "a-1-1", ACTIVE)
     clock.now += 1.0
@@ -359,9 +361,7 @@ def test_a_first_pass_that_fails_keeps_the_hold(cluster, monkeypatch):
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
-    mark_removed_early(state)
-    successor = scheduler(quarantine_s=2.0)
-    successor.reset(successor=True)
+    successor = take_over(state, scheduler)
     real = state.lock_nodes_removed_early
     monkeypatch.setattr(state, "lock_nodes_removed_early",
                         lambda: (_ for _ in ()).throw(ConnectionError("blip")))
@@ -380,8 +380,7 @@ def test_a_successor_without_an_early_removal_places_at_once(cluster):
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
-    successor = scheduler(quarantine_s=2.0)
-    successor.reset(successor=True)
+    successor = take_over(state, scheduler, removed_early=False)
     assert set(successor.schedule(elector.fence())) == {"a-1-1"}
     assert successor.next_release_s() is None
 
@@ -391,9 +390,7 @@ def test_leadership_claimed_again_on_the_same_lock_node_places_at_once(cluster):
     state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)
-    mark_removed_early(state)
-    sched = scheduler(quarantine_s=2.0)
-    sched.reset(successor=False)
+    sched = take_over(state, scheduler, successor=False)
     assert set(sched.schedule(elector.fence())) == {"a-1-1"}
     assert sched.next_release_s() is None
 
@@ -408,9 +405,7 @@ def test_a_successor_moves_work_of_an_ended_session_at_once(cluster, zk_server):
     add_supervisor("s2", [6700])
     expire_session(doomed.zk, zk_server.hosts)
     wait_for(lambda: "s1" not in state.supervisors(), 10, "s1's node to go")
-    mark_removed_early(state)
-    successor = scheduler(quarantine_s=2.0)
-    successor.reset(successor=True)
+    successor = take_over(state, scheduler)
     assert set(successor.schedule(elector.fence())) == {"a-1-1"}
     assert slots(state, "a-1-1") == {"worker-0": ("s2", 6700)}
 
