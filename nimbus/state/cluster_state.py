@@ -650,9 +650,10 @@ class StormClusterState:
             txn.delete(posixpath.join(self.leader_lock_path, name), version=version)
         txn.set_data(self.leader_lock_path, self.REMOVED_EARLY)
         results = txn.commit()
-        failed = [r for r in results if isinstance(r, Exception)]
+        failed = [r for r in results if isinstance(r, Exception)
+                  and not isinstance(r, RolledBackError)]
         if failed:
-            raise failed[0]
+            raise failed[0]   # nothing was removed (a node gone or changed meanwhile)
 
     def lock_nodes_removed_early(self) -> bool:
         """Whether lock nodes were removed early (see :meth:`remove_dead_lock_nodes`)
