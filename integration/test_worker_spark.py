@@ -75,10 +75,18 @@ def committed_ids(output: Path) -> list[int]:
     return sorted(row["id"] for row in counts.committed_rows(output))
 
 
+def command_name(pid: int) -> str:
+    """The process's command name, or "" once it has exited."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        # Spark's driver runs short-lived helpers in the group; one may be gone by now.
+        return ""
+
+
 def jvm_pids(worker: WorkerHarness) -> list[int]:
     """The Java processes in the worker's process group (its Spark driver)."""
-    return [pid for pid in group_members(worker.pid)
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "java"]
+    return [pid for pid in group_members(worker.pid) if command_name(pid) == "java"]
 
 
 def test_wordcount_is_exactly_once_across_kill_9_stop_and_lease_expiry(base):
