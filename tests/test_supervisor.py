@@ -622,6 +622,39 @@ def test_supervisor_kills_a_silent_worker_and_its_workers_on_connection_loss(
         sup.stop()
 
 
+class _KilledHere(Exception):
+    """Stands for a kill -9 of the supervisor at this point of its registration."""
+
+
+def test_a_restarted_supervisor_replaces_its_earlier_node_in_one_transaction(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker, make_zk):
+    """The leader moves a supervisor's work at once when its node is gone, on the grounds
+    that its session (and its leases) ended; while the earlier session lives, the node
+    must never be gone, not even between two calls of the replacement."""
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, _free_port())
+    earlier = make_zk()  # the session of this supervisor's killed process, still alive
+    earlier.create(sup.node_path, b"earlier", ephemeral=True)
+    create = sup.zk.create
+
+    def create_unless_replacing(path, *args, **kwargs):
+        # A create that would fill the gap a delete left: the process is killed first.
+        if path == sup.node_path and cluster_state.zk.exists(path) is None:
+            raise _KilledHere()
+        return create(path, *args, **kwargs)
+
+    sup.zk.create = create_unless_replacing
+    sup.start()
+    try:
+        stat = cluster_state.zk.exists(sup.node_path)
+        assert stat is not None and stat.ephemeralOwner == sup.zk.client_id[0]
+        assert stat.ephemeralOwner != earlier.client_id[0]
+        earlier.stop()  # the earlier session ends: the replacement stays
+        assert cluster_state.supervisor_info(sup.id).meta == sup.ports
+    finally:
+        sup.stop()
+
+
 def test_supervisor_exits_when_a_slot_port_is_taken(tmp_path, zk_server, zk_root):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

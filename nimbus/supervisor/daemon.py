@@ -54,7 +54,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    RolledBackError,
+)
 from kazoo.protocol.states import KazooState
 
 import nimbus
@@ -121,6 +129,9 @@ LOCK_FILE = "supervisor.lock"
 # A topology whose code could not be fetched is tried again after this long, doubling
 # with each failure in a row up to the maximum.
 CODE_RETRY_S = 5.0
+# Reads and transactions tried to register this supervisor's node while it keeps changing
+# under them (an earlier session's node expiring meanwhile, a connection lost mid-commit).
+_REGISTER_ATTEMPTS = 5
 CODE_RETRY_MAX_S = 300.0
 
 
@@ -500,18 +511,44 @@ class Supervisor:
     def _register(self, session: int) -> None:
         """Create this session's ephemeral ``/supervisors/<id>``; a node left by an earlier
         session (this supervisor restarted before it expired) is replaced, since it would
-        vanish when that session ends."""
+        vanish when that session ends.
+
+        The replacement is one transaction (delete, create). The leader moves the work
+        of a supervisor whose node is gone at once, on the grounds that its session has
+        ended and its leases with it; an earlier session that still lives would break
+        those grounds for as long as the node were missing between two separate calls.
+        """
         data = self._info().encode()
-        try:
-            self.zk.retry(self.zk.create, self.node_path, data, ephemeral=True)
-        except NodeExistsError:
+        for _attempt in range(_REGISTER_ATTEMPTS):
             stat = self.zk.retry(self.zk.exists, self.node_path)
-            if stat is not None and stat.ephemeralOwner == session:
+            if stat is None:
+                try:
+                    self.zk.retry(self.zk.create, self.node_path, data, ephemeral=True)
+                    break
+                except NodeExistsError:
+                    continue  # an earlier session's node, created meanwhile: read again
+            if stat.ephemeralOwner == session:
                 self.zk.retry(self.zk.set, self.node_path, data)
-            else:
-                with contextlib.suppress(NoNodeError):
-                    self.zk.retry(self.zk.delete, self.node_path)
-                self.zk.retry(self.zk.create, self.node_path, data, ephemeral=True)
+                break
+            txn = self.zk.transaction()
+            txn.delete(self.node_path, version=stat.version)
+            txn.create(self.node_path, data, ephemeral=True)
+            try:
+                results = txn.commit()
+            except (ConnectionLoss, OperationTimeoutError):
+                continue  # committed or not: what the node is now tells
+            failed = [r for r in results if isinstance(r, Exception)
+                      and not isinstance(r, RolledBackError)]
+            if not failed:
+                log.info("replaced the node of this supervisor's earlier session %s",
+                         _hex(stat.ephemeralOwner))
+                break
+            if not isinstance(failed[0], (NoNodeError, BadVersionError, NodeExistsError)):
+                raise failed[0]
+            # The node changed between the read and the transaction: read it again.
+        else:
+            raise KazooException(f"could not register {self.node_path}: it kept changing "
+                                 f"under {_REGISTER_ATTEMPTS} attempts")
         self._registered_session = session
         log.info("registered supervisor %s (session %s)", self.id, _hex(session))
 
