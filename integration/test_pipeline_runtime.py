@@ -150,6 +150,18 @@ def test_a_leader_failover_restarts_no_worker(scenario):
     leader.start()  # back as a follower, for the next tests
 
 
+def test_a_supervisor_killed_and_started_again_takes_over_its_worker(scenario):
+    slot, pid = scenario.running_worker()
+    restarts = scenario.info()["workers"][0]["restarts"]
+    supervisor = scenario.supervisor(slot[0])
+    supervisor.kill9_group()  # not the worker: a process group of its own
+    scenario.cluster.start_supervisor(supervisor)
+    wait_for(lambda: "took over worker" in supervisor.log_text(), 30, "the take-over")
+    scenario.feed_and_check()
+    assert scenario.running_worker() == (slot, pid), "the same worker runs on"
+    assert scenario.info()["workers"][0]["restarts"] == restarts
+
+
 def test_a_killed_supervisor_and_its_workers_move_elsewhere(scenario):
     slot, pid = scenario.running_worker()
     supervisor = scenario.supervisor(slot[0])

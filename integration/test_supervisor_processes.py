@@ -103,9 +103,9 @@ def _parent(pid: int) -> int:
 def cluster(tmp_path):
     made: list[LocalCluster] = []
 
-    def make(supervisors: int) -> LocalCluster:
-        c = LocalCluster(tmp_path / "cluster", 1, conf=dict(CONF), supervisors=supervisors,
-                         slots_per_supervisor=1)
+    def make(supervisors: int, **conf: object) -> LocalCluster:
+        c = LocalCluster(tmp_path / "cluster", 1, conf={**CONF, **conf},
+                         supervisors=supervisors, slots_per_supervisor=1)
         made.append(c)
         try:
             return c.start()
@@ -256,6 +256,64 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         assert _assignment(state, topology_id) == {"worker-0": [first.id, port3]}
         assert other.log_text().count("starting worker") == starts_before
         assert _alive(pid3) and other.alive() and first.alive()
+    except BaseException:
+        _dump_logs(c)
+        raise
+    finally:
+        state.zk.stop()
+        state.zk.close()
+
+
+def test_a_supervisor_killed_and_started_again_takes_over_its_running_worker(
+        cluster, tmp_path):
+    # A session of 12 s (leases of 8 s): room for a Python process to start on a loaded
+    # 2-core machine before the worker's lease runs out.
+    session_ms = 12000
+    lease_s = WORKER_LEASE_FRACTION * session_ms / 1000
+    c = cluster(1, **{"storm.zookeeper.session.timeout": session_ms})
+    sup = c.supervisors[0]
+    state = observer(c)
+    out = tmp_path / "writes.txt"
+    client = c.client()
+    try:
+        client.submit("writer", _bundle(tmp_path, out), {})
+        topology_id = _topology_id(client, "writer")
+        port, pid = wait_for(lambda: _new_writer(out, 0), 30, "the command to run")
+        worker = _parent(pid)
+
+        # kill -9 of the supervisor's group, started again at once: the worker (a group
+        # of its own) runs on its lease, and the new process takes it over and renews it.
+        killed_at = time.monotonic()
+        sup.kill9_group()
+        c.start_supervisor(sup)
+        wait_for(lambda: "took over worker" in sup.log_text(), 30, "the take-over")
+        wait_for(lambda: any(p == pid and t > killed_at + lease_s + 1.0
+                             for _, p, t in _lines(out)), 30,
+                 "a write by the same command after the old lease's end")
+        assert _writers(out) == [(port, pid)] and _alive(worker)
+        beat = wait_for(lambda: (b := WorkerBeat.decode(state.get_worker_heartbeat(
+            topology_id, sup.id, port))).time_secs > time.time() - 1 and b, 15,
+            "a beat written by the new supervisor process")
+        assert (beat.components["main"]["pid"], beat.restarts) == (pid, 0)
+        assert state.errors(topology_id, "worker-0") == []
+
+        # Killed again, and the topology deactivated before it is back: the worker it
+        # finds is on no slot of the assignment, so it is ended, and nothing else runs.
+        sup.kill9_group()
+        client.deactivate("writer")
+        wait_for(lambda: _assignment(state, topology_id) == {}, 20, "the empty assignment")
+        c.start_supervisor(sup)
+        wait_for(lambda: not _alive(worker) and not _alive(pid), 20,
+                 "the worker to be ended")
+        assert _writers(out) == [(port, pid)]
+
+        # Activated: a worker started afresh on the slot.
+        client.activate("writer")
+        port2, pid2 = wait_for(lambda: _new_writer(out, 1), 30, "the command after activate")
+        assert port2 == port and pid2 != pid
+        # Stopping the supervisor stops the worker it runs (no take-over point is left).
+        client.kill("writer", 0)
+        wait_for(lambda: not _alive(pid2), 20, "kill to stop the command")
     except BaseException:
         _dump_logs(c)
         raise

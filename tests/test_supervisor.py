@@ -61,6 +61,8 @@ STUB_WORKER = textwrap.dedent('''
     conf = spec["conf"]
     status = os.fdopen(spec["status_fd"], "w", buffering=1)
     child = subprocess.Popen(["sleep", "600"])
+    # Before child.pid is written: tests stop the stub as soon as they have read it.
+    signal.signal(signal.SIGTERM, lambda *_: (child.kill(), sys.exit(0)))
     with open(os.path.join(sys.argv[1], "child.pid"), "w") as f:
         f.write(str(child.pid))
     if conf.get("topology.stub.probe"):  # what a hostile tenant would try to read
@@ -95,7 +97,6 @@ STUB_WORKER = textwrap.dedent('''
             for line in lines:
                 deadline[0] = float(line.split()[1])
     threading.Thread(target=leases, daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: (child.kill(), sys.exit(0)))
     started = time.monotonic()
     sent_file = [False]
     while True:

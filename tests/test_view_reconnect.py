@@ -330,9 +330,11 @@ def test_a_drop_during_the_re_validation_is_mended_by_the_next(
     assert states.suspended.wait(TIMEOUT_S)
     change_while_disconnected(writer)
     proxy.heal()
-    wait_until(lambda: view.reconnect_count == 2, "two reconnections re-validated")
-    assert states.connections == 2
-    assert view.last_reconnect.failed == 0
+    # Which directory's round the drop cuts short depends on the order the caches' threads
+    # run in, so the lost answers may be counted in either reconnection's total.
+    wait_until(lambda: view.reconnect_count >= 2 and view.last_reconnect.failed == 0,
+               "a reconnection after the drop with no answer lost")
+    assert dropped == [True] and states.connections >= 2
     assert_view_is_zookeeper(view, writer.zk)
 
 

@@ -11,6 +11,8 @@ import importlib.util
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -19,12 +21,17 @@ from pathlib import Path
 import pytest
 
 from nimbus.state.records import WorkerBeat
+from nimbus.supervisor import takeover as takeover_module
+from nimbus.supervisor.takeover import find_orphans
+from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK, EXIT_STARTUP
 from nimbus.worker.harness import WorkerHarness, group_members, process_alive, wait_until
+from nimbus.worker.lease import Lease
 from nimbus.worker.pipeline import assigned
 from nimbus.worker.spark import session_settings
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
+from nimbus.worker.takeover import SOCKET_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY_ID = "tailer-1-1700000000"
@@ -171,17 +178,123 @@ def test_lease_renewals_keep_the_worker_alive_past_the_first_deadline(tmp_path, 
     assert worker.wait_exit(timeout=15) == -signal.SIGKILL
 
 
-def test_closed_lease_pipe_kills_the_worker_and_its_command(tmp_path, harnesses):
+def test_a_worker_whose_supervisor_is_gone_runs_to_the_end_of_its_lease(tmp_path, harnesses):
     worker = harnesses(make_worker(tmp_path))
-    worker.keep_renewing(ttl=60)
+    worker.lease(60)
     main_pid_beat(worker)
     pid = child_info(tmp_path)["pid"]
-    worker.stop_renewing()
-    worker.close_lease()
-    assert worker.wait_exit(timeout=10) == -signal.SIGKILL
+    worker.lease(3.0)  # the newest line wins
+    deadline = time.monotonic() + 3.0
+    worker.close_lease()  # the supervisor is gone
+    worker.wait_for(lambda: "runs to the end of its lease" in worker.log_text(), 5,
+                    "the worker to say it runs on")
+    assert worker.proc.poll() is None and process_alive(pid)
+    assert worker.wait_exit(timeout=15) == -signal.SIGKILL
+    assert time.monotonic() >= deadline
     wait_until(lambda: not process_alive(pid), 5, "the command to be gone")
     assert group_members(worker.pid) == []
+    assert "lease lost (lease deadline passed" in worker.log_text()
+
+
+def test_a_worker_without_a_lease_dies_with_its_supervisor(tmp_path, harnesses):
+    worker = harnesses(make_worker(tmp_path))
+    worker.close_lease()  # before the first lease: nothing to run on
+    assert worker.wait_exit(timeout=START_TIMEOUT) == -signal.SIGKILL
     assert "lease lost (lease pipe closed: the supervisor is gone)" in worker.log_text()
+
+
+def test_a_supervisor_started_again_takes_the_worker_over_within_its_lease(
+        tmp_path, harnesses):
+    worker = harnesses(make_worker(tmp_path))
+    worker.lease(60)
+    main_pid_beat(worker)
+    workers_dir = worker.worker_dir.parent
+    # While its supervisor lives, nobody else may take it over.
+    assert find_orphans(workers_dir, [6701]) == {}
+    assert "refused a take-over" in worker.log_text()
+
+    worker.lease(3.0)
+    old_deadline = time.monotonic() + 3.0
+    worker.close_lease()
+    worker.wait_for(lambda: "runs to the end of its lease" in worker.log_text(), 5,
+                    "the worker to say it runs on")
+    orphans = find_orphans(workers_dir, [6701])
+    assert list(orphans) == [6701]
+    orphan = orphans[6701]
+    assert (orphan.pid, orphan.topology_id, orphan.port, orphan.worker_index,
+            orphan.num_workers, orphan.restarts, orphan.kind) == \
+        (worker.pid, TOPOLOGY_ID, 6701, 0, 1, 0, "process")
+    seen: list[dict] = []
+    handle = WorkerHandle.taken_over(orphan, 1, lambda _h, status: seen.append(status), None)
+    try:
+        assert handle.renew(time.monotonic() + 30)
+        wait_until(lambda: time.monotonic() > old_deadline + 1.0
+                   and any("beat" in m for m in seen[-3:]), START_TIMEOUT,
+                   "beats past the old deadline")
+        assert worker.proc.poll() is None and handle.exit_code() is None
+        assert "taken over by supervisor process" in worker.log_text()
+        handle.stop(grace_s=10)  # SIGTERM: the command stops, the worker exits 0
+        assert handle.exit_code() == EXIT_OK == worker.wait_exit(timeout=5)
+        assert {"exit": EXIT_OK} in seen
+    finally:
+        handle.release()
+    assert not (worker.worker_dir / SOCKET_NAME).exists()
+
+
+def test_an_orphaned_lease_is_renewed_by_its_successor_and_never_after_it_ran_out():
+    first_r, first_w = os.pipe()
+    reasons: list[str] = []
+    lease = Lease(first_r, on_expiry=reasons.append, outlives_supervisor=True).start()
+    second_r, second_w = os.pipe()
+    try:
+        os.write(first_w, f"lease {time.monotonic() + 1.0:.3f}\n".encode())
+        os.close(first_w)  # the supervisor is gone
+        wait_until(lambda: lease.orphaned, 5, "the lease to see EOF")
+        assert lease.attach(second_r) and not lease.orphaned
+        os.write(second_w, f"lease {time.monotonic() + 2.0:.3f}\n".encode())
+        renewed = time.monotonic() + 2.0
+        wait_until(lambda: lease.deadline and lease.deadline >= renewed - 0.1, 5,
+                   "the successor's renewal")
+        os.close(second_w)  # gone again: this time nobody comes
+        wait_until(lambda: reasons, 10, "the lease to run out")
+        assert time.monotonic() >= renewed
+        assert len(reasons) == 1 and reasons[0].startswith("lease deadline passed")
+        late_r, late_w = os.pipe()
+        assert not lease.attach(late_r)  # ran out: nobody may revive it
+        os.close(late_r)
+        os.close(late_w)
+    finally:
+        lease.stop()
+
+
+def test_a_take_over_line_is_checked_against_the_socket_and_the_slot(tmp_path):
+    """What a worker says of itself is a tenant's to forge: each claim is checked."""
+    directory = tmp_path / f"{TOPOLOGY_ID}-6701"
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)  # leads its group
+    follower = subprocess.Popen(["sleep", "60"])                       # in pytest's
+    good = {"pid": leader.pid, "topology_id": TOPOLOGY_ID, "port": 6701, "worker_index": 0,
+            "num_workers": 1, "restarts": 2, "kind": "process"}
+    sock, other = socket.socketpair()
+    try:
+        assert takeover_module._orphan(sock, leader.pid, good, directory).restarts == 2
+        cases = [
+            (leader.pid, {**good, "pid": follower.pid}, "socket's owner is pid"),
+            (follower.pid, {**good, "pid": follower.pid}, "leads no process group"),
+            (leader.pid, {**good, "port": 6702}, "not this directory's"),
+            (leader.pid, {**good, "worker_index": 1}, "no place in a topology"),
+            (leader.pid, {**good, "restarts": -1}, "restarts is not a count"),
+            (leader.pid, {**good, "port": "6701"}, "port is not a count"),
+            (leader.pid, {**good, "kind": "daemon"}, "names no topology or kind"),
+        ]
+        for peer, hello, message in cases:
+            with pytest.raises(ValueError, match=message):
+                takeover_module._orphan(sock, peer, hello, directory)
+    finally:
+        sock.close()
+        other.close()
+        for child in (leader, follower):
+            child.kill()
+            child.wait()
 
 
 # -- (e) the command exits -----------------------------------------------------------------

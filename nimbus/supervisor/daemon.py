@@ -74,7 +74,7 @@ from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
-from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
+from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup, worker_cgroups
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.code_cache import (
     CONF_FILE,
@@ -104,6 +104,7 @@ from nimbus.supervisor.status_input import (
     checked_components,
     checked_error,
 )
+from nimbus.supervisor.takeover import Orphan, find_orphans
 from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
 from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, move_log
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
@@ -276,6 +277,9 @@ class Supervisor:
         self._owned_code: set[str] = set()   # code already given to its own account
         self.cgroups: WorkerCgroups | None = None  # found by start()
         self._warm_waiters = 0   # see reconcile
+        # Workers an earlier process of this supervisor left running, by port: taken over
+        # or ended by the first complete reconcile pass (nimbus/supervisor/takeover.py).
+        self._orphans: dict[int, Orphan] = {}
         self.class_archive: ClassArchive | None = None  # started by start()
         self._lease = LeaseKeeper(
             self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
@@ -314,7 +318,8 @@ class Supervisor:
         pool = WarmPool(
             size, self.supervisor_dir / "warm", self._warm_command, self._warm_spec,
             _worker_env, self.cgroups, self._start_timeout_s, wake=self._wake.set)
-        pool.clear_leftovers()
+        pool.clear_leftovers({d for orphan in self._orphans.values()
+                              for d in orphan.working_dirs()})
         log.info("keeping %d warm workers ready (%s)", size, WARM_KEY)
         return pool
 
@@ -391,6 +396,9 @@ class Supervisor:
         if self.conf[ARCHIVE_KEY]:
             self.class_archive = ClassArchive(self.supervisor_dir / "class-archive")
             self.class_archive.start()
+        # First: a warm worker taken for a slot works in its warm directory, which the
+        # warm pool would otherwise clear as an earlier run's.
+        self._orphans = find_orphans(self.workers_dir, self.ports)
         self.warm = self._make_warm_pool()
         self._lease.start()
         self._heartbeat.start()
@@ -415,6 +423,7 @@ class Supervisor:
         if handles:
             log.info("stopping %d workers", len(handles))
             stop_all(handles, self._grace_s)
+        self._end_orphans("this supervisor stops")
         if self.warm is not None:
             self.warm.stop(self._grace_s)
         if self.class_archive is not None:
@@ -626,6 +635,7 @@ class Supervisor:
                 continue
             self._ensure_running(want, assignments[want.topology_id],
                                  num_workers.get(want.topology_id, 1), session)
+        self._end_orphans("the assignment does not place it on its slot")
         self._clean_up(desired, frozen)
 
     def _read_assignments(self, frozen: set[str]) -> dict[str, Assignment]:
@@ -670,8 +680,9 @@ class Supervisor:
         for handle in exited.values():
             code = handle.exit_code()
             handle.release()
-            if not handle.ended_by and code == -signal.SIGKILL and \
-                    handle.lease_deadline is not None and now >= handle.lease_deadline:
+            ran_out = now >= handle.lease_deadline if handle.lease_deadline is not None \
+                else handle.is_taken_over  # on a lease granted by the earlier process
+            if not handle.ended_by and code == -signal.SIGKILL and ran_out:
                 # It killed its own group because no renewal came (this process was
                 # frozen, or cut off): the lease rule at work, not a crash.
                 handle.ended_by = "lease"
@@ -775,6 +786,9 @@ class Supervisor:
         with self._lock:
             if want.port in self._workers:
                 return
+        orphan = self._orphans.pop(want.port, None)
+        if orphan is not None and self._take_over(orphan, want, num_workers, session):
+            return
         record = self._slots.setdefault((want.topology_id, want.port), _SlotRecord())
         if record.not_before > time.monotonic():
             return
@@ -848,6 +862,49 @@ class Supervisor:
         self._lease.wake()
         if not self._connected.is_set():
             handle.kill("lost")  # the connection went while it was being started
+
+    def _take_over(self, orphan: Orphan, want: DesiredWorker, num_workers: int,
+                   session: int) -> bool:
+        """Make ``orphan`` the slot's worker if it runs what the assignment wants there
+        (True); else end it (False: the slot starts a worker as usual)."""
+        if (orphan.topology_id, orphan.worker_index, orphan.num_workers) != \
+                (want.topology_id, want.worker_index, num_workers):
+            self._end_orphan(orphan, "the assignment wants another worker on its slot")
+            return False
+        handle = WorkerHandle.taken_over(orphan, session, self._on_status, self._on_closed)
+        if self.warm is not None:  # tidied when it is gone, as a taken warm worker's is
+            handle.warm_dir = next((d for d in orphan.working_dirs()
+                                    if d.parent == self.warm.root), None)
+        if self.cgroups is not None:
+            handle.cgroups = self.cgroups
+            handle.cgroup = self.cgroups.path(f"{want.topology_id}-{want.port}")
+        if handle.exit_code() is not None:
+            handle.release()
+            log.info("worker %s ended before it could be taken over", orphan.name)
+            return False
+        record = self._slots.setdefault((want.topology_id, want.port), _SlotRecord())
+        record.restarts = orphan.restarts
+        with self._lock:
+            self._workers[want.port] = handle
+        # Renewed by the next round trip that shows its assignment, if its lease lasts.
+        self._lease.wake()
+        log.info("took over worker %s, left running by this supervisor's earlier process",
+                 orphan.name)
+        if not self._connected.is_set():
+            handle.kill("lost")
+        return True
+
+    def _end_orphan(self, orphan: Orphan, why: str) -> None:
+        log.info("ending worker %s, left running by this supervisor's earlier process: %s",
+                 orphan.name, why)
+        orphan.kill()
+        if self.cgroups is not None:  # what left its process group too
+            kill_cgroup(self.cgroups.path(orphan.worker_dir.name))
+
+    def _end_orphans(self, why: str) -> None:
+        orphans, self._orphans = self._orphans, {}
+        for orphan in orphans.values():
+            self._end_orphan(orphan, why)
 
     def _start_warm(self, want: DesiredWorker, record: _SlotRecord, spec: WorkerSpec,
                     session: int, worker_dir: Path, kind: str) -> bool:

@@ -15,13 +15,14 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 CACHE_S = 5.0
 
 
-def group_rss_bytes(pgid: int, proc: Path = Path("/proc")) -> int:
-    """Bytes resident in memory of every process in group ``pgid`` (0 if none)."""
-    total = 0
+def group_pids(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Pids of every process in group ``pgid`` (a process that exits mid-scan is left
+    out)."""
+    pids = []
     try:
         entries = os.listdir(proc)
     except OSError:
-        return 0
+        return pids
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -29,9 +30,19 @@ def group_rss_bytes(pgid: int, proc: Path = Path("/proc")) -> int:
             stat = (proc / entry / "stat").read_text()
             # Fields after the command (which may hold spaces and parentheses).
             fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) != pgid:  # state, ppid, pgrp, ...
-                continue
-            resident = int((proc / entry / "statm").read_text().split()[1])
+            if int(fields[2]) == pgid:  # state, ppid, pgrp, ...
+                pids.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def group_rss_bytes(pgid: int, proc: Path = Path("/proc")) -> int:
+    """Bytes resident in memory of every process in group ``pgid`` (0 if none)."""
+    total = 0
+    for pid in group_pids(pgid, proc):
+        try:
+            resident = int((proc / str(pid) / "statm").read_text().split()[1])
         except (OSError, ValueError, IndexError):
             continue
         total += resident * PAGE_BYTES

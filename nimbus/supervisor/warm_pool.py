@@ -24,7 +24,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,11 +81,14 @@ class WarmPool:
         self._not_before = 0.0
 
     # -- the monitor thread ---------------------------------------------------------------
-    def clear_leftovers(self) -> None:
-        """Remove the directories of an earlier run's warm workers (they died with it)."""
+    def clear_leftovers(self, in_use: Collection[Path] = ()) -> None:
+        """Remove the directories of an earlier run's warm workers (they died with it),
+        except those in ``in_use``: a warm worker taken for a slot outlives its
+        supervisor's kill on its lease, and its JVM works in the warm directory."""
         if self.root.is_dir():
             for child in self.root.iterdir():
-                tidy_warm_dir(child)
+                if child not in in_use:
+                    tidy_warm_dir(child)
 
     def fill(self, busy: bool) -> None:
         """Reap warm workers that died, kill those that never got ready, and start what

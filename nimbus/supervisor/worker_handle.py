@@ -36,6 +36,7 @@ from nimbus.supervisor.cgroups import CGROUP_ENV, WorkerCgroups, in_cgroup, kill
 from nimbus.supervisor.memory import GroupMemory
 from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
+from nimbus.supervisor.takeover import Orphan, TakenOverProcess
 from nimbus.worker.warm import WARM_FILE
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class WorkerHandle:
         self._on_status = on_status
         self._on_closed = on_closed
         self._command = list(command)
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | TakenOverProcess | None = None
         self.started_at = 0.0            # time.monotonic()
         self.last_status_at: float | None = None
         self.errors_reported = 0
@@ -105,6 +106,11 @@ class WorkerHandle:
     @property
     def name(self) -> str:
         return f"{self.topology_id}:{self.port}"
+
+    @property
+    def is_taken_over(self) -> bool:
+        """Whether an earlier process of this supervisor started it."""
+        return isinstance(self.process, TakenOverProcess)
 
     @property
     def pid(self) -> int | None:
@@ -145,6 +151,28 @@ class WorkerHandle:
         self._reader = threading.Thread(target=self._read_status, daemon=True,
                                         name=f"worker-status-{self.name}")
         self._reader.start()
+
+    @classmethod
+    def taken_over(cls, orphan: Orphan, session_id: int, on_status: StatusCallback,
+                   on_closed: ClosedCallback | None) -> WorkerHandle:
+        """A handle of a worker an earlier process of this supervisor started
+        (:mod:`nimbus.supervisor.takeover`): its connection becomes both pipes."""
+        handle = cls(orphan.topology_id, orphan.port, orphan.worker_dir, session_id,
+                     orphan.restarts, on_status, on_closed)
+        handle.worker_index, handle.num_workers = orphan.worker_index, orphan.num_workers
+        handle.kind = orphan.kind
+        handle.process = TakenOverProcess(orphan.pid)
+        lease_w = orphan.sock.detach()
+        status_r = os.dup(lease_w)
+        # Shared by both descriptors: the status reader selects before it reads anyway.
+        flags = fcntl.fcntl(lease_w, fcntl.F_GETFL)
+        fcntl.fcntl(lease_w, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        handle._lease_w, handle._status_r = lease_w, status_r
+        handle.started_at = time.monotonic()
+        handle._reader = threading.Thread(target=handle._read_status, daemon=True,
+                                          name=f"worker-status-{handle.name}")
+        handle._reader.start()
+        return handle
 
     # -- lease ----------------------------------------------------------------------------
     def renew(self, deadline: float) -> bool:
@@ -238,6 +266,10 @@ class WorkerHandle:
             return
         if not isinstance(status, dict):
             return
+        code = status.get("exit")
+        if isinstance(code, int) and not isinstance(code, bool) and \
+                isinstance(self.process, TakenOverProcess):
+            self.process.reported_exit = code  # its exit status is not this process's
         self.last_status_at = time.monotonic()
         try:
             self._on_status(self, status)
@@ -280,6 +312,8 @@ class WorkerHandle:
         if self.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=10)
+            if isinstance(self.process, TakenOverProcess):
+                self.process.close()
         if self.cgroup is not None and self.cgroups is not None:
             self.cgroups.remove(self.cgroup)
         if self.warm_dir is not None:

@@ -2,10 +2,12 @@
 
 The supervisor writes ``lease <deadline>\\n`` lines to the inherited ``lease_fd``; the
 deadline is a ``time.monotonic()`` value (same host, same clock). When the newest
-deadline has passed, or the pipe reaches EOF (the supervisor is gone), the worker kills
-its whole process group with SIGKILL at once: its Spark JVM and any child command die
-with it, so no batch or command outlives the supervisor's ZooKeeper session (see
-docs/runtime.md for why the deadline makes that safe).
+deadline has passed, the worker kills its whole process group with SIGKILL at once: its
+Spark JVM and any child command die with it, so no batch or command outlives the
+supervisor's ZooKeeper session (see docs/runtime.md for why the deadline makes that safe).
+When the pipe reaches EOF (the supervisor is gone), a worker running a slot runs on to
+the deadline already granted, in case its supervisor, started again, takes it over
+(:mod:`nimbus.worker.takeover`); one that holds no lease yet is killed at once.
 """
 
 from __future__ import annotations
@@ -73,9 +75,15 @@ class Lease:
     """
 
     def __init__(self, fd: int,
-                 on_expiry: Callable[[str], None] = kill_process_group) -> None:
+                 on_expiry: Callable[[str], None] = kill_process_group,
+                 outlives_supervisor: bool = False) -> None:
+        """``outlives_supervisor``: on EOF of the lease pipe, run on to the deadline
+        already granted (a supervisor started again may :meth:`attach` meanwhile,
+        :mod:`nimbus.worker.takeover`) instead of expiring at once."""
         self._fd = fd
         self._on_expiry = on_expiry
+        self._outlives_supervisor = outlives_supervisor
+        self._orphaned = False  # the lease pipe reached EOF and nothing is attached yet
         # Called on the reader thread with (worker_index, num_workers) of an "assign" line.
         self.on_assign: Callable[[int, int], None] | None = None
         self._cond = threading.Condition()
@@ -119,6 +127,25 @@ class Lease:
                 self._cond.wait(min(remaining, 0.2))
             return True
 
+    @property
+    def orphaned(self) -> bool:
+        """Whether the supervisor that granted the lease is gone and none has attached."""
+        with self._cond:
+            return self._orphaned and not self._expired
+
+    def attach(self, fd: int) -> bool:
+        """Read lease lines from ``fd`` (a supervisor started again) from now on; False
+        if the lease has already run out (the caller closes ``fd``)."""
+        with self._cond:
+            if self._expired or self._stop.is_set() or not self._orphaned:
+                return False
+            if self._deadline is None or time.monotonic() >= self._deadline:
+                return False  # ran out: the watchdog is about to act on it
+            self._fd = fd
+            self._orphaned = False
+            self._cond.notify_all()
+        return True
+
     def _expire(self, reason: str) -> None:
         with self._cond:
             if self._expired or self._stop.is_set():
@@ -139,12 +166,36 @@ class Lease:
                 self._expire(f"lease pipe unreadable: {exc}")
                 return
             if not chunk:
-                self._expire("lease pipe closed: the supervisor is gone")
-                return
+                if not self._wait_for_successor():
+                    return
+                buffer = b""
+                continue
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 self._accept(line)
+
+    def _wait_for_successor(self) -> bool:
+        """After EOF: expire at once, or (``outlives_supervisor`` and a lease granted)
+        wait until a supervisor attaches (True) or the lease ends (False)."""
+        with self._cond:
+            granted = self._deadline
+            if not self._outlives_supervisor or granted is None:
+                reason = "lease pipe closed: the supervisor is gone"
+            else:
+                os.close(self._fd)
+                self._orphaned = True
+                reason = ""
+        if reason:
+            self._expire(reason)
+            return False
+        log.warning("the supervisor is gone: this worker runs to the end of its lease "
+                    "(%.1f s) unless the supervisor, started again, takes it over first",
+                    granted - time.monotonic())
+        with self._cond:
+            while self._orphaned and not self._stop.is_set():
+                self._cond.wait(_POLL_SECS)
+            return not self._stop.is_set()
 
     def _accept(self, line: bytes) -> None:
         word, _, value = line.decode("utf-8", "replace").strip().partition(" ")

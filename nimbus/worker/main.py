@@ -16,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nimbus.redaction import install_log_redaction
 from nimbus.worker.exits import (
@@ -28,6 +28,7 @@ from nimbus.worker.exits import (
 from nimbus.worker.lease import Lease, ensure_group_leader
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import StatusWriter
+from nimbus.worker.takeover import TakeoverPoint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,42 +68,64 @@ def install_stop_handlers(stop: threading.Event) -> None:
         signal.signal(sig, request_stop)
 
 
-def run(spec: WorkerSpec, stop: threading.Event, session: SparkSession | None = None) -> int:
+def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
+        session: SparkSession | None = None) -> int:
     """Run the worker described by ``spec`` until stopped or failed; returns the exit code.
 
+    ``worker_dir`` holds its ``worker.json`` (and its take-over socket);
     ``session``: a warm worker's SparkSession, already adopted for ``spec``."""
     status = StatusWriter(spec.status_fd, topology_id=spec.topology_id,
                           supervisor_id=spec.supervisor_id, host=spec.host, port=spec.port,
                           restarts=spec.restarts)
-    whole = worker_component(spec.worker_index)  # errors about the worker as a whole
-    lease = Lease(spec.lease_fd).start()
+    lease = Lease(spec.lease_fd, outlives_supervisor=True).start()
+    takeover = TakeoverPoint(worker_dir, lease, status,
+                             hello=lambda: _hello(spec)).start()
     try:
-        wait = first_lease_wait(spec)
-        log.info("waiting up to %.0f s for the first lease", wait)
-        if not lease.wait_first(wait, stop):
-            if stop.is_set():
-                return EXIT_OK
-            status.error(whole, f"no lease received within {wait:g} s; not starting")
-            return EXIT_STARTUP
-        code_dir = Path(spec.code_dir)
-        has_py = (code_dir / "topology.py").is_file()
-        has_yaml = (code_dir / "topology.yaml").is_file()
-        if has_py == has_yaml:
-            which = "both" if has_py else "neither"
-            status.error(whole, f"bundle {code_dir} holds {which} of topology.py and "
-                                "topology.yaml; it needs exactly one")
-            return EXIT_INVALID_TOPOLOGY
-        if has_yaml:
-            from nimbus.worker.process import run_process
-
-            return run_process(spec, status, stop, lease)
-        # Imported only here: a process topology never loads pyspark.
-        from nimbus.worker.pipeline import run_pipeline
-
-        return run_pipeline(spec, status, stop, session, lease)
+        code = _run_topology(spec, stop, session, status, lease)
+        # A supervisor that took this worker over did not start it: the code is news to it.
+        status.exited(code)
+        return code
     finally:
+        takeover.stop()
         lease.stop()
         status.close()
+
+
+def _run_topology(spec: WorkerSpec, stop: threading.Event, session: SparkSession | None,
+                  status: StatusWriter, lease: Lease) -> int:
+    whole = worker_component(spec.worker_index)  # errors about the worker as a whole
+    wait = first_lease_wait(spec)
+    log.info("waiting up to %.0f s for the first lease", wait)
+    if not lease.wait_first(wait, stop):
+        if stop.is_set():
+            return EXIT_OK
+        status.error(whole, f"no lease received within {wait:g} s; not starting")
+        return EXIT_STARTUP
+    code_dir = Path(spec.code_dir)
+    has_py = (code_dir / "topology.py").is_file()
+    has_yaml = (code_dir / "topology.yaml").is_file()
+    if has_py == has_yaml:
+        which = "both" if has_py else "neither"
+        status.error(whole, f"bundle {code_dir} holds {which} of topology.py and "
+                            "topology.yaml; it needs exactly one")
+        return EXIT_INVALID_TOPOLOGY
+    if has_yaml:
+        from nimbus.worker.process import run_process
+
+        return run_process(spec, status, stop, lease)
+    # Imported only here: a process topology never loads pyspark.
+    from nimbus.worker.pipeline import run_pipeline
+
+    return run_pipeline(spec, status, stop, session, lease)
+
+
+def _hello(spec: WorkerSpec) -> dict[str, Any]:
+    """What this worker says of itself to a supervisor that takes it over."""
+    code_dir = Path(spec.code_dir)
+    return {"pid": os.getpid(), "topology_id": spec.topology_id, "port": spec.port,
+            "worker_index": spec.worker_index, "num_workers": spec.num_workers,
+            "restarts": spec.restarts,
+            "kind": "process" if (code_dir / "topology.yaml").is_file() else "pipeline"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     log.info("worker pid %d (group %d): topology %s port %d, worker %d of %d, restarts %d",
              os.getpid(), os.getpgrp(), spec.topology_id, spec.port, spec.worker_index,
              spec.num_workers, spec.restarts)
-    code = run(spec, stop)
+    code = run(spec, stop, args.worker_dir.resolve())
     log.info("worker exits with code %d", code)
     return code

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -50,8 +51,9 @@ def _clean(value: Any) -> Any:
 class StatusWriter:
     """Writes status lines to the inherited ``status_fd``; safe to call from any thread.
 
-    A supervisor that has gone away (EPIPE) is logged once and further lines are dropped:
-    the lease, not the status pipe, decides when this worker dies.
+    A supervisor that has gone away (EPIPE) is logged once and further lines are dropped
+    until one takes the worker over (:meth:`redirect`): the lease, not the status pipe,
+    decides when this worker dies.
     """
 
     def __init__(self, fd: int, *, topology_id: str, supervisor_id: str, host: str,
@@ -59,6 +61,7 @@ class StatusWriter:
         self._fd = fd
         self._lock = threading.Lock()
         self._broken = False
+        self._components: dict[str, Any] | None = None  # the last components line
         self._started = time.monotonic()
         self._identity = {"topology_id": topology_id, "supervisor_id": supervisor_id,
                           "host": host, "port": port, "restarts": restarts}
@@ -74,7 +77,8 @@ class StatusWriter:
         """Say once which components the topology has and which of them this worker
         runs: the supervisor keeps the worker through a rebalance that leaves ``mine``
         as it is."""
-        self._send({"components": {"all": every, "mine": mine}})
+        self._components = {"components": {"all": every, "mine": mine}}
+        self._send(self._components)
 
     def error(self, component: str, error: str) -> None:
         """Report one failure of ``component`` (the text is cut to MAX_ERROR_CHARS)."""
@@ -95,6 +99,21 @@ class StatusWriter:
             except OSError as exc:
                 self._broken = True
                 log.warning("status pipe closed (%s); further status lines are dropped", exc)
+
+    def exited(self, code: int) -> None:
+        """Say the exit code this worker is about to exit with."""
+        self._send({"exit": code})
+
+    def redirect(self, fd: int) -> None:
+        """Write to ``fd`` from now on (a supervisor started again took this worker over);
+        the old descriptor is closed."""
+        with self._lock:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = fd
+            self._broken = False
+        if self._components is not None:  # the new supervisor's handle needs them too
+            self._send(self._components)
 
     def close(self) -> None:
         with self._lock:

@@ -137,4 +137,4 @@ def run_warm(warm_dir: Path) -> int:
         log.error("cannot adopt the warm session: %s", format_error(exc))
         send_status(spec.status_fd, {"warm": {"refused": f"warm session unusable: {exc}"}})
         return EXIT_WARM_REFUSED
-    return run(spec, stop, session)
+    return run(spec, stop, worker_dir, session)

@@ -1,0 +1,138 @@
+"""Take-over point: a supervisor started again may take over this worker within its lease.
+
+A supervisor that is killed (kill -9, a crash, an upgrade gone wrong) closes both pipes of
+its workers. Each worker then runs on only to the end of the lease it already holds (at
+most 2/3 of the supervisor's session timeout), as the lease rule allows, and listens on
+``<worker-dir>/supervisor.sock`` meanwhile. The supervisor's next process connects there
+at start; the worker answers with one ``{"takeover": {...}}`` line naming itself, then
+reads its lease lines from that connection and writes its status lines to it, exactly as
+it did on the pipes. The worker never outlives its lease for this: a renewal still comes
+only from a round trip that shows its assignment (docs/runtime.md, "A supervisor started
+again").
+
+Only a process of this worker's own user or root may connect (``SO_PEERCRED``), and only
+once the lease pipe has reached EOF: while its supervisor lives, a worker has one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from nimbus.worker.lease import Lease
+from nimbus.worker.status import StatusWriter
+
+log = logging.getLogger(__name__)
+
+#: The socket's name in the worker directory.
+SOCKET_NAME = "supervisor.sock"
+_POLL_SECS = 0.5
+
+
+@contextlib.contextmanager
+def socket_path(directory: Path) -> Iterator[str]:
+    """A short path to ``<directory>/supervisor.sock`` (through ``/proc/self/fd``): a Unix
+    socket's address holds at most 107 bytes, and a worker directory's path may be
+    longer."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{SOCKET_NAME}"
+    finally:
+        os.close(fd)
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (Linux)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+class TakeoverPoint:
+    """Listens on ``<worker_dir>/supervisor.sock`` from :meth:`start` to :meth:`stop`
+    (thread ``worker-takeover``); ``hello()`` is what the worker says of itself."""
+
+    def __init__(self, worker_dir: Path, lease: Lease, status: StatusWriter,
+                 hello: Callable[[], dict[str, Any]]) -> None:
+        self.directory = Path(worker_dir)
+        self.path = self.directory / SOCKET_NAME
+        self._lease = lease
+        self._status = status
+        self._hello = hello
+        self._listener: socket.socket | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="worker-takeover",
+                                        daemon=True)
+
+    def start(self) -> TakeoverPoint:
+        """Listen (a stale socket file of an earlier worker is replaced); an error is
+        logged and leaves the worker without a take-over point, as before this release."""
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with socket_path(self.directory) as address:
+                listener.bind(address)
+            os.chmod(self.path, 0o600)
+            listener.listen(1)
+        except OSError as exc:
+            log.warning("no take-over point at %s (%s): this worker ends with its "
+                        "supervisor's lease", self.path, exc)
+            return self
+        self._listener = listener
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening, remove the socket file and join the thread."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * _POLL_SECS + 1)
+        if self._listener is not None:
+            self._listener.close()
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._listener], [], [], _POLL_SECS)
+            if not ready:
+                continue
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                continue
+            with contextlib.suppress(OSError):
+                self._offer(conn)
+
+    def _offer(self, conn: socket.socket) -> None:
+        pid, uid, _gid = peer_credentials(conn)
+        if uid not in (0, os.getuid()):
+            log.warning("refused a take-over by pid %d (uid %d): not this worker's user or "
+                        "root", pid, uid)
+            conn.close()
+            return
+        if not self._lease.orphaned:
+            log.warning("refused a take-over by pid %d: this worker's supervisor lives",
+                        pid)
+            conn.close()
+            return
+        conn.setblocking(True)
+        conn.sendall((json.dumps({"takeover": self._hello()}, sort_keys=True) + "\n").encode())
+        lease_fd = conn.detach()
+        status_fd = os.dup(lease_fd)  # each side closes its own
+        self._status.redirect(status_fd)
+        if not self._lease.attach(lease_fd):
+            os.close(lease_fd)  # it ran out meanwhile: the process group is being killed
+            return
+        log.warning("taken over by supervisor process %d", pid)
