@@ -25,6 +25,8 @@ Then, on a cluster of ZooKeeper, 2 nimbuses and 2 supervisors (one slot each):
   worker ready, ``--warm-workers 1``, the default; ≤ 1.2 cold, ``--warm-workers 0``);
 * ``--leader-kills`` kill -9s of the leader nimbus while the pipeline runs: worker
   restarts and records lost or duplicated (target 0, 0);
+* supervisor kill -9 alone, started again at once → the next committed batch, ÷ cold
+  start (the new process takes the running worker over; no target in the issue);
 * supervisor kill -9 (with its worker) → the next committed batch on the other
   supervisor, minus the session timeout, ÷ cold start (target ≤ 0.35 warm, ≤ 1.2 cold);
 * resident memory of an idle supervisor, of a warm worker and of a running worker
@@ -283,6 +285,17 @@ def main() -> None:
             after = runtime.worker()
             restarts = (runtime.restarts() - restarts_before) + (after != (sid, port, pid))
 
+            # The supervisor alone, killed and started again at once: it takes the
+            # running worker over (docs/runtime.md, "A supervisor started again").
+            sid, port, pid = after
+            supervisor = runtime.supervisor(sid)
+            t0 = time.monotonic()
+            supervisor.kill9_group()
+            cluster.start_supervisor(supervisor)
+            supervisor_restart = timed_commit(runtime.feed, runtime.output, 1, since=t0)
+            taken_over = runtime.worker() == (sid, port, pid)
+
+            sid, port, pid = runtime.worker()
             supervisor = runtime.supervisor(sid)
             runtime.wait_warm(next(s.id for s in cluster.supervisors if s.id != sid),
                               args.warm_workers)
@@ -306,6 +319,9 @@ def main() -> None:
         "worker_crash_vs_direct_restart": round(worker_crash / direct_restart, 3),
         "leader_kills": args.leader_kills,
         "worker_restarts_during_leader_kills": restarts,
+        "supervisor_restart_to_commit_s": round(supervisor_restart, 2),
+        "supervisor_restart_ratio": round(supervisor_restart / cold, 3),
+        "supervisor_restart_took_over_the_worker": taken_over,
         "supervisor_crash_to_commit_s": round(supervisor_crash, 2),
         "supervisor_crash_ratio": round(supervisor_crash / (session_s + cold), 3),
         "supervisor_crash_beyond_session_ratio": round((supervisor_crash - session_s) / cold,
@@ -329,6 +345,9 @@ def main() -> None:
           f"{figures['worker_crash_vs_direct_restart']} x the same crash and restart "
           f"without nimbus-ha")
     print(f"{args.leader_kills} leader kill -9s: {restarts} worker restarts (target 0)")
+    print(f"supervisor kill -9, started again at once -> next commit: "
+          f"{supervisor_restart:.2f}s = {figures['supervisor_restart_ratio']} x cold start "
+          f"({'the same worker, taken over' if taken_over else 'a NEW worker'})")
     print(f"supervisor kill -9 -> next commit elsewhere: {supervisor_crash:.2f}s = session "
           f"{session_s:.0f}s + {figures['supervisor_crash_beyond_session_ratio']} x cold start "
           f"(target <= {target}); {figures['supervisor_crash_ratio']} x (session + cold "
