@@ -314,6 +314,26 @@ def test_work_of_an_ended_session_moves_at_once(cluster, zk_server):
     assert slots(state, "a-1-1") == {"worker-0": ("s1", 6700), "worker-1": ("s3", 6700)}
 
 
+def test_a_supervisor_missing_from_the_view_only_keeps_its_work(cluster, monkeypatch):
+    """The view applies a restarted supervisor's node replacement (one transaction) as a
+    delete and then a create: a pass in between must not take the node to be gone."""
+    state, elector, clock, scheduler, add_supervisor, add_topology, _ = cluster
+    add_supervisor("s1", [6700])
+    add_supervisor("s2", [6700])
+    add_topology("a-1-1", workers=2)
+    sched = scheduler(quarantine_s=2.0)
+    sched.schedule(elector.fence())
+    before = slots(state, "a-1-1")
+    assert set(before.values()) == {("s1", 6700), ("s2", 6700)}
+    add_supervisor("s3", [6700])
+    view = sched._view
+    seen = view.supervisors
+    monkeypatch.setattr(view, "supervisors",
+                        lambda: {k: v for k, v in seen().items() if k != "s2"})
+    sched.schedule(elector.fence())
+    assert slots(state, "a-1-1") == before
+
+
 def take_over(state: StormClusterState, scheduler, removed_early: bool = True,
               successor: bool = True) -> Scheduler:
     """A new leader's scheduler (a 2 s quarantine). ``removed_early``: the predecessor's

@@ -203,6 +203,7 @@ class Scheduler:
         topologies = self._topologies()
         counts.update(topologies=len(topologies), supervisors=len(supervisors))
         current = {t: self._assignment_of(t) for t in topologies}
+        self._confirm_missing(supervisors, current)
         self._went_silent = {k: v for k, v in self._went_silent.items() if k[0] in topologies}
         silent: set[Slot] = set()
         kept = {t: self._keep_alive_workers(t, current[t], supervisors, silent)
@@ -309,6 +310,21 @@ class Scheduler:
         if takeover is not None and now < takeover + quarantine:
             return None, takeover + quarantine - now
         return None
+
+    def _confirm_missing(self, supervisors: dict[str, SupervisorInfo],
+                         current: dict[str, Assignment | None]) -> None:
+        """Add to ``supervisors`` each one that an assignment places work on and the view
+        lacks but ZooKeeper has. Work moves at once off a supervisor that is gone, so
+        gone must mean gone: a restarted supervisor replaces its node in one
+        transaction, but the view applies it as a delete and, a read later, a create."""
+        placed = {slot[0] for assignment in current.values() if assignment is not None
+                  for slot in assignment.executor_node_port.values() if slot}
+        for supervisor_id in sorted(placed - supervisors.keys()):
+            info = self._state.supervisor_info(supervisor_id)
+            if info is not None:
+                log.info("supervisor %s is in ZooKeeper though not yet in the view: its "
+                         "work stays", supervisor_id)
+                supervisors[supervisor_id] = info
 
     # -- reading ----------------------------------------------------------------------------
     def _assignment_of(self, topology_id: str) -> Assignment | None:
