@@ -141,6 +141,25 @@ def test_a_killed_worker_resumes_on_the_replacement(warm):
     assert "warm" in out.stdout and "Warm workers on its supervisors" in out.stdout
 
 
+def test_a_supervisor_started_again_takes_over_the_worker_that_was_warm(warm):
+    """It keeps the taken warm worker's directory (its JVM works there) and cgroup, and
+    names its own new warm workers so that none can collide with them."""
+    taken = warm.warm_pid(2)
+    warm_dir = warm.supervisor.local_dir / "supervisor" / "warm" / "warm-2"
+    mark = len(warm.log())
+    warm.supervisor.kill9_group()
+    warm.cluster.start_supervisor(warm.supervisor)
+    warm.wait_log(rf"took over worker {warm.topology_id}:\d+ \(pid {taken}\)",
+                  "the take-over", mark)
+    warm.feed_and_check(20)
+    # A new warm worker, named after every earlier one; the taken-over worker runs on.
+    found = warm.wait_log(r"warm worker \S+/warm-(\d+) ready", "a new warm worker", mark)
+    assert int(found.group(1)) >= 4
+    warm.feed_and_check(20)
+    assert warm.warm_pid(2) == taken and warm_dir.is_dir()
+    assert warm.info()["workers"][0]["restarts"] == 1
+
+
 def test_a_static_spark_setting_that_differs_starts_cold(warm):
     mark = len(warm.log())
     other = warm.submit("bigger", {"topology.spark.conf": {**SPARK_CONF,

@@ -656,6 +656,34 @@ def test_a_restarted_supervisor_replaces_its_earlier_node_in_one_transaction(
         sup.stop()
 
 
+def test_a_slot_whose_earlier_worker_cannot_be_identified_starts_nothing_until_its_lease(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    slot_dir = sup.workers_dir / f"{TOPOLOGY}-{port}"
+    slot_dir.mkdir(parents=True)
+    (slot_dir / "supervisor.sock").write_text("no socket")  # who runs there is unknown
+    started = time.monotonic()
+    sup.start()
+    try:
+        # Held for 2/3 of the 4 s session; made longer here, so that a slow pass cannot
+        # outlast it.
+        assert list(sup._held_until) == [port]
+        assert started + 2.0 < sup._held_until[port] <= time.monotonic() + 8 / 3
+        sup._held_until[port] = time.monotonic() + 600
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        passes = sup.passes
+        wait_for(lambda: sup.passes >= passes + 3, 15, "three reconcile passes")
+        assert sup._running_handles() == []
+        sup._held_until[port] = 0.0  # as when 2/3 of the session timeout has passed
+        sup._wake.set()
+        wait_for(lambda: _beat(cluster_state, sup, port), 15, "the slot's worker")
+        assert sup._held_until == {}
+    finally:
+        sup.stop()
+
+
 def test_supervisor_exits_when_a_slot_port_is_taken(tmp_path, zk_server, zk_root):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

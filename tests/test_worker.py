@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from nimbus.state.records import WorkerBeat
-from nimbus.supervisor import takeover as takeover_module
 from nimbus.supervisor.takeover import find_orphans
 from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK, EXIT_STARTUP
@@ -31,7 +30,7 @@ from nimbus.worker.pipeline import assigned
 from nimbus.worker.spark import session_settings
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
-from nimbus.worker.takeover import SOCKET_NAME
+from nimbus.worker.takeover import SOCKET_NAME, socket_path
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY_ID = "tailer-1-1700000000"
@@ -210,17 +209,22 @@ def test_a_supervisor_started_again_takes_the_worker_over_within_its_lease(
     main_pid_beat(worker)
     workers_dir = worker.worker_dir.parent
     # While its supervisor lives, nobody else may take it over.
-    assert find_orphans(workers_dir, [6701]) == {}
-    assert "refused a take-over" in worker.log_text()
+    with socket.socket(socket.AF_UNIX) as probe:
+        probe.settimeout(5)
+        with socket_path(worker.worker_dir) as address:
+            probe.connect(address)
+        assert probe.recv(1) == b""
+    assert "refused a take-over by pid" in worker.log_text()
+    assert worker.proc.poll() is None
 
     worker.lease(3.0)
     old_deadline = time.monotonic() + 3.0
     worker.close_lease()
     worker.wait_for(lambda: "runs to the end of its lease" in worker.log_text(), 5,
                     "the worker to say it runs on")
-    orphans = find_orphans(workers_dir, [6701])
-    assert list(orphans) == [6701]
-    orphan = orphans[6701]
+    found = find_orphans(workers_dir, [6701], cgroup_root=None)
+    assert list(found.orphans) == [6701] and found.unidentified == set()
+    orphan = found.orphans[6701]
     assert (orphan.pid, orphan.topology_id, orphan.port, orphan.worker_index,
             orphan.num_workers, orphan.restarts, orphan.kind) == \
         (worker.pid, TOPOLOGY_ID, 6701, 0, 1, 0, "process")
@@ -265,36 +269,6 @@ def test_an_orphaned_lease_is_renewed_by_its_successor_and_never_after_it_ran_ou
         os.close(late_w)
     finally:
         lease.stop()
-
-
-def test_a_take_over_line_is_checked_against_the_socket_and_the_slot(tmp_path):
-    """What a worker says of itself is a tenant's to forge: each claim is checked."""
-    directory = tmp_path / f"{TOPOLOGY_ID}-6701"
-    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)  # leads its group
-    follower = subprocess.Popen(["sleep", "60"])                       # in pytest's
-    good = {"pid": leader.pid, "topology_id": TOPOLOGY_ID, "port": 6701, "worker_index": 0,
-            "num_workers": 1, "restarts": 2, "kind": "process"}
-    sock, other = socket.socketpair()
-    try:
-        assert takeover_module._orphan(sock, leader.pid, good, directory).restarts == 2
-        cases = [
-            (leader.pid, {**good, "pid": follower.pid}, "socket's owner is pid"),
-            (follower.pid, {**good, "pid": follower.pid}, "leads no process group"),
-            (leader.pid, {**good, "port": 6702}, "not this directory's"),
-            (leader.pid, {**good, "worker_index": 1}, "no place in a topology"),
-            (leader.pid, {**good, "restarts": -1}, "restarts is not a count"),
-            (leader.pid, {**good, "port": "6701"}, "port is not a count"),
-            (leader.pid, {**good, "kind": "daemon"}, "names no topology or kind"),
-        ]
-        for peer, hello, message in cases:
-            with pytest.raises(ValueError, match=message):
-                takeover_module._orphan(sock, peer, hello, directory)
-    finally:
-        sock.close()
-        other.close()
-        for child in (leader, follower):
-            child.kill()
-            child.wait()
 
 
 # -- (e) the command exits -----------------------------------------------------------------
@@ -534,7 +508,6 @@ def test_tailer_resumes_from_its_offset(tmp_path):
     env = {**os.environ, "TAILER_INPUT": str(source), "TAILER_OUTPUT": str(target),
            "NIMBUS_HA_STATE_DIR": str(state)}
     script = REPO / "examples" / "tailer" / "tailer.py"
-    import subprocess
 
     def run_until(expected: bytes) -> None:
         proc = subprocess.Popen([sys.executable, str(script)], env=env,

@@ -74,7 +74,12 @@ from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
-from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup, worker_cgroups
+from nimbus.supervisor.cgroups import (
+    WorkerCgroups,
+    kill_cgroup,
+    unified_root,
+    worker_cgroups,
+)
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.code_cache import (
     CONF_FILE,
@@ -104,12 +109,17 @@ from nimbus.supervisor.status_input import (
     checked_components,
     checked_error,
 )
-from nimbus.supervisor.takeover import Orphan, find_orphans
+from nimbus.supervisor.takeover import Orphan, cgroup_of, find_orphans
 from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
 from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, move_log
-from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
+from nimbus.supervisor.worker_handle import (
+    WORKER_COMMAND,
+    WorkerHandle,
+    stop_all,
+    tidy_warm_dir,
+)
 from nimbus.thrift.tls import configure_clients
-from nimbus.timing import check_timing
+from nimbus.timing import WORKER_LEASE_FRACTION, check_timing
 from nimbus.worker.exits import EXIT_WARM_REFUSED
 from nimbus.worker.pipeline import assigned
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
@@ -280,6 +290,9 @@ class Supervisor:
         # Workers an earlier process of this supervisor left running, by port: taken over
         # or ended by the first complete reconcile pass (nimbus/supervisor/takeover.py).
         self._orphans: dict[int, Orphan] = {}
+        # Slots where a worker of the earlier process could not be identified: nothing
+        # starts there before this time.monotonic(), when its lease has surely ended.
+        self._held_until: dict[int, float] = {}
         self.class_archive: ClassArchive | None = None  # started by start()
         self._lease = LeaseKeeper(
             self.zk, lambda: self.node_path, lambda: self.zk.session_timeout.seconds,
@@ -398,7 +411,16 @@ class Supervisor:
             self.class_archive.start()
         # First: a warm worker taken for a slot works in its warm directory, which the
         # warm pool would otherwise clear as an earlier run's.
-        self._orphans = find_orphans(self.workers_dir, self.ports)
+        found = find_orphans(self.workers_dir, self.ports,
+                             unified_root() if self.cgroups is not None else None)
+        self._orphans = found.orphans
+        if found.unidentified:
+            # The longest lease the earlier process may have granted: 2/3 of its session
+            # timeout, which ZooKeeper may have raised above the configured one.
+            hold_s = WORKER_LEASE_FRACTION * max(
+                float(self.conf["storm.zookeeper.session.timeout"]) / 1000,
+                self.zk.session_timeout.seconds if self.zk.connected else 0.0)
+            self._held_until = dict.fromkeys(found.unidentified, time.monotonic() + hold_s)
         self.warm = self._make_warm_pool()
         self._lease.start()
         self._heartbeat.start()
@@ -635,6 +657,10 @@ class Supervisor:
                 continue
             self._ensure_running(want, assignments[want.topology_id],
                                  num_workers.get(want.topology_id, 1), session)
+        for port, orphan in list(self._orphans.items()):
+            if orphan.topology_id in frozen:  # unreadable here: kept, as its workers are
+                del self._orphans[port]
+                self._take_over(orphan, None, session)
         self._end_orphans("the assignment does not place it on its slot")
         self._clean_up(desired, frozen)
 
@@ -787,8 +813,13 @@ class Supervisor:
             if want.port in self._workers:
                 return
         orphan = self._orphans.pop(want.port, None)
-        if orphan is not None and self._take_over(orphan, want, num_workers, session):
+        if orphan is not None and self._take_over(orphan, (want, num_workers), session):
             return
+        held = self._held_until.get(want.port)
+        if held is not None:
+            if time.monotonic() < held:
+                return
+            del self._held_until[want.port]
         record = self._slots.setdefault((want.topology_id, want.port), _SlotRecord())
         if record.not_before > time.monotonic():
             return
@@ -863,29 +894,40 @@ class Supervisor:
         if not self._connected.is_set():
             handle.kill("lost")  # the connection went while it was being started
 
-    def _take_over(self, orphan: Orphan, want: DesiredWorker, num_workers: int,
+    def _take_over(self, orphan: Orphan, wanted: tuple[DesiredWorker, int] | None,
                    session: int) -> bool:
-        """Make ``orphan`` the slot's worker if it runs what the assignment wants there
-        (True); else end it (False: the slot starts a worker as usual)."""
-        if (orphan.topology_id, orphan.worker_index, orphan.num_workers) != \
-                (want.topology_id, want.worker_index, num_workers):
-            self._end_orphan(orphan, "the assignment wants another worker on its slot")
+        """Make ``orphan`` the slot's worker if it runs what the assignment wants there,
+        ``wanted`` = (the slot's desired worker, the topology's worker count), or None
+        for a topology whose assignment cannot be read (True); else end it (False: the
+        slot starts a worker as usual)."""
+        if wanted is not None:
+            want, num_workers = wanted
+            if (orphan.topology_id, orphan.worker_index, orphan.num_workers) != \
+                    (want.topology_id, want.worker_index, num_workers):
+                self._end_orphan(orphan, "the assignment wants another worker on its slot")
+                return False
+        # What it runs is read from the code here, not taken from what it says.
+        resources = self.code.resources(orphan.topology_id)
+        if not resources.is_dir():
+            self._end_orphan(orphan, "its topology's code is not on this host")
             return False
+        cgroup = self._orphan_cgroup(orphan)
+        working_dirs = orphan.working_dirs()
         handle = WorkerHandle.taken_over(orphan, session, self._on_status, self._on_closed)
+        handle.kind = "process" if (resources / "topology.yaml").exists() else "pipeline"
         if self.warm is not None:  # tidied when it is gone, as a taken warm worker's is
-            handle.warm_dir = next((d for d in orphan.working_dirs()
-                                    if d.parent == self.warm.root), None)
-        if self.cgroups is not None:
-            handle.cgroups = self.cgroups
-            handle.cgroup = self.cgroups.path(f"{want.topology_id}-{want.port}")
+            handle.warm_dir = next((d for d in working_dirs if d.parent == self.warm.root),
+                                   None)
+        if cgroup is not None:
+            handle.cgroups, handle.cgroup = self.cgroups, cgroup
         if handle.exit_code() is not None:
             handle.release()
             log.info("worker %s ended before it could be taken over", orphan.name)
             return False
-        record = self._slots.setdefault((want.topology_id, want.port), _SlotRecord())
+        record = self._slots.setdefault((orphan.topology_id, orphan.port), _SlotRecord())
         record.restarts = orphan.restarts
         with self._lock:
-            self._workers[want.port] = handle
+            self._workers[orphan.port] = handle
         # Renewed by the next round trip that shows its assignment, if its lease lasts.
         self._lease.wake()
         log.info("took over worker %s, left running by this supervisor's earlier process",
@@ -894,12 +936,26 @@ class Supervisor:
             handle.kill("lost")
         return True
 
+    def _orphan_cgroup(self, orphan: Orphan) -> Path | None:
+        """The worker cgroup an orphan runs in (``<topology>-<port>``, or ``warm-<n>``
+        for one that was warm), if it is one of this supervisor's."""
+        if self.cgroups is None:
+            return None
+        root = unified_root()
+        cgroup = cgroup_of(orphan.pid, root) if root is not None else None
+        return cgroup if cgroup is not None and cgroup.parent == self.cgroups.base else None
+
     def _end_orphan(self, orphan: Orphan, why: str) -> None:
         log.info("ending worker %s, left running by this supervisor's earlier process: %s",
                  orphan.name, why)
+        cgroup = self._orphan_cgroup(orphan)
+        warm_dirs = [d for d in orphan.working_dirs()
+                     if self.warm is not None and d.parent == self.warm.root]
         orphan.kill()
-        if self.cgroups is not None:  # what left its process group too
-            kill_cgroup(self.cgroups.path(orphan.worker_dir.name))
+        if cgroup is not None:  # what left its process group too
+            kill_cgroup(cgroup)
+        for directory in warm_dirs:
+            tidy_warm_dir(directory)
 
     def _end_orphans(self, why: str) -> None:
         orphans, self._orphans = self._orphans, {}

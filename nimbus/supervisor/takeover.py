@@ -23,18 +23,58 @@ import os
 import select
 import signal
 import socket
+import stat
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nimbus.supervisor.cgroups import kill_cgroup
 from nimbus.supervisor.memory import group_pids
-from nimbus.worker.takeover import SOCKET_NAME, peer_credentials, socket_path
+from nimbus.worker.takeover import SOCKET_NAME, peer_credentials
 
 log = logging.getLogger(__name__)
 
 MAX_HELLO = 4096
 KINDS = ("pipeline", "process")
+
+
+MAX_HELLO = 4096
+MAX_RESTARTS = 1_000_000_000
+KINDS = ("pipeline", "process")
+# Once a worker is seen dead, how long its status stream may still hold its exit line.
+EXIT_LINE_GRACE_S = 2.0
+
+
+def pidfd_alive(pidfd: int) -> bool:
+    """Whether the process of ``pidfd`` has not exited (the pidfd is readable once it has)."""
+    ready, _, _ = select.select([pidfd], [], [], 0)
+    return not ready
+
+
+def kill_by_pidfd(pidfd: int, pid: int) -> None:
+    """SIGKILL the process of ``pidfd`` and, while it lives, the group it leads (so a
+    reused pid is never signalled)."""
+    if not pidfd_alive(pidfd):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)  # alive: the pid and its group are still its own
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+def cgroup_of(pid: int, root: Path) -> Path | None:
+    """The cgroup v2 directory of ``pid`` under the hierarchy mounted at ``root``."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            return root / line[3:].lstrip("/")
+    return None
 
 
 @dataclass
@@ -43,6 +83,7 @@ class Orphan:
 
     sock: socket.socket
     pid: int
+    pidfd: int   # opened while the connection proved the process alive: immune to reuse
     topology_id: str
     port: int
     worker_index: int
@@ -65,47 +106,56 @@ class Orphan:
         return found
 
     def kill(self) -> None:
-        """SIGKILL its process group and close the connection (its cgroup, if any, is
-        emptied when the slot starts a worker again)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        """SIGKILL its process group and close the connection and the pidfd (the caller
+        ends its cgroup)."""
+        kill_by_pidfd(self.pidfd, self.pid)
         self.sock.close()
+        os.close(self.pidfd)
+        self.pidfd = -1
 
 
 class TakenOverProcess:
     """What a :class:`~nimbus.supervisor.worker_handle.WorkerHandle` needs of a
     ``Popen`` (``pid``, ``poll``, ``wait``) for a worker this process did not start.
 
-    Its exit is seen through a pidfd (immune to pid reuse). The exit code is what the
-    worker said last (``{"exit": code}``), or -SIGKILL if it said none: it was killed, by
-    its lease or from outside."""
+    Its exit is seen through the orphan's pidfd (immune to pid reuse). The exit code is
+    what the worker said last (``{"exit": code}``), looked for until its status stream
+    ends (``status_done``, at most :data:`EXIT_LINE_GRACE_S`), or -SIGKILL if it said
+    none: it was killed, by its lease or from outside."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, pidfd: int, status_done: threading.Event) -> None:
         self.pid = pid
         self.reported_exit: int | None = None
         self.returncode: int | None = None
-        self._pidfd = os.pidfd_open(pid)
+        self._pidfd = pidfd
+        self._status_done = status_done
+        self._dead_since: float | None = None
 
     def poll(self) -> int | None:
         # The monitor and the status reader both poll; the pidfd stays open until close().
-        if self.returncode is None and self._pidfd >= 0:
-            ready, _, _ = select.select([self._pidfd], [], [], 0)
-            if ready:
-                self._ended()
+        if self.returncode is None and self._pidfd >= 0 and not pidfd_alive(self._pidfd):
+            now = time.monotonic()
+            if self._dead_since is None:
+                self._dead_since = now
+            if self.reported_exit is not None or self._status_done.is_set() or \
+                    now - self._dead_since >= EXIT_LINE_GRACE_S:
+                reported = self.reported_exit
+                self.returncode = reported if reported is not None else -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.poll() is None and self._pidfd >= 0:
-            ready, _, _ = select.select([self._pidfd], [], [], timeout)
-            if not ready:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None and self._pidfd >= 0:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
-            self._ended()
-        assert self.returncode is not None
+            if pidfd_alive(self._pidfd):
+                select.select([self._pidfd], [], [], left)
+            else:  # dead: its exit line may still be on its way
+                self._status_done.wait(0.05 if left is None else min(0.05, left))
+        if self.returncode is None:  # closed: nothing more can be known
+            self.returncode = -signal.SIGKILL
         return self.returncode
-
-    def _ended(self) -> None:
-        reported = self.reported_exit
-        self.returncode = reported if reported is not None else -signal.SIGKILL
 
     def close(self) -> None:
         """Close the pidfd (after the last poll or wait; the handle's release)."""
@@ -114,55 +164,128 @@ class TakenOverProcess:
             os.close(fd)
 
 
-def find_orphans(workers_dir: Path, ports: list[int],
-                 timeout_s: float = 2.0) -> dict[int, Orphan]:
-    """The workers under ``workers_dir`` that answer on their take-over sockets, by port
-    (one per port at most); a socket nobody answers on is removed."""
-    found: dict[int, Orphan] = {}
+@dataclass
+class Found:
+    """What :func:`find_orphans` found: workers to take over, and the ports of slots with
+    a worker that could not be identified (nothing may start there while it may live)."""
+
+    orphans: dict[int, Orphan]
+    unidentified: set[int]
+
+
+def find_orphans(workers_dir: Path, ports: list[int], cgroup_root: Path | None,
+                 timeout_s: float = 2.0) -> Found:
+    """Connect to every take-over socket under ``workers_dir``. A worker that answers
+    and passes every check is an orphan to take over (one per port). One that answers
+    but fails a check, or is on no slot of ``ports``, is killed with its group (and its
+    cgroup under ``cgroup_root``). A socket nobody listens on is removed. A slot whose
+    socket could not be reached otherwise (a full backlog, not a socket) is unidentified.
+    Each worker gets ``timeout_s`` in all to answer: a tenant's code cannot stall this."""
+    found = Found({}, set())
     if not workers_dir.is_dir():
         return found
     for directory in sorted(workers_dir.iterdir()):
-        if not (directory / SOCKET_NAME).exists():
+        if not os.path.lexists(directory / SOCKET_NAME):
             continue
-        orphan = _connect(directory, timeout_s)
+        port = _port_of(directory.name)
+        try:
+            orphan = _connect(directory, timeout_s, cgroup_root)
+        except _Unreachable as exc:
+            log.warning("worker in %s not reachable (%s): nothing starts on its slot "
+                        "until its lease has surely ended", directory, exc)
+            if port is not None:
+                found.unidentified.add(port)
+            continue
         if orphan is None:
             continue
-        if orphan.port not in ports or orphan.port in found:
+        if orphan.port not in ports or orphan.port in found.orphans:
             log.warning("worker %s in %s is on no slot of this supervisor: killed",
                         orphan.name, directory)
+            _kill_with_cgroup(orphan.pidfd, orphan.pid, cgroup_root)
             orphan.kill()
             continue
-        found[orphan.port] = orphan
+        found.orphans[orphan.port] = orphan
         log.info("found worker %s left running by an earlier process of this supervisor",
                  orphan.name)
     return found
 
 
-def _connect(directory: Path, timeout_s: float) -> Orphan | None:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
+class _Unreachable(Exception):
+    """A take-over socket that could not be reached: who listens is unknown."""
+
+
+def _port_of(name: str) -> int | None:
+    _, _, port = name.rpartition("-")
+    return int(port) if port.isdigit() else None
+
+
+def _kill_with_cgroup(pidfd: int, pid: int, cgroup_root: Path | None) -> None:
+    """Kill the worker's group and, if it runs in a worker cgroup
+    (``nimbus-ha/<supervisor-id>/<name>``), everything in that cgroup: what left its
+    process group goes too."""
+    cgroup = cgroup_of(pid, cgroup_root) if cgroup_root is not None else None
+    kill_by_pidfd(pidfd, pid)
+    if cgroup is not None and cgroup_root is not None:
+        parts = cgroup.relative_to(cgroup_root).parts
+        if len(parts) == 3 and parts[0] == "nimbus-ha":
+            kill_cgroup(cgroup)
+
+
+def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None) -> Orphan | None:
+    deadline = time.monotonic() + timeout_s
+    path = directory / SOCKET_NAME
     try:
-        with socket_path(directory) as address:
-            sock.connect(address)
+        # The socket file itself, never what a symlink there points to.
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise _Unreachable(f"cannot open {path}: {exc.strerror}") from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pidfd = -1
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise _Unreachable(f"{path} is not a socket")
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(f"/proc/self/fd/{fd}")
+        except (ConnectionRefusedError, FileNotFoundError):
+            with contextlib.suppress(OSError):  # nobody listens: its worker is gone
+                path.unlink()
+            sock.close()
+            return None
+        except OSError as exc:
+            raise _Unreachable(str(exc)) from None
         pid, _uid, _gid = peer_credentials(sock)
-        hello = _read_hello(sock)
-        orphan = _orphan(sock, pid, hello, directory)
-    except (ConnectionRefusedError, FileNotFoundError):
+        pidfd = os.pidfd_open(pid)  # the listener is alive while it is connected
+        try:
+            hello = _read_hello(sock, deadline)
+            orphan = _orphan(sock, pid, pidfd, hello, directory)
+        except Exception as exc:  # whatever a tenant's code may send or cause
+            log.warning("cannot take over the worker in %s (pid %d): %s; killed",
+                        directory, pid, exc)
+            _kill_with_cgroup(pidfd, pid, cgroup_root)
+            sock.close()
+            os.close(pidfd)
+            return None
+    except BaseException:
         sock.close()
-        with contextlib.suppress(OSError):  # its worker is gone
-            (directory / SOCKET_NAME).unlink()
-        return None
-    except (OSError, ValueError) as exc:
-        sock.close()
-        log.warning("cannot take over the worker in %s: %s", directory, exc)
-        return None
+        if pidfd >= 0:
+            os.close(pidfd)
+        raise
+    finally:
+        os.close(fd)
     sock.settimeout(None)
     return orphan
 
 
-def _read_hello(sock: socket.socket) -> dict[str, Any]:
+def _read_hello(sock: socket.socket, deadline: float) -> dict[str, Any]:
     line = b""
     while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ValueError("no take-over line in time")
+        sock.settimeout(left)
         chunk = sock.recv(1)  # one byte at a time: what follows is the status stream's
         if not chunk:
             raise ValueError("it closed the connection without a word (its supervisor "
@@ -177,18 +300,18 @@ def _read_hello(sock: socket.socket) -> dict[str, Any]:
     return hello
 
 
-def _orphan(sock: socket.socket, peer_pid: int, hello: dict[str, Any],
+def _orphan(sock: socket.socket, peer_pid: int, pidfd: int, hello: dict[str, Any],
             directory: Path) -> Orphan:
-    def integer(key: str) -> int:
+    def integer(key: str, most: int = 1 << 31) -> int:
         value = hello.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
             raise ValueError(f"its {key} is not a count: {value!r:.50}")
         return value
 
     topology_id, kind = hello.get("topology_id"), hello.get("kind")
     if not isinstance(topology_id, str) or kind not in KINDS:
         raise ValueError("its take-over line names no topology or kind")
-    pid, port = integer("pid"), integer("port")
+    pid, port = integer("pid"), integer("port", 65535)
     index, count = integer("worker_index"), integer("num_workers")
     if pid != peer_pid:
         raise ValueError(f"it claims pid {pid}, but the socket's owner is pid {peer_pid}")
@@ -198,5 +321,5 @@ def _orphan(sock: socket.socket, peer_pid: int, hello: dict[str, Any],
         raise ValueError(f"it claims slot {topology_id}:{port}, not this directory's")
     if not index < count:
         raise ValueError(f"worker {index} of {count} is no place in a topology")
-    return Orphan(sock, pid, topology_id, port, index, count, integer("restarts"),
-                  kind, directory)
+    return Orphan(sock, pid, pidfd, topology_id, port, index, count,
+                  integer("restarts", MAX_RESTARTS), kind, directory)

@@ -87,6 +87,9 @@ class WarmPool:
         supervisor's kill on its lease, and its JVM works in the warm directory."""
         if self.root.is_dir():
             for child in self.root.iterdir():
+                number = child.name.removeprefix("warm-")
+                if number.isdigit():  # new ones never reuse a name (or its cgroup)
+                    self._counter = max(self._counter, int(number))
                 if child not in in_use:
                     tidy_warm_dir(child)
 

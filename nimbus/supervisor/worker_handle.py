@@ -101,6 +101,7 @@ class WorkerHandle:
         self._status_r = -1
         self._reader: threading.Thread | None = None
         self._reader_stop = threading.Event()
+        self._status_done = threading.Event()  # the status stream ended (set on EOF)
         self._lease_lock = threading.Lock()
 
     @property
@@ -161,7 +162,8 @@ class WorkerHandle:
                      orphan.restarts, on_status, on_closed)
         handle.worker_index, handle.num_workers = orphan.worker_index, orphan.num_workers
         handle.kind = orphan.kind
-        handle.process = TakenOverProcess(orphan.pid)
+        handle.process = TakenOverProcess(orphan.pid, orphan.pidfd, handle._status_done)
+        orphan.pidfd = -1  # the process object's now
         lease_w = orphan.sock.detach()
         status_r = os.dup(lease_w)
         # Shared by both descriptors: the status reader selects before it reads anyway.
@@ -239,8 +241,10 @@ class WorkerHandle:
                     continue
                 chunk = os.read(self._status_r, 65536)
             except (OSError, ValueError):
+                self._status_done.set()
                 return
             if not chunk:
+                self._status_done.set()
                 # EOF: every holder of the write end has exited. The process closes its
                 # files a moment before it can be reaped; wait for that moment (bounded:
                 # a worker that closed the pipe but lives on is the monitor's to judge),
