@@ -144,7 +144,12 @@ class WorkerHandle:
         self.child_fds = (lease_r, status_w)  # pass_fds keeps the numbers
         os.close(lease_r)
         os.close(status_w)
-        # A worker that stops reading must never block the lease thread.
+        self._connect(lease_w, status_r)
+
+    def _connect(self, lease_w: int, status_r: int) -> None:
+        """Use the supervisor's ends of the lease and status streams; start reading."""
+        # A worker that stops reading must never block the lease thread. (A taken-over
+        # worker's two are one socket: the status reader selects before it reads.)
         flags = fcntl.fcntl(lease_w, fcntl.F_GETFL)
         fcntl.fcntl(lease_w, fcntl.F_SETFL, flags | os.O_NONBLOCK)
         self._lease_w, self._status_r = lease_w, status_r
@@ -165,15 +170,7 @@ class WorkerHandle:
         handle.process = TakenOverProcess(orphan.pid, orphan.pidfd, handle._status_done)
         orphan.pidfd = -1  # the process object's now
         lease_w = orphan.sock.detach()
-        status_r = os.dup(lease_w)
-        # Shared by both descriptors: the status reader selects before it reads anyway.
-        flags = fcntl.fcntl(lease_w, fcntl.F_GETFL)
-        fcntl.fcntl(lease_w, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-        handle._lease_w, handle._status_r = lease_w, status_r
-        handle.started_at = time.monotonic()
-        handle._reader = threading.Thread(target=handle._read_status, daemon=True,
-                                          name=f"worker-status-{handle.name}")
-        handle._reader.start()
+        handle._connect(lease_w, os.dup(lease_w))
         return handle
 
     # -- lease ----------------------------------------------------------------------------
