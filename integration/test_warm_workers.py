@@ -152,8 +152,10 @@ def test_a_supervisor_started_again_takes_over_the_worker_that_was_warm(warm):
     warm.wait_log(rf"took over worker {warm.topology_id}:\d+ \(pid {taken}\)",
                   "the take-over", mark)
     warm.feed_and_check(20)
-    # A new warm worker, named after every earlier one; the taken-over worker runs on.
-    found = warm.wait_log(r"warm worker \S+/warm-(\d+) ready", "a new warm worker", mark)
+    # A new warm worker, named after every earlier one (starting it makes its cgroup,
+    # emptying any of that name); the taken-over worker runs on.
+    found = warm.wait_log(r"starting warm worker \S+/warm-(\d+) ", "a new warm worker",
+                          mark)
     assert int(found.group(1)) >= 4
     warm.feed_and_check(20)
     assert warm.warm_pid(2) == taken and warm_dir.is_dir()
