@@ -51,6 +51,26 @@ def kill_cgroup(path: Path) -> bool:
         return False
 
 
+def is_frozen(path: Path) -> bool:
+    """Whether the cgroup at ``path`` is asked to be frozen (its ``cgroup.freeze`` reads
+    1): a worker whose lease ran out froze itself (nimbus/worker/lease.py)."""
+    try:
+        return (path / "cgroup.freeze").read_bytes().strip() == b"1"
+    except OSError:
+        return False
+
+
+def thaw(path: Path) -> bool:
+    """Thaw the cgroup at ``path``; False if that failed. Only after a renewal was written
+    to every worker in it: a worker thawed without one must not run on."""
+    try:
+        (path / "cgroup.freeze").write_text("0")
+        return True
+    except OSError as exc:
+        log.warning("cgroup %s not thawed: %s", path, exc)
+        return False
+
+
 def in_cgroup(path: Path, command: list[str]) -> list[str]:
     """``command`` run so that it joins the cgroup ``path`` before it executes: a shell
     writes its own pid into ``cgroup.procs`` and execs the command (no ``preexec_fn``,

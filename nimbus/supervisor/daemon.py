@@ -24,7 +24,11 @@ Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.s
 A suspended connection (kazoo SUSPENDED: a ZooKeeper server restarting, an ensemble
 electing a leader, a network blip) stops nothing: the workers run on their leases, which
 are renewed again as soon as the session is back, and which end on their own, before the
-leader may move the work, if it is not. Nothing starts while it is suspended. A lost
+leader may move the work, if it is not. A worker in a cgroup ends its lease by freezing
+itself; the first renewal after the session is back thaws it, and the pipeline goes on
+where it stood. A worker frozen longer than ``supervisor.worker.timeout.secs`` is killed
+(whether or not the connection is back), and so is every frozen worker when the session
+is lost. Nothing starts while it is suspended. A lost
 session (LOST) kills every worker at once, on kazoo's event thread (signals only,
 nothing blocks there): that is not a crash, so no restart is counted and no backoff
 applies. After a new session the supervisor registers again and re-reads the
@@ -480,7 +484,8 @@ class Supervisor:
         if state == KazooState.SUSPENDED:
             self._connected.clear()  # nothing starts, nothing is renewed meanwhile
             log.warning("ZooKeeper connection suspended: workers run on their leases "
-                        "until it is back (at most %.1fs)", self._lease.length_s)
+                        "(at most %.1fs), then freeze until it is back",
+                        self._lease.length_s)
         elif state == KazooState.LOST:
             self._connected.clear()
             killed = self._kill_all("lost")
@@ -633,6 +638,7 @@ class Supervisor:
     def reconcile(self) -> None:
         """One pass; see the module docstring. Runs on the monitor thread."""
         self._reap()
+        self._end_frozen()
         if self._stop.is_set() or not self._connected.is_set():
             return
         session = session_id(self.zk)
@@ -790,10 +796,25 @@ class Supervisor:
                  before, old)
         return True
 
+    def _end_frozen(self) -> None:
+        """Kill every worker frozen (its lease ran out, nimbus/worker/lease.py) for longer
+        than ``supervisor.worker.timeout.secs``: the connection is not coming back soon,
+        and the leader may give up on its work. Not a crash: the lease rule at work."""
+        now = time.monotonic()
+        for handle in self._running_handles():
+            if handle.ended_by or handle.lease_deadline is None:
+                continue
+            frozen_s = now - handle.lease_deadline
+            if frozen_s > self._timeout_s and handle.is_frozen():
+                log.warning("worker %s: frozen %.0fs since its lease ran out "
+                            "(supervisor.worker.timeout.secs %.0f); killed", handle.name,
+                            frozen_s, self._timeout_s)
+                handle.kill("lease")
+
     def _kill_silent(self) -> None:
         now = time.monotonic()
         for handle in self._running_handles():
-            if handle.ended_by:
+            if handle.ended_by or handle.is_frozen():  # _end_frozen's to judge
                 continue
             if handle.last_status_at is None:
                 quiet, limit, key = (now - handle.started_at, self._start_timeout_s,

@@ -32,7 +32,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from nimbus.supervisor.cgroups import CGROUP_ENV, WorkerCgroups, in_cgroup, kill_cgroup
+from nimbus.supervisor.cgroups import (
+    CGROUP_ENV,
+    WorkerCgroups,
+    in_cgroup,
+    is_frozen,
+    kill_cgroup,
+    thaw,
+)
 from nimbus.supervisor.memory import GroupMemory
 from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
@@ -78,6 +85,7 @@ class WorkerHandle:
         self.errors_reported = 0
         self.error_budget = ErrorBudget()   # errors it may still record (status_input)
         self.lease_deadline: float | None = None   # the newest deadline sent
+        self.thaws = 0                   # times it froze on a lapsed lease and was thawed
         self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
         self.kind = "pipeline"           # or "process": what its bundle holds
         self.cgroups: WorkerCgroups | None = None   # set before start() where cgroups work
@@ -175,7 +183,8 @@ class WorkerHandle:
 
     # -- lease ----------------------------------------------------------------------------
     def renew(self, deadline: float) -> bool:
-        """Send ``lease <deadline>``; False if the worker is gone or not reading.
+        """Send ``lease <deadline>``, then thaw the worker if its lease had run out and it
+        froze itself (nimbus/worker/lease.py); False if the worker is gone or not reading.
 
         Safe from any thread.
         """
@@ -184,10 +193,24 @@ class WorkerHandle:
                 return False
             try:
                 os.write(self._lease_w, f"lease {deadline:.3f}\n".encode())
-                self.lease_deadline = deadline
-                return True
             except (BlockingIOError, BrokenPipeError, OSError):
                 return False
+            self.lease_deadline = deadline
+            # Thawed only now that the renewal is in its pipe, and only while it is valid:
+            # a worker thawed without one kills itself, but its other threads would run
+            # for a moment first.
+            cgroup = self.cgroup
+            if cgroup is not None and is_frozen(cgroup) and deadline > time.monotonic() \
+                    and thaw(cgroup):
+                self.thaws += 1
+                if self.last_status_at is not None:  # it could not speak while frozen
+                    self.last_status_at = time.monotonic()
+                log.info("worker %s thawed: its lease is renewed", self.name)
+            return True
+
+    def is_frozen(self) -> bool:
+        """Whether the worker froze itself when its lease ran out and is not thawed yet."""
+        return self.cgroup is not None and is_frozen(self.cgroup)
 
     def take(self, worker_dir: Path) -> bool:
         """Hand a warm worker its worker directory (``take <dir>`` on the lease pipe, the
@@ -348,6 +371,9 @@ def stop_all(handles: Sequence[WorkerHandle], grace_s: float) -> None:
     for handle in handles:
         if not handle.ended_by:
             handle.ended_by = "stop"
+        if handle.is_frozen():
+            handle._kill_everything()  # it could not act on SIGTERM, nor should it
+            continue
         handle._signal_group(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for handle in handles:

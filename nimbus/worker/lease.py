@@ -8,6 +8,19 @@ supervisor's ZooKeeper session (see docs/runtime.md for why the deadline makes t
 When the pipe reaches EOF (the supervisor is gone), a worker running a slot runs on to
 the deadline already granted, in case its supervisor, started again, takes it over
 (:mod:`nimbus.worker.takeover`); one that holds no lease yet is killed at once.
+
+A worker in a cgroup of its own whose supervisor is still there (the pipe open) freezes
+instead of dying when the deadline passes: it writes ``1`` to its cgroup's
+``cgroup.freeze``, which stops every process in the cgroup, the writing thread included,
+before any of them runs another instruction in user space. A frozen worker acts no more
+than a dead one, and only its supervisor thaws it, right after it has written a renewal
+that a round trip of the same session earned (:mod:`nimbus.supervisor.lease`): a session
+that comes back after a ZooKeeper quorum loss or a cut longer than the lease resumes the
+pipeline where it stood, instead of restarting it. A worker thawed with no renewal in its
+pipe kills itself at once; one never thawed is killed by its supervisor (session lost,
+work moved, or frozen longer than ``supervisor.worker.timeout.secs``). Where the cgroup
+cannot be frozen (no cgroup, or a worker run as another account, which may not write
+it), the deadline kills as before.
 """
 
 from __future__ import annotations
@@ -25,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # How often the reader looks at its stop event while no lease line arrives.
 _POLL_SECS = 0.5
+# After a thaw, how long the watchdog waits for the reader to take the renewal that is in
+# the pipe (it is there: the supervisor writes it before it thaws). Then it looks again.
+_THAW_READ_S = 1.0
 
 
 def kill_process_group(reason: str) -> None:
@@ -35,11 +51,7 @@ def kill_process_group(reason: str) -> None:
     the worker and everything it started.
     """
     log.critical("lease lost (%s): killing process group %d", reason, os.getpgrp())
-    for handler in logging.getLogger().handlers:
-        try:
-            handler.flush()
-        except Exception:  # nothing may stop the kill
-            pass
+    _flush_logs()
     try:
         sys.stderr.flush()
     finally:
@@ -53,6 +65,43 @@ def kill_process_group(reason: str) -> None:
                 pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)  # not reached; belt and braces
+
+
+def freeze_own_cgroup() -> bool:
+    """Freeze this worker's cgroup (``NIMBUS_HA_CGROUP``), this process included; returns
+    once something thawed it: True. False, at once, if this process cannot be frozen that
+    way (no cgroup named, not in it, or not allowed to write its ``cgroup.freeze``)."""
+    cgroup = os.environ.get("NIMBUS_HA_CGROUP")
+    if not cgroup or not _in_cgroup(cgroup):
+        return False
+    try:
+        fd = os.open(os.path.join(cgroup, "cgroup.freeze"), os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        # The kernel freezes this thread on its way back from the write: the next line
+        # runs only after a thaw.
+        os.write(fd, b"1")
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _in_cgroup(cgroup: str) -> bool:
+    """Whether this process is in the cgroup v2 directory ``cgroup`` (by its path under
+    the hierarchy's mount point, as ``/proc/self/cgroup`` gives it)."""
+    try:
+        with open("/proc/self/cgroup") as own:
+            lines = own.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        if line.startswith("0::/"):
+            relative = line[3:].rstrip("/")
+            return bool(relative) and cgroup.rstrip("/").endswith(relative)
+    return False
 
 
 def ensure_group_leader() -> None:
@@ -76,13 +125,18 @@ class Lease:
 
     def __init__(self, fd: int,
                  on_expiry: Callable[[str], None] = kill_process_group,
-                 outlives_supervisor: bool = False) -> None:
+                 outlives_supervisor: bool = False,
+                 freeze: Callable[[], bool] | None = None) -> None:
         """``outlives_supervisor``: on EOF of the lease pipe, run on to the deadline
         already granted (a supervisor started again may :meth:`attach` meanwhile,
-        :mod:`nimbus.worker.takeover`) instead of expiring at once."""
+        :mod:`nimbus.worker.takeover`) instead of expiring at once.
+        ``freeze``: called when the deadline passes while a supervisor is attached; it
+        returns once thawed (True), or at once if it cannot freeze (False: expire)."""
         self._fd = fd
         self._on_expiry = on_expiry
         self._outlives_supervisor = outlives_supervisor
+        self._freeze = freeze
+        self._frozen_s = 0.0  # time spent frozen, in all
         self._orphaned = False  # the lease pipe reached EOF and nothing is attached yet
         # Called on the reader thread with (worker_index, num_workers) of an "assign" line.
         self.on_assign: Callable[[int, int], None] | None = None
@@ -126,6 +180,18 @@ class Lease:
                 # Short waits so that a stop request (SIGTERM) is seen promptly.
                 self._cond.wait(min(remaining, 0.2))
             return True
+
+    @property
+    def frozen_s(self) -> float:
+        """Seconds this worker has spent frozen so far (see the module doc)."""
+        with self._cond:
+            return self._frozen_s
+
+    def running_clock(self) -> float:
+        """``time.monotonic()`` less the time spent frozen: the clock for judging the
+        worker's own progress (health checks, stalls), which cannot advance while it is
+        frozen."""
+        return time.monotonic() - self.frozen_s
 
     @property
     def orphaned(self) -> bool:
@@ -232,17 +298,70 @@ class Lease:
         callback(index, count)
 
     def _watch_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop.is_set():
+                    if self._deadline is None:
+                        self._cond.wait(_POLL_SECS)
+                        continue
+                    remaining = self._deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    # Woken early by a renewal (notify); the cap only bounds a lost wake-up.
+                    self._cond.wait(min(remaining, 1.0))
+                else:
+                    return
+                late = time.monotonic() - self._deadline
+                may_freeze = self._freeze is not None and not self._orphaned
+            if may_freeze and self._freeze_until_renewed(late):
+                continue
+            self._expire(f"lease deadline passed {late:.3f} s ago")
+            return
+
+    def _freeze_until_renewed(self, late: float) -> bool:
+        """Freeze (see the module doc); True once thawed with a renewal to read, False if
+        the worker could not be frozen or was thawed without one (it must die now)."""
+        log.warning("lease ran out %.3f s ago: frozen until the supervisor renews it",
+                    late)
+        _flush_logs()
+        frozen_at = time.monotonic()
+        assert self._freeze is not None
+        if not self._freeze():
+            return False
+        thawed_at = time.monotonic()
         with self._cond:
-            while not self._stop.is_set():
-                if self._deadline is None:
-                    self._cond.wait(_POLL_SECS)
-                    continue
-                remaining = self._deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                # Woken early by a renewal (notify); the cap only bounds a lost wake-up.
-                self._cond.wait(min(remaining, 1.0))
-            else:
-                return
-            late = time.monotonic() - self._deadline
-        self._expire(f"lease deadline passed {late:.3f} s ago")
+            self._frozen_s += thawed_at - frozen_at
+            renewed = self._deadline is not None and self._deadline > thawed_at
+        # Only a supervisor that has just written a renewal thaws a worker: it is in the
+        # pipe unless the reader thread has taken it already. Anything else must not run.
+        if not renewed and not self._pipe_readable():
+            log.critical("thawed after %.1f s with no renewal", thawed_at - frozen_at)
+            return False
+        with self._cond:  # the reader, thawed too, takes the line at once
+            end = thawed_at + _THAW_READ_S
+            while (self._deadline is None or self._deadline <= thawed_at) and \
+                    time.monotonic() < end and not self._stop.is_set():
+                self._cond.wait(0.05)
+            renewed = self._deadline is not None and self._deadline > time.monotonic()
+        if not renewed:
+            log.critical("thawed after %.1f s with no valid renewal",
+                         thawed_at - frozen_at)
+            return False
+        log.info("thawed after %.1f s frozen: the supervisor renewed the lease",
+                 thawed_at - frozen_at)
+        return True
+
+    def _pipe_readable(self) -> bool:
+        try:
+            ready, _, _ = select.select([self._fd], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return bool(ready)
+
+
+def _flush_logs() -> None:
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # nothing may stop the freeze
+            pass

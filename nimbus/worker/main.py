@@ -25,7 +25,7 @@ from nimbus.worker.exits import (
     EXIT_STARTUP,
     worker_component,
 )
-from nimbus.worker.lease import Lease, ensure_group_leader
+from nimbus.worker.lease import Lease, ensure_group_leader, freeze_own_cgroup
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import StatusWriter
 from nimbus.worker.takeover import TakeoverPoint
@@ -77,7 +77,7 @@ def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
     status = StatusWriter(spec.status_fd, topology_id=spec.topology_id,
                           supervisor_id=spec.supervisor_id, host=spec.host, port=spec.port,
                           restarts=spec.restarts)
-    lease = Lease(spec.lease_fd, outlives_supervisor=True).start()
+    lease = Lease(spec.lease_fd, outlives_supervisor=True, freeze=freeze_own_cgroup).start()
     takeover = TakeoverPoint(worker_dir, lease, status,
                              hello=lambda: _hello(spec)).start()
     try:

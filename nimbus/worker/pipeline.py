@@ -233,7 +233,10 @@ class PipelineRunner:
 
     def _watch(self) -> int:
         interval = self.spec.heartbeat_secs
-        stalls = StallWatch(float(self.spec.conf.get(STALL_KEY, DEFAULT_STALL_S)))
+        # Judged on the worker's running time: a freeze (nimbus/worker/lease.py) is no
+        # stall of the query's.
+        clock = self._lease.running_clock if self._lease is not None else time.monotonic
+        stalls = StallWatch(float(self.spec.conf.get(STALL_KEY, DEFAULT_STALL_S)), clock)
         while not self.stop.is_set():
             if self._misplaced:  # never sent by a supervisor that agrees with this worker
                 return self._fail(self.whole, self._misplaced, EXIT_FAILED)

@@ -207,8 +207,11 @@ def run_process(spec: WorkerSpec, status: StatusWriter, stop: threading.Event,
              state_dir)
     if lease is not None:
         lease.on_assign = lambda index, count: _reassigned(spec, index, count)
+    # Judged on the worker's running time: a freeze (nimbus/worker/lease.py) is not the
+    # command's fault.
+    clock = lease.running_clock if lease is not None else time.monotonic
     health = None if topology.health is None else HealthCheck(topology.health, code_dir,
-                                                              env, state_dir)
+                                                              env, state_dir, clock=clock)
     try:
         return _watch(child, tee, spec, status, stop, health)
     finally:

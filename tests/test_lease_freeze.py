@@ -1,0 +1,267 @@
+"""A worker whose lease runs out while its supervisor is still there freezes instead of
+dying, and only a renewal thaws it (nimbus/worker/lease.py, WorkerHandle.renew).
+
+The first tests drive :class:`Lease` with a stand-in freeze; the last ones run a real
+worker process in a real cgroup v2, through the supervisor's own WorkerHandle, and need
+root and a writable cgroup2 hierarchy (they are skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nimbus.supervisor.cgroups import WorkerCgroups, is_frozen, unified_root
+from nimbus.supervisor.worker_handle import WorkerHandle
+from nimbus.worker.harness import process_alive, wait_until
+from nimbus.worker.lease import Lease
+from nimbus.worker.spec import WorkerSpec
+
+TOPOLOGY_ID = "frozen-1-1700000000"
+PORT = 6702
+TIMEOUT = 20.0  # generous bounds for a loaded 2-core machine
+
+
+class StandInFreeze:
+    """Blocks the lease's watchdog as a real freeze would, until :meth:`thaw`."""
+
+    def __init__(self, works: bool = True):
+        self.works = works
+        self.calls = 0
+        self.frozen = threading.Event()
+        self._thawed = threading.Event()
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        if not self.works:
+            return False
+        self._thawed.clear()
+        self.frozen.set()
+        self._thawed.wait(30)
+        self.frozen.clear()
+        return True
+
+    def thaw(self) -> None:
+        self._thawed.set()
+
+
+@pytest.fixture
+def lease_pipe():
+    r, w = os.pipe()
+    yield r, w
+    for fd in (r, w):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _grant(fd: int, seconds: float) -> float:
+    deadline = time.monotonic() + seconds
+    os.write(fd, f"lease {deadline:.3f}\n".encode())
+    return deadline
+
+
+def test_a_lapsed_lease_freezes_and_a_renewal_resumes_it(lease_pipe):
+    r, w = lease_pipe
+    freeze, reasons = StandInFreeze(), []
+    lease = Lease(r, on_expiry=reasons.append, freeze=freeze).start()
+    try:
+        first = _grant(w, 0.5)
+        assert freeze.frozen.wait(TIMEOUT)
+        assert time.monotonic() >= first and reasons == []
+        time.sleep(0.3)  # frozen time the clock of its own progress must not count
+        renewed = _grant(w, 30)
+        freeze.thaw()
+        wait_until(lambda: lease.deadline == pytest.approx(renewed, abs=1e-3), TIMEOUT,
+                   "the renewal to be read")
+        wait_until(lambda: lease.frozen_s > 0, TIMEOUT, "the frozen time to be counted")
+        assert lease.frozen_s >= 0.3
+        lag = time.monotonic() - lease.running_clock()
+        assert lag == pytest.approx(lease.frozen_s, abs=0.05)
+        assert reasons == [] and freeze.calls == 1
+    finally:
+        lease.stop()
+
+
+def test_a_thaw_without_a_renewal_expires_the_lease_at_once(lease_pipe):
+    r, w = lease_pipe
+    freeze, reasons = StandInFreeze(), []
+    lease = Lease(r, on_expiry=reasons.append, freeze=freeze).start()
+    try:
+        _grant(w, 0.3)
+        assert freeze.frozen.wait(TIMEOUT)
+        freeze.thaw()  # nothing in the pipe: whoever thawed it was no supervisor
+        wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
+        assert len(reasons) == 1 and reasons[0].startswith("lease deadline passed")
+        assert freeze.calls == 1
+    finally:
+        lease.stop()
+
+
+def test_a_thaw_with_a_stale_renewal_expires_the_lease(lease_pipe):
+    r, w = lease_pipe
+    freeze, reasons = StandInFreeze(), []
+    lease = Lease(r, on_expiry=reasons.append, freeze=freeze).start()
+    try:
+        _grant(w, 0.3)
+        assert freeze.frozen.wait(TIMEOUT)
+        _grant(w, -5)  # a line, but one that grants nothing
+        freeze.thaw()
+        wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
+        assert len(reasons) == 1 and freeze.calls == 1
+    finally:
+        lease.stop()
+
+
+def test_where_nothing_can_freeze_the_lapse_kills_as_before(lease_pipe):
+    r, w = lease_pipe
+    freeze, reasons = StandInFreeze(works=False), []
+    lease = Lease(r, on_expiry=reasons.append, freeze=freeze).start()
+    try:
+        deadline = _grant(w, 0.3)
+        wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
+        assert time.monotonic() >= deadline and freeze.calls == 1
+    finally:
+        lease.stop()
+
+
+def test_an_orphaned_worker_is_never_frozen(lease_pipe):
+    r, w = lease_pipe
+    freeze, reasons = StandInFreeze(), []
+    lease = Lease(r, on_expiry=reasons.append, outlives_supervisor=True,
+                  freeze=freeze).start()
+    try:
+        _grant(w, 0.5)
+        os.close(w)  # the supervisor is gone: nobody would ever thaw it
+        wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
+        assert freeze.calls == 0
+    finally:
+        lease.stop()
+
+
+# -- a real worker in a real cgroup ---------------------------------------------------------
+
+CHILD = """
+import os, time
+state = os.environ["NIMBUS_HA_STATE_DIR"]
+with open(os.path.join(state, "child.pid"), "w") as f:
+    f.write(str(os.getpid()))
+while True:
+    with open(os.path.join(state, "ticks"), "a") as f:
+        f.write(f"{time.monotonic():.3f}\\n")
+    time.sleep(0.1)
+"""
+
+
+def _cgroups() -> WorkerCgroups:
+    root = unified_root()
+    if root is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup v2 hierarchy")
+    base = root / "nimbus-ha" / f"test-freeze-{uuid.uuid4().hex[:8]}"
+    try:
+        base.mkdir(parents=True)
+    except OSError as exc:
+        pytest.skip(f"cannot make cgroups: {exc}")
+    return WorkerCgroups(base)
+
+
+@pytest.fixture
+def frozen_worker(tmp_path):
+    """A process-topology worker started by WorkerHandle in a cgroup of its own; yields
+    (handle, state_dir); kills it and removes its cgroups afterwards."""
+    cgroups = _cgroups()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "child.py").write_text(CHILD)
+    (code / "topology.yaml").write_text(f"command: [{json.dumps(sys.executable)}, child.py]\n")
+    worker_dir = tmp_path / "workers" / f"{TOPOLOGY_ID}-{PORT}"
+    statuses: list[dict] = []
+    handle = WorkerHandle(TOPOLOGY_ID, PORT, worker_dir, session_id=1, restarts=0,
+                          on_status=lambda _h, status: statuses.append(status))
+    handle.cgroups, handle.cgroup = cgroups, cgroups.make(f"{TOPOLOGY_ID}-{PORT}")
+    conf = {"storm.local.dir": str(tmp_path / "local"), "worker.heartbeat.frequency.secs": 1}
+
+    def write_spec(lease_fd: int, status_fd: int) -> None:
+        WorkerSpec(topology_id=TOPOLOGY_ID, port=PORT, supervisor_id="sup-test",
+                   host="127.0.0.1", code_dir=str(code), conf=conf, lease_fd=lease_fd,
+                   status_fd=status_fd).dump(worker_dir)
+
+    handle.start(write_spec)
+    state = tmp_path / "local" / "checkpoints" / TOPOLOGY_ID / "state"
+    try:
+        yield handle, state
+    finally:
+        handle.kill("stop")
+        handle.release()
+        cgroups.base.rmdir()
+
+
+def _log(handle: WorkerHandle) -> str:
+    return (handle.worker_dir / "worker.log").read_text(errors="replace")
+
+
+def _ticks(state: Path) -> list[float]:
+    try:
+        return [float(t) for t in (state / "ticks").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def test_a_real_worker_freezes_on_a_lapsed_lease_and_its_renewal_thaws_it(frozen_worker):
+    handle, state = frozen_worker
+    assert handle.cgroup is not None
+    assert handle.renew(time.monotonic() + 3.0)
+    pid_file = state / "child.pid"
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), TIMEOUT, "the command")
+    child = int(pid_file.read_text())
+    wait_until(lambda: is_frozen(handle.cgroup) and "frozen until the supervisor renews it"
+               in _log(handle), TIMEOUT, "the worker to freeze itself")
+    assert "1" in (handle.cgroup / "cgroup.events").read_text().split("frozen ")[1][:2]
+    frozen_at = time.monotonic()
+    before = len(_ticks(state))
+    time.sleep(1.0)  # the command would tick 10 times meanwhile if it ran
+    assert len(_ticks(state)) == before, "the command ran while frozen"
+    assert handle.exit_code() is None and process_alive(child)
+
+    assert handle.renew(time.monotonic() + 30)  # writes the renewal, then thaws
+    assert not is_frozen(handle.cgroup) and handle.thaws == 1
+    wait_until(lambda: len(_ticks(state)) > before + 3, TIMEOUT, "the command to go on")
+    assert handle.exit_code() is None and int(pid_file.read_text()) == child
+    wait_until(lambda: "the supervisor renewed the lease" in _log(handle), TIMEOUT,
+               "the worker to say it was thawed")
+    assert _ticks(state)[before] > frozen_at + 1.0  # no tick in between: it was frozen
+
+
+def test_a_real_worker_thawed_without_a_renewal_kills_itself(frozen_worker):
+    handle, state = frozen_worker
+    assert handle.cgroup is not None
+    assert handle.renew(time.monotonic() + 2.0)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    (handle.cgroup / "cgroup.freeze").write_text("0")  # not the supervisor's way
+    wait_until(lambda: handle.exit_code() is not None, TIMEOUT, "the worker to die")
+    assert handle.exit_code() == -signal.SIGKILL
+    assert "with no renewal" in _log(handle) and "lease lost" in _log(handle)
+
+
+def test_a_frozen_worker_is_killed_at_once_and_a_stop_does_not_wait_for_it(frozen_worker):
+    handle, state = frozen_worker
+    assert handle.cgroup is not None
+    assert handle.renew(time.monotonic() + 2.0)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    child = int((state / "child.pid").read_text())
+    started = time.monotonic()
+    handle.stop(grace_s=60)  # SIGTERM would wait the whole grace on a frozen process
+    assert time.monotonic() - started < 30
+    assert handle.exit_code() == -signal.SIGKILL
+    wait_until(lambda: not process_alive(child), TIMEOUT, "the command to be gone")
