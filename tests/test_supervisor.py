@@ -866,6 +866,42 @@ def test_a_child_that_leaves_the_process_group_dies_with_its_worker(
         sup.stop()
 
 
+def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    """A worker freezes its cgroup when its lease runs out (nimbus/worker/lease.py; the
+    stand-in cannot, so the test freezes it): the supervisor's next renewal thaws it, and
+    one that stays frozen past supervisor.worker.timeout.secs is killed, not counted as a
+    crash."""
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        wait_for(lambda: handle.lease_deadline is not None, 15, "its first lease")
+        assert handle.cgroup is not None
+        (handle.cgroup / "cgroup.freeze").write_text("1")
+        wait_for(lambda: handle.thaws == 1, 15, "a renewal to thaw it")
+        assert not handle.is_frozen() and handle.exit_code() is None
+
+        sup._connected.clear()  # renews nothing from now on, as while cut off
+        (handle.cgroup / "cgroup.freeze").write_text("1")
+        # Its lease ran out longer ago than supervisor.worker.timeout.secs (3 s).
+        handle.lease_deadline = time.monotonic() - 4
+        sup.reconcile()
+        assert handle.ended_by == "lease"
+        wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to die")
+        assert handle.exit_code() == -signal.SIGKILL
+        sup._reap()
+        assert sup._slots.get((TOPOLOGY, port)) is None or \
+            sup._slots[(TOPOLOGY, port)].restarts == 0  # no crash counted
+    finally:
+        sup._connected.set()
+        sup.stop()
+
+
 def test_code_that_fails_its_checks_is_reported_once_and_tried_ever_later(
         tmp_path, zk_server, zk_root, cluster_state, stub_worker, caplog, monkeypatch):
     """Issue 19: a bundle that fails its checks was refused silently, then fetched again
