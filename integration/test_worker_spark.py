@@ -13,9 +13,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from worker_harness import WorkerHarness, group_members, process_alive, wait_until
 
 from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK
-from nimbus.worker.harness import WorkerHarness, group_members, process_alive, wait_until
 
 pytestmark = pytest.mark.slow
 

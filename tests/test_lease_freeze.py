@@ -18,10 +18,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from worker_harness import process_alive, wait_until
 
 from nimbus.supervisor.cgroups import WorkerCgroups, is_frozen, unified_root
 from nimbus.supervisor.worker_handle import WorkerHandle
-from nimbus.worker.harness import process_alive, wait_until
 from nimbus.worker.lease import Lease
 from nimbus.worker.spec import WorkerSpec
 

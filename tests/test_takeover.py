@@ -14,10 +14,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from worker_harness import process_alive, wait_until
 
 from nimbus.supervisor import takeover as takeover_module
 from nimbus.supervisor.takeover import SOCKET_NAME, find_orphans
-from nimbus.worker.harness import process_alive, wait_until
 from nimbus.worker.takeover import socket_path
 
 TOPOLOGY_ID = "tailer-1-1700000000"

@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
+from worker_harness import WorkerHarness, group_members, process_alive, wait_until
 
 from nimbus.state.records import WorkerBeat
 from nimbus.supervisor.takeover import find_orphans
 from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK, EXIT_STARTUP
-from nimbus.worker.harness import WorkerHarness, group_members, process_alive, wait_until
 from nimbus.worker.lease import Lease
 from nimbus.worker.pipeline import assigned
 from nimbus.worker.spark import session_settings

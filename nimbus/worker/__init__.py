@@ -8,7 +8,6 @@ Started as ``python -m nimbus.worker <worker-dir>`` (see docs/runtime.md). Modul
 * :mod:`~nimbus.worker.pipeline`, :mod:`~nimbus.worker.spark`: pipeline topologies (PySpark).
 * :mod:`~nimbus.worker.process`: process topologies (a command).
 * :mod:`~nimbus.worker.exits`: exit codes.
-* :mod:`~nimbus.worker.harness`: the supervisor's side of the pipes, for tests.
 """
 
 from nimbus.worker.spec import WorkerSpec
