@@ -26,6 +26,7 @@ from nimbus.worker.lease import Lease
 from nimbus.worker.spec import WorkerSpec
 
 TOPOLOGY_ID = "frozen-1-1700000000"
+ASSIGNMENT_VERSION = 4242  # the mzxid of the assignment its renewals were earned on
 PORT = 6702
 TIMEOUT = 20.0  # generous bounds for a loaded 2-core machine
 
@@ -219,7 +220,7 @@ def _ticks(state: Path) -> list[float]:
 def test_a_real_worker_freezes_on_a_lapsed_lease_and_its_renewal_thaws_it(frozen_worker):
     handle, state = frozen_worker
     assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 3.0)
+    assert handle.renew(time.monotonic() + 3.0, ASSIGNMENT_VERSION)
     pid_file = state / "child.pid"
     wait_until(lambda: pid_file.exists() and pid_file.read_text(), TIMEOUT, "the command")
     child = int(pid_file.read_text())
@@ -232,7 +233,8 @@ def test_a_real_worker_freezes_on_a_lapsed_lease_and_its_renewal_thaws_it(frozen
     assert len(_ticks(state)) == before, "the command ran while frozen"
     assert handle.exit_code() is None and process_alive(child)
 
-    assert handle.renew(time.monotonic() + 30)  # writes the renewal, then thaws
+    # The same assignment version: it was not rewritten while the worker was frozen.
+    assert handle.renew(time.monotonic() + 30, ASSIGNMENT_VERSION)  # writes, then thaws
     assert not is_frozen(handle.cgroup) and handle.thaws == 1
     wait_until(lambda: len(_ticks(state)) > before + 3, TIMEOUT, "the command to go on")
     assert handle.exit_code() is None and int(pid_file.read_text()) == child
@@ -241,10 +243,26 @@ def test_a_real_worker_freezes_on_a_lapsed_lease_and_its_renewal_thaws_it(frozen
     assert _ticks(state)[before] > frozen_at + 1.0  # no tick in between: it was frozen
 
 
+def test_a_frozen_worker_whose_assignment_was_rewritten_is_killed_not_thawed(
+        frozen_worker):
+    """Its work may have moved to another slot and back while it was frozen: a running
+    worker's lease would have ended it meanwhile, so a frozen one must not wake up."""
+    handle, state = frozen_worker
+    assert handle.cgroup is not None
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    assert not handle.renew(time.monotonic() + 30, ASSIGNMENT_VERSION + 1)
+    assert handle.ended_by == "lease" and handle.thaws == 0
+    wait_until(lambda: handle.exit_code() is not None, TIMEOUT, "the worker to die")
+    assert handle.exit_code() == -signal.SIGKILL
+    assert "the supervisor renewed the lease" not in _log(handle)
+
+
 def test_a_real_worker_thawed_without_a_renewal_kills_itself(frozen_worker):
     handle, state = frozen_worker
     assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 2.0)
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
     wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
     wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
     (handle.cgroup / "cgroup.freeze").write_text("0")  # not the supervisor's way
@@ -256,7 +274,7 @@ def test_a_real_worker_thawed_without_a_renewal_kills_itself(frozen_worker):
 def test_a_frozen_worker_is_killed_at_once_and_a_stop_does_not_wait_for_it(frozen_worker):
     handle, state = frozen_worker
     assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 2.0)
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
     wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
     wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
     child = int((state / "child.pid").read_text())

@@ -866,6 +866,11 @@ def test_a_child_that_leaves_the_process_group_dies_with_its_worker(
         sup.stop()
 
 
+def _restarts(sup: Supervisor, port: int) -> int:
+    record = sup._slots.get((TOPOLOGY, port))
+    return record.restarts if record is not None else 0
+
+
 def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
         tmp_path, zk_server, zk_root, cluster_state, stub_worker):
     """A worker freezes its cgroup when its lease runs out (nimbus/worker/lease.py; the
@@ -886,7 +891,21 @@ def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
         wait_for(lambda: handle.thaws == 1, 15, "a renewal to thaw it")
         assert not handle.is_frozen() and handle.exit_code() is None
 
-        sup._connected.clear()  # renews nothing from now on, as while cut off
+        # Frozen while cut off, and meanwhile its assignment is written again (the same
+        # placement; its work could have gone elsewhere and come back): not thawed.
+        sup._connected.clear()  # renews nothing, as while cut off
+        (handle.cgroup / "cgroup.freeze").write_text("1")
+        path = cluster_state.path("assignments", TOPOLOGY)
+        cluster_state.zk.set(path, cluster_state.zk.get(path)[0])
+        sup._connected.set()
+        wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
+        assert handle.ended_by == "lease" and handle.thaws == 1
+        handle = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
+                          15, "its slot to start it afresh")[0]
+        wait_for(lambda: handle.lease_deadline is not None, 15, "the new worker's lease")
+        assert _restarts(sup, port) == 0  # no crash counted
+
+        sup._connected.clear()
         (handle.cgroup / "cgroup.freeze").write_text("1")
         # Its lease ran out longer ago than supervisor.worker.timeout.secs (3 s).
         handle.lease_deadline = time.monotonic() - 4
@@ -895,8 +914,7 @@ def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
         wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to die")
         assert handle.exit_code() == -signal.SIGKILL
         sup._reap()
-        assert sup._slots.get((TOPOLOGY, port)) is None or \
-            sup._slots[(TOPOLOGY, port)].restarts == 0  # no crash counted
+        assert _restarts(sup, port) == 0
     finally:
         sup._connected.set()
         sup.stop()

@@ -28,6 +28,12 @@ with each round waiting for the one before, it had to take less than half of ``L
 
 A newly started worker gets its first lease from the next round trip (the supervisor
 asks for one at once): it starts nothing before.
+
+A worker whose lease ran out froze itself where it could (nimbus/worker/lease.py). A
+renewal thaws it only if the assignment's ``mzxid`` is the one its last renewal read: no
+write to the assignment came in between, so its work cannot have moved away and back
+while it was frozen (a running worker could not see that happen: its lease would have
+killed it). Otherwise it is killed, and its slot starts it afresh.
 """
 
 from __future__ import annotations
@@ -211,7 +217,7 @@ class LeaseKeeper:
         try:
             answered.synced.get_nowait()  # raises if the ensemble's leader did not answer
             stat = answered.node.get_nowait()
-            data = {t: _data_or_none(r) for t, r in answered.assignments.items()}
+            found = {t: _data_and_version(r) for t, r in answered.assignments.items()}
         except Exception as exc:
             log.debug("lease round trip failed: %s", exc)
             return None
@@ -227,17 +233,20 @@ class LeaseKeeper:
         for worker in answered.workers:
             if worker.ended_by:
                 continue
-            if self._holds(worker, data[worker.topology_id]):
-                worker.renew(deadline)
+            data, version = found[worker.topology_id]
+            if self._holds(worker, data):
+                worker.renew(deadline, version)
             else:
                 self._on_unassigned(worker)
         return deadline
 
 
-def _data_or_none(result: object) -> bytes | None:
-    """The data of an answered ``get_async``; None when the node does not exist."""
+def _data_and_version(result: object) -> tuple[bytes | None, int | None]:
+    """The data of an answered ``get_async`` and the zxid of the write that made it
+    (``mzxid``: every write to the node changes it, a delete and re-create too); (None,
+    None) when the node does not exist."""
     try:
-        data, _stat = result.get_nowait()  # type: ignore[attr-defined]
+        data, stat = result.get_nowait()  # type: ignore[attr-defined]
     except NoNodeError:
-        return None
-    return data
+        return None, None
+    return data, stat.mzxid

@@ -49,6 +49,9 @@ from nimbus.worker.warm import WARM_FILE
 log = logging.getLogger(__name__)
 
 WORKER_COMMAND = (sys.executable, "-m", "nimbus.worker")
+#: A frozen worker is thawed only by a renewal with at least this long left (the worker
+#: allows itself as long to read the line after a thaw: nimbus/worker/lease.py).
+THAW_MARGIN_S = 1.0
 LOG_FILE = "worker.log"
 MAX_STATUS_LINE = 1 << 20   # a longer line is cut off and dropped: it is no status
 
@@ -86,6 +89,8 @@ class WorkerHandle:
         self.error_budget = ErrorBudget()   # errors it may still record (status_input)
         self.lease_deadline: float | None = None   # the newest deadline sent
         self.thaws = 0                   # times it froze on a lapsed lease and was thawed
+        # The mzxid of its assignment as read by the round trip of its newest renewal.
+        self.assignment_version: int | None = None
         self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
         self.kind = "pipeline"           # or "process": what its bundle holds
         self.cgroups: WorkerCgroups | None = None   # set before start() where cgroups work
@@ -182,25 +187,38 @@ class WorkerHandle:
         return handle
 
     # -- lease ----------------------------------------------------------------------------
-    def renew(self, deadline: float) -> bool:
-        """Send ``lease <deadline>``, then thaw the worker if its lease had run out and it
-        froze itself (nimbus/worker/lease.py); False if the worker is gone or not reading.
+    def renew(self, deadline: float, assignment_version: int | None = None) -> bool:
+        """Send ``lease <deadline>``, earned by a round trip that read the worker's
+        assignment at ``assignment_version`` (its ``mzxid``). A worker that froze itself
+        when its lease ran out (nimbus/worker/lease.py) is thawed after the line is
+        written if its assignment was not rewritten since its last renewal; if it was,
+        its work may have moved away and back meanwhile, and it is killed instead. False
+        if the worker is gone, not reading, or killed.
 
         Safe from any thread.
         """
         with self._lease_lock:
             if self._lease_w < 0:
                 return False
+            cgroup = self.cgroup
+            frozen = cgroup is not None and is_frozen(cgroup)
+            if frozen and (assignment_version is None
+                           or assignment_version != self.assignment_version):
+                log.warning("worker %s: its assignment was rewritten while it was frozen; "
+                            "killed, not thawed", self.name)
+                self.kill("lease")
+                return False
             try:
                 os.write(self._lease_w, f"lease {deadline:.3f}\n".encode())
             except (BlockingIOError, BrokenPipeError, OSError):
                 return False
             self.lease_deadline = deadline
-            # Thawed only now that the renewal is in its pipe, and only while it is valid:
-            # a worker thawed without one kills itself, but its other threads would run
-            # for a moment first.
-            cgroup = self.cgroup
-            if cgroup is not None and is_frozen(cgroup) and deadline > time.monotonic() \
+            if assignment_version is not None:
+                self.assignment_version = assignment_version
+            # Thawed only now that the renewal is in its pipe, and only while it has at
+            # least THAW_MARGIN_S to run: after a thaw the worker may take up to that long
+            # to read the line, and kills itself if it finds none.
+            if frozen and cgroup is not None and deadline > time.monotonic() + THAW_MARGIN_S \
                     and thaw(cgroup):
                 self.thaws += 1
                 if self.last_status_at is not None:  # it could not speak while frozen
