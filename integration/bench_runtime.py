@@ -25,6 +25,10 @@ Then, on a cluster of ZooKeeper, 2 nimbuses and 2 supervisors (one slot each):
   worker ready, ``--warm-workers 1``, the default; ≤ 1.2 cold, ``--warm-workers 0``);
 * ``--leader-kills`` kill -9s of the leader nimbus while the pipeline runs: worker
   restarts and records lost or duplicated (target 0, 0);
+* ZooKeeper down (kill -9 of the server) until the worker's lease has run out and it has
+  frozen, then started again → the next committed batch, counted from the restart, ÷ cold
+  start (the session lives on, so the first renewal thaws the worker; docs/runtime.md, "A
+  lease that runs out freezes the worker"; no target in the issue);
 * supervisor kill -9 alone, started again at once → the next committed batch, ÷ cold
   start (the new process takes the running worker over; no target in the issue);
 * supervisor kill -9 (with its worker) → the next committed batch on the other
@@ -75,6 +79,7 @@ FILES_PER_BATCH = 3
 PIPELINE_CONF = {"wordcount.trigger.secs": TRIGGER_SECS,
                  "wordcount.max.files.per.trigger": FILES_PER_BATCH}
 TIMEOUT_S = 300
+FROZEN = "frozen until the supervisor renews it"  # the worker's log, nimbus/worker/lease.py
 
 
 def run_direct(input_dir: str, output_dir: str, checkpoint: str) -> None:
@@ -285,9 +290,25 @@ def main() -> None:
             after = runtime.worker()
             restarts = (runtime.restarts() - restarts_before) + (after != (sid, port, pid))
 
+            # ZooKeeper down for longer than a lease: the worker freezes, and the first
+            # renewal once the server is back thaws it.
+            sid, port, pid = after
+            log = runtime.supervisor(sid).worker_dir(runtime.topology_id, port) / "worker.log"
+            frozen_before = log.read_text().count(FROZEN)
+            cluster.zk.kill9()
+            wait_for(lambda: log.read_text().count(FROZEN) > frozen_before, TIMEOUT_S,
+                     "the worker to freeze", interval_s=0.1)
+            pending = runtime.feed.feed(1)
+            cluster.zk.start()  # returns once it serves: counted from there
+            t0 = time.monotonic()
+            wait_for(lambda: runtime.output.holds(pending), TIMEOUT_S,
+                     "the record fed while ZooKeeper was down", interval_s=0.02)
+            outage = time.monotonic() - t0
+            thawed = runtime.worker() == (sid, port, pid)
+
             # The supervisor alone, killed and started again at once: it takes the
             # running worker over (docs/runtime.md, "A supervisor started again").
-            sid, port, pid = after
+            sid, port, pid = runtime.worker()
             supervisor = runtime.supervisor(sid)
             t0 = time.monotonic()
             supervisor.kill9_group()
@@ -319,6 +340,9 @@ def main() -> None:
         "worker_crash_vs_direct_restart": round(worker_crash / direct_restart, 3),
         "leader_kills": args.leader_kills,
         "worker_restarts_during_leader_kills": restarts,
+        "zookeeper_back_to_commit_s": round(outage, 2),
+        "zookeeper_back_ratio": round(outage / cold, 3),
+        "zookeeper_outage_thawed_the_worker": thawed,
         "supervisor_restart_to_commit_s": round(supervisor_restart, 2),
         "supervisor_restart_ratio": round(supervisor_restart / cold, 3),
         "supervisor_restart_took_over_the_worker": taken_over,
@@ -345,6 +369,9 @@ def main() -> None:
           f"{figures['worker_crash_vs_direct_restart']} x the same crash and restart "
           f"without nimbus-ha")
     print(f"{args.leader_kills} leader kill -9s: {restarts} worker restarts (target 0)")
+    print(f"ZooKeeper down past the lease, started again -> next commit: {outage:.2f}s = "
+          f"{figures['zookeeper_back_ratio']} x cold start "
+          f"({'the same worker, thawed' if thawed else 'a NEW worker'})")
     print(f"supervisor kill -9, started again at once -> next commit: "
           f"{supervisor_restart:.2f}s = {figures['supervisor_restart_ratio']} x cold start "
           f"({'the same worker, taken over' if taken_over else 'a NEW worker'})")
