@@ -433,6 +433,10 @@ class _SupervisorCollector(Collector):
         handles = self._workers()
         yield GaugeMetricFamily("supervisor_workers", "Worker processes this supervisor runs",
                                 value=len(handles))
+        yield GaugeMetricFamily(
+            "supervisor_workers_frozen",
+            "Workers frozen because their lease ran out, waiting for a renewal to thaw them",
+            value=sum(1 for handle in handles if handle.is_frozen()))
         memory = GaugeMetricFamily(
             "supervisor_worker_memory_bytes",
             "Resident bytes of a worker's processes (Python, its JVM, its command)",

@@ -21,6 +21,7 @@ import pytest
 from worker_harness import process_alive, wait_until
 
 from nimbus.supervisor.cgroups import WorkerCgroups, is_frozen, unified_root
+from nimbus.supervisor.takeover import find_orphans
 from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker.lease import Lease
 from nimbus.worker.spec import WorkerSpec
@@ -283,3 +284,21 @@ def test_a_frozen_worker_is_killed_at_once_and_a_stop_does_not_wait_for_it(froze
     assert time.monotonic() - started < 30
     assert handle.exit_code() == -signal.SIGKILL
     wait_until(lambda: not process_alive(child), TIMEOUT, "the command to be gone")
+
+
+def test_a_frozen_worker_found_by_a_restarted_supervisor_is_ended_at_once(frozen_worker,
+                                                                         caplog):
+    """Its supervisor died while it was frozen: the next process cannot take it over (it
+    cannot answer), and does not wait for an answer either."""
+    handle, state = frozen_worker
+    assert handle.cgroup is not None
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    root = unified_root()
+    found = find_orphans(handle.worker_dir.parent, [PORT], root, timeout_s=60)
+    assert found.orphans == {} and found.unidentified == set()
+    # Refused for being frozen, not after the 60 s an answer may take.
+    assert "it is frozen: its lease ran out" in caplog.text
+    wait_until(lambda: handle.exit_code() is not None, TIMEOUT, "the worker to die")
+    assert handle.exit_code() == -signal.SIGKILL

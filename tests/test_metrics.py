@@ -193,20 +193,25 @@ def test_thrift_calls_are_counted_by_method_and_outcome(serve):
 class FakeWorker:
     """What the collector reads of a WorkerHandle (compared by identity, like it)."""
 
-    def __init__(self, topology_id: str, port: int, memory: int = 0):
+    def __init__(self, topology_id: str, port: int, memory: int = 0, frozen: bool = False):
         self.topology_id = topology_id
         self.port = port
         self.memory = memory
+        self.frozen = frozen
 
     def memory_bytes(self) -> int:
         return self.memory
+
+    def is_frozen(self) -> bool:
+        return self.frozen
 
 
 def test_supervisor_metrics_report_restarts_rates_and_batch_age(serve):
     clock = FakeClock()
     running = FakeWorker("wc-1-1", 6700, memory=300 * 2**20)
     gone = FakeWorker("wc-1-1", 6701)
-    handles = [running]
+    frozen = FakeWorker("wc-2-1", 6702, frozen=True)
+    handles = [running, frozen]
     restarts = {("wc-1-1", 6700): 2, ("wc-1-1", 6701): 0}
     metrics = SupervisorMetrics(lambda: list(handles), lambda: dict(restarts), clock=clock,
                                 warm=lambda: WarmSummary(ready=1, starting=1,
@@ -224,7 +229,8 @@ def test_supervisor_metrics_report_restarts_rates_and_batch_age(serve):
     got = scrape(server.url)
     count = {"topology_id": "wc-1-1", "port": "6700", "component": "count"}
     main = {**count, "component": "main"}
-    assert sample(got, "supervisor_workers") == 1
+    assert sample(got, "supervisor_workers") == 2
+    assert sample(got, "supervisor_workers_frozen") == 1
     assert sample(got, "supervisor_worker_restarts_total", topology_id="wc-1-1",
                   port="6700") == 2
     assert sample(got, "supervisor_worker_memory_bytes", topology_id="wc-1-1",

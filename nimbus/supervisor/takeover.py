@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nimbus.supervisor.cgroups import kill_cgroup
+from nimbus.supervisor.cgroups import is_frozen, kill_cgroup
 from nimbus.supervisor.memory import group_pids
 from nimbus.worker.takeover import SOCKET_NAME, peer_credentials
 
@@ -259,6 +259,7 @@ def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None) -> Orp
         pid, _uid, _gid = peer_credentials(sock)
         pidfd = os.pidfd_open(pid)  # the listener is alive while it is connected
         try:
+            _refuse_frozen(pid, cgroup_root)
             hello = _read_hello(sock, deadline)
             orphan = _orphan(sock, pid, pidfd, hello, directory)
         except Exception as exc:  # whatever a tenant's code may send or cause
@@ -277,6 +278,15 @@ def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None) -> Orp
         os.close(fd)
     sock.settimeout(None)
     return orphan
+
+
+def _refuse_frozen(pid: int, cgroup_root: Path | None) -> None:
+    """A worker frozen in its cgroup (its lease ran out while the earlier process lived,
+    nimbus/worker/lease.py) cannot answer, and no renewal of that process will come:
+    it is ended at once rather than after the answer's deadline."""
+    cgroup = cgroup_of(pid, cgroup_root) if cgroup_root is not None else None
+    if cgroup is not None and is_frozen(cgroup):
+        raise ValueError("it is frozen: its lease ran out before this process started")
 
 
 def _read_hello(sock: socket.socket, deadline: float) -> dict[str, Any]:
