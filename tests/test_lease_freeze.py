@@ -80,7 +80,9 @@ def test_a_lapsed_lease_freezes_and_a_renewal_resumes_it(lease_pipe):
         first = _grant(w, 0.5)
         assert freeze.frozen.wait(TIMEOUT)
         assert time.monotonic() >= first and reasons == []
+        standing = lease.running_clock()
         time.sleep(0.3)  # frozen time the clock of its own progress must not count
+        assert lease.running_clock() == standing  # it stands still while frozen
         renewed = _grant(w, 30)
         freeze.thaw()
         wait_until(lambda: lease.deadline == pytest.approx(renewed, abs=1e-3), TIMEOUT,

@@ -138,6 +138,7 @@ class Lease:
         self._outlives_supervisor = outlives_supervisor
         self._freeze = freeze
         self._frozen_s = 0.0  # time spent frozen, in all
+        self._frozen_since: float | None = None  # a freeze not yet counted began then
         self._orphaned = False  # the lease pipe reached EOF and nothing is attached yet
         # Called on the reader thread with (worker_index, num_workers) of an "assign" line.
         self.on_assign: Callable[[int, int], None] | None = None
@@ -191,8 +192,12 @@ class Lease:
     def running_clock(self) -> float:
         """``time.monotonic()`` less the time spent frozen: the clock for judging the
         worker's own progress (health checks, stalls), which cannot advance while it is
-        frozen."""
-        return time.monotonic() - self.frozen_s
+        frozen. It stands still from the freeze until the watchdog has counted it, so a
+        thread that runs first after a thaw does not see the frozen time either."""
+        with self._cond:
+            if self._frozen_since is not None:
+                return self._frozen_since - self._frozen_s
+            return time.monotonic() - self._frozen_s
 
     @property
     def orphaned(self) -> bool:
@@ -325,12 +330,15 @@ class Lease:
         log.warning("lease ran out %.3f s ago: frozen until the supervisor renews it",
                     late)
         _flush_logs()
-        frozen_at = time.monotonic()
+        with self._cond:
+            frozen_at = self._frozen_since = time.monotonic()
         assert self._freeze is not None
-        if not self._freeze():
-            return False
+        froze = self._freeze()
         thawed_at = time.monotonic()
         with self._cond:
+            self._frozen_since = None
+            if not froze:
+                return False
             self._frozen_s += thawed_at - frozen_at
             renewed = self._deadline is not None and self._deadline > thawed_at
         # Only a supervisor that has just written a renewal thaws a worker: it is in the
