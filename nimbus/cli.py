@@ -340,8 +340,8 @@ def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, .
 def _cluster_state(conf: Config) -> Iterator[Any]:
     """A StormClusterState on a ZooKeeper client of its own, for reads only; closed on
     exit. Nothing is created: a missing layout is reported, not set up."""
-    from nimbus.master.daemon import make_zk_client
     from nimbus.state.cluster_state import StormClusterState
+    from nimbus.state.zk_client import make_zk_client
 
     zk = make_zk_client(conf)
     try:
@@ -535,8 +535,8 @@ def secure_zookeeper(config_path: str | None, overrides: tuple[str, ...]) -> Non
     For turning ZooKeeper auth on in a cluster that ran without it: nodes created before
     keep the open ACL they were made with until this runs (see README, "ZooKeeper
     authentication")."""
-    from nimbus.master.daemon import make_zk_client
     from nimbus.state.zk_auth import secure_tree, zk_security
+    from nimbus.state.zk_client import make_zk_client
 
     conf = _conf(config_path, overrides)
     security = zk_security(conf)

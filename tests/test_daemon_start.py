@@ -63,7 +63,7 @@ def test_cli_exits_non_zero_with_the_reason(zk_server, zk_root, tmp_path, taken_
 
 def test_unreachable_zookeeper_is_a_clear_error():
     from nimbus.devcluster import free_port
-    from nimbus.master.daemon import make_zk_client
+    from nimbus.state.zk_client import make_zk_client
 
     closed_port = free_port()  # nothing listens there: connections are refused
 

@@ -368,7 +368,7 @@ class FakeZk:
         def get():
             if path not in self.assignments:
                 raise NoNodeError()
-            return self.assignments[path], None
+            return self.assignments[path], SimpleNamespace(mzxid=7)
         return _Answered(get)
 
 
@@ -388,9 +388,11 @@ class FakeWorker:
         self.topology_id = topology_id
         self.ended_by = ""
         self.leases: list[float] = []
+        self.versions: list[int | None] = []  # the assignment's mzxid with each renewal
 
-    def renew(self, deadline: float) -> bool:
+    def renew(self, deadline: float, assignment_version: int | None = None) -> bool:
         self.leases.append(deadline)
+        self.versions.append(assignment_version)
         return True
 
 
@@ -427,6 +429,7 @@ def test_a_worker_whose_assignment_changed_is_not_renewed():
     deadline = keeper(zk, [kept, moved, removed],
                       on_unassigned=unassigned.append).renew_once()
     assert kept.leases == [deadline] and moved.leases == [] and removed.leases == []
+    assert kept.versions == [7]  # what a frozen worker's thaw is checked against
     assert unassigned == [moved, removed]
 
 

@@ -15,9 +15,9 @@ from kazoo.security import make_digest_acl, make_digest_acl_credential
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.master.daemon import make_zk_client
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_auth import zk_security
+from nimbus.state.zk_client import make_zk_client
 
 pytestmark = pytest.mark.integration
 

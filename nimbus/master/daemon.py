@@ -20,9 +20,7 @@ import logging
 import threading
 import time
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
-from kazoo.retry import KazooRetry
 
 from nimbus import __version__
 from nimbus.config import Config, ConfigError
@@ -41,10 +39,10 @@ from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
-from nimbus.state.connection_watchdog import WatchedKazooClient
 from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import check_layout_acl, zk_security
+from nimbus.state.zk_client import make_zk_client
 from nimbus.thrift.authorizer import authorizer_from_conf
 from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
@@ -53,38 +51,6 @@ from nimbus.thrift.tls import configure_clients, server_context
 from nimbus.timing import WORKER_LEASE_FRACTION, check_timing
 
 log = logging.getLogger(__name__)
-
-
-def make_zk_client(conf: Config, name: str = "zk") -> KazooClient:
-    """A started kazoo client for ``conf``; raises if ZooKeeper is unreachable.
-
-    It tracks the negotiated session timeout (``zk.session_timeout``) and has a watchdog
-    that drops a connection over which nothing is answered (nimbus.state.
-    connection_watchdog); ``name`` names the watchdog's thread.
-
-    With ZooKeeper auth configured (``storm.zookeeper.auth.*``) the client authenticates
-    and every node it creates carries the cluster's ACL (nimbus.state.zk_auth)."""
-    security = zk_security(conf)
-    zk = WatchedKazooClient(
-        watchdog_name=name,
-        hosts=conf.zk_hosts,
-        auth_data=security.auth_data if security else None,
-        default_acl=security.acl if security else None,
-        timeout=conf.session_timeout_s,
-        connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
-        command_retry=KazooRetry(max_tries=conf["storm.zookeeper.retry.times"],
-                                 delay=conf["storm.zookeeper.retry.interval"] / 1000.0,
-                                 max_delay=5.0),
-    )
-    try:
-        zk.start(timeout=conf.connection_timeout_s)
-    except Exception as exc:
-        zk.stop()
-        zk.close()
-        raise ConnectionError(
-            f"cannot connect to ZooKeeper at {conf.zk_hosts} within "
-            f"{conf.connection_timeout_s:.0f}s (storm.zookeeper.servers/port): {exc}") from None
-    return zk
 
 
 class NimbusDaemon:

@@ -72,12 +72,12 @@ from kazoo.protocol.states import KazooState
 import nimbus
 from nimbus import __version__
 from nimbus.config import Config, ConfigError
-from nimbus.master.daemon import make_zk_client
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, ErrorInfo, RecordError, SupervisorInfo, WorkerBeat
+from nimbus.state.zk_client import make_zk_client
 from nimbus.supervisor.cgroups import (
     WorkerCgroups,
     kill_cgroup,

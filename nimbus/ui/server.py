@@ -138,7 +138,7 @@ class UIServer:
         me = own_identity(self.conf)
         self._warn_about(authorizer, me, hosts)
         if self.zk is None:
-            from nimbus.master.daemon import make_zk_client
+            from nimbus.state.zk_client import make_zk_client
 
             self.zk = make_zk_client(self.conf)
         self.view = ClusterView(self.conf, self.zk, topology_conf_fetcher(self.conf),
