@@ -141,25 +141,35 @@ def test_a_killed_worker_resumes_on_the_replacement(warm):
     assert "warm" in out.stdout and "Warm workers on its supervisors" in out.stdout
 
 
-def test_a_supervisor_started_again_takes_over_the_worker_that_was_warm(warm):
-    """It keeps the taken warm worker's directory (its JVM works there) and cgroup, and
-    names its own new warm workers so that none can collide with them."""
+def test_a_supervisor_started_again_takes_over_its_worker_and_keeps_its_warm_one(warm):
+    """It keeps the taken warm worker's directory (its JVM works there) and cgroup; it
+    keeps the warm worker that was waiting too, and a slot then takes that one; and it
+    names its own new warm workers so that none can collide with earlier ones."""
     taken = warm.warm_pid(2)
     warm_dir = warm.supervisor.local_dir / "supervisor" / "warm" / "warm-2"
+    warm.wait_log(r"warm worker \S+/warm-3 ready", "warm-2's replacement to be ready")
+    waiting = warm.warm_pid(3)
     mark = len(warm.log())
     warm.supervisor.kill9_group()
     warm.cluster.start_supervisor(warm.supervisor)
     warm.wait_log(rf"took over worker {warm.topology_id}:\d+ \(pid {taken}\)",
                   "the take-over", mark)
+    warm.wait_log(rf"kept warm worker warm:3 \(pid {waiting}\)", "warm-3 kept", mark)
     warm.feed_and_check(20)
-    # A new warm worker, named after every earlier one (starting it makes its cgroup,
-    # emptying any of that name); the taken-over worker runs on.
+    assert "starting warm worker" not in warm.log()[mark:], "warm-3 was kept: no new one"
+    assert warm.warm_pid(2) == taken and warm_dir.is_dir()
+
+    # The slot's next restart runs on the warm worker the earlier process started.
+    os.killpg(taken, signal.SIGKILL)
+    warm.wait_log(rf"starting worker {warm.topology_id}:\d+ \(restart 2\) on warm worker "
+                  rf"warm-3 \(pid {waiting}\)", "the restart to take the kept warm-3", mark)
+    warm.feed_and_check(20)
+    # Its replacement is named after every earlier one (starting it makes its cgroup,
+    # emptying any of that name).
     found = warm.wait_log(r"starting warm worker \S+/warm-(\d+) ", "a new warm worker",
                           mark)
     assert int(found.group(1)) >= 4
-    warm.feed_and_check(20)
-    assert warm.warm_pid(2) == taken and warm_dir.is_dir()
-    assert warm.info()["workers"][0]["restarts"] == 1
+    wait_for(lambda: warm.info()["workers"][0]["restarts"] == 2, 30, "the restart counted")
 
 
 def test_a_static_spark_setting_that_differs_starts_cold(warm):

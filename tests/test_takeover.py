@@ -6,6 +6,7 @@ the line it sends, how slowly it sends it, and what the socket file is.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from worker_harness import process_alive, wait_until
 
 from nimbus.supervisor import takeover as takeover_module
-from nimbus.supervisor.takeover import SOCKET_NAME, find_orphans
+from nimbus.supervisor.takeover import SOCKET_NAME, find_orphans, find_warm_orphans
 from nimbus.worker.takeover import socket_path
 
 TOPOLOGY_ID = "tailer-1-1700000000"
@@ -149,3 +150,61 @@ def test_a_take_over_line_is_checked_against_the_socket_and_the_slot(tmp_path):
             child.wait()
 
 
+
+
+def claiming_listener(tmp_path: Path, directory: Path, fields: dict) -> subprocess.Popen:
+    """A listener whose take-over line claims its own pid (a wrapper execs it, so the
+    pid is known before it starts) with ``fields``."""
+    directory.mkdir(parents=True)
+    script = tmp_path / "listener.py"
+    script.write_text(LISTENER)
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        fields = json.loads(sys.argv[1])
+        hello = json.dumps({{"takeover": {{"pid": os.getpid(), **fields}}}}) + "\\n"
+        os.execv(sys.executable, [sys.executable, {str(script)!r}, {str(directory)!r},
+                                  hello, "0"])
+    """))
+    proc = subprocess.Popen([sys.executable, str(wrapper), json.dumps(fields)],
+                            start_new_session=True)
+    wait_until(lambda: (directory / "listening").exists(), 20, "the listener")
+    return proc
+
+
+@pytest.mark.parametrize("where,fields", [
+    # A slot's worker claiming to be warm, where a warm worker cannot be.
+    ("workers/tailer-1-1700000000-6701", {"kind": "warm", "lease_fd": 3, "status_fd": 4}),
+    # In a warm directory, a worker that claims a slot.
+    ("warm/warm-3", {"kind": "process", "topology_id": TOPOLOGY_ID, "port": 6701,
+                     "worker_index": 0, "num_workers": 1, "restarts": 0}),
+    # Warm, but with descriptors that are no numbers.
+    ("warm/warm-3", {"kind": "warm", "lease_fd": "3", "status_fd": 4}),
+])
+def test_a_warm_claim_out_of_place_is_killed(tmp_path, where, fields):
+    proc = claiming_listener(tmp_path, tmp_path / where, fields)
+    try:
+        if where.startswith("warm/"):
+            assert find_warm_orphans(tmp_path / "warm", cgroup_root=None, timeout_s=2) == []
+        else:
+            found = find_orphans(tmp_path / "workers", [6701], cgroup_root=None, timeout_s=2)
+            assert found.orphans == {} and found.unidentified == set()
+        assert proc.wait(timeout=10) < 0  # killed
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_warm_worker_left_waiting_is_found_with_its_descriptors(tmp_path):
+    proc = claiming_listener(tmp_path, tmp_path / "warm" / "warm-3",
+                             {"kind": "warm", "lease_fd": 5, "status_fd": 6})
+    try:
+        found = find_warm_orphans(tmp_path / "warm", cgroup_root=None, timeout_s=5)
+        assert [(o.pid, o.kind, o.port, o.child_fds) for o in found] == \
+            [(proc.pid, "warm", 3, (5, 6))]
+        for orphan in found:
+            orphan.kill()
+        assert proc.wait(timeout=10) < 0
+    finally:
+        proc.kill()
+        proc.wait()

@@ -9,7 +9,7 @@ import pytest
 
 from nimbus.worker.spark import warm_mismatch
 from nimbus.worker.spec import WorkerSpec
-from nimbus.worker.warm import wait_for_take
+from nimbus.worker.warm import SupervisorGone, wait_for_take
 
 BASE = {"topology.spark.master": "local[1]",
         "topology.spark.conf": {"spark.driver.memory": "512m",
@@ -88,4 +88,5 @@ def test_anything_but_a_take_ends_the_wait(pipe, line):
 def test_a_supervisor_gone_ends_the_wait(pipe):
     r, w = pipe
     os.close(w)
-    assert wait_for_take(r, threading.Event()) is None
+    with pytest.raises(SupervisorGone):
+        wait_for_take(r, threading.Event())

@@ -113,7 +113,7 @@ from nimbus.supervisor.status_input import (
     checked_components,
     checked_error,
 )
-from nimbus.supervisor.takeover import Orphan, cgroup_of, find_orphans
+from nimbus.supervisor.takeover import Orphan, cgroup_of, find_orphans, find_warm_orphans
 from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
 from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, move_log
 from nimbus.supervisor.worker_handle import (
@@ -335,8 +335,10 @@ class Supervisor:
         pool = WarmPool(
             size, self.supervisor_dir / "warm", self._warm_command, self._warm_spec,
             _worker_env, self.cgroups, self._start_timeout_s, wake=self._wake.set)
+        cgroup_root = unified_root() if self.cgroups is not None else None
+        kept = pool.adopt(find_warm_orphans(pool.root, cgroup_root), cgroup_root)
         pool.clear_leftovers({d for orphan in self._orphans.values()
-                              for d in orphan.working_dirs()})
+                              for d in orphan.working_dirs()} | set(kept))
         log.info("keeping %d warm workers ready (%s)", size, WARM_KEY)
         return pool
 

@@ -38,10 +38,6 @@ from nimbus.worker.takeover import SOCKET_NAME, peer_credentials
 log = logging.getLogger(__name__)
 
 MAX_HELLO = 4096
-KINDS = ("pipeline", "process")
-
-
-MAX_HELLO = 4096
 MAX_RESTARTS = 1_000_000_000
 KINDS = ("pipeline", "process")
 # Once a worker is seen dead, how long its status stream may still hold its exit line.
@@ -91,6 +87,8 @@ class Orphan:
     restarts: int
     kind: str
     worker_dir: Path
+    # A warm worker's lease and status descriptors, as its own process numbers them.
+    child_fds: tuple[int, int] = (-1, -1)
 
     @property
     def name(self) -> str:
@@ -231,7 +229,36 @@ def _kill_with_cgroup(pidfd: int, pid: int, cgroup_root: Path | None) -> None:
             kill_cgroup(cgroup)
 
 
-def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None) -> Orphan | None:
+def find_warm_orphans(warm_root: Path, cgroup_root: Path | None,
+                      timeout_s: float = 2.0) -> list[Orphan]:
+    """The warm workers an earlier process of this supervisor left waiting (not yet
+    taken, so holding no lease: nimbus/worker/warm.py), connected through their
+    ``<warm-dir>/supervisor.sock``; each checked as :func:`find_orphans` checks a slot's
+    worker, and killed if a check fails. Their ``kind`` is ``"warm"`` and their ``port``
+    the number of their ``warm-<n>`` directory."""
+    found: list[Orphan] = []
+    if not warm_root.is_dir():
+        return found
+    for directory in sorted(warm_root.iterdir()):
+        if not directory.name.startswith("warm-") or \
+                not os.path.lexists(directory / SOCKET_NAME):
+            continue
+        try:
+            orphan = _connect(directory, timeout_s, cgroup_root, warm=True)
+        except _Unreachable as exc:
+            # Nothing to hold: a warm worker touches no slot and no checkpoint.
+            log.warning("warm worker in %s not reachable (%s): left to exit on its own",
+                        directory, exc)
+            continue
+        if orphan is not None:
+            log.info("found warm worker %s left waiting by an earlier process of this "
+                     "supervisor", orphan.name)
+            found.append(orphan)
+    return found
+
+
+def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None,
+             warm: bool = False) -> Orphan | None:
     deadline = time.monotonic() + timeout_s
     path = directory / SOCKET_NAME
     try:
@@ -261,7 +288,8 @@ def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None) -> Orp
         try:
             _refuse_frozen(pid, cgroup_root)
             hello = _read_hello(sock, deadline)
-            orphan = _orphan(sock, pid, pidfd, hello, directory)
+            orphan = _warm_orphan(sock, pid, pidfd, hello, directory) if warm else \
+                _orphan(sock, pid, pidfd, hello, directory)
         except Exception as exc:  # whatever a tenant's code may send or cause
             log.warning("cannot take over the worker in %s (pid %d): %s; killed",
                         directory, pid, exc)
@@ -310,23 +338,48 @@ def _read_hello(sock: socket.socket, deadline: float) -> dict[str, Any]:
     return hello
 
 
-def _orphan(sock: socket.socket, peer_pid: int, pidfd: int, hello: dict[str, Any],
-            directory: Path) -> Orphan:
-    def integer(key: str, most: int = 1 << 31) -> int:
-        value = hello.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
-            raise ValueError(f"its {key} is not a count: {value!r:.50}")
-        return value
+def _integer(hello: dict[str, Any], key: str, most: int = 1 << 31) -> int:
+    value = hello.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+        raise ValueError(f"its {key} is not a count: {value!r:.50}")
+    return value
 
-    topology_id, kind = hello.get("topology_id"), hello.get("kind")
-    if not isinstance(topology_id, str) or kind not in KINDS:
-        raise ValueError("its take-over line names no topology or kind")
-    pid, port = integer("pid"), integer("port", 65535)
-    index, count = integer("worker_index"), integer("num_workers")
+
+def _check_peer(hello: dict[str, Any], peer_pid: int) -> int:
+    """The pid the worker claims, once shown to be the socket's owner and a group leader."""
+    pid = _integer(hello, "pid")
     if pid != peer_pid:
         raise ValueError(f"it claims pid {pid}, but the socket's owner is pid {peer_pid}")
     if os.getpgid(pid) != pid:
         raise ValueError(f"pid {pid} leads no process group of its own")
+    return pid
+
+
+def _warm_orphan(sock: socket.socket, peer_pid: int, pidfd: int, hello: dict[str, Any],
+                 directory: Path) -> Orphan:
+    if hello.get("kind") != "warm":
+        raise ValueError("a worker that is not warm, in a warm worker's directory")
+    pid = _check_peer(hello, peer_pid)
+    number = directory.name.removeprefix("warm-")
+    if not number.isdigit():
+        raise ValueError(f"{directory.name} is no warm worker's directory")
+    # Its descriptors, as its worker.json must name them once a slot takes it.
+    fds = (_integer(hello, "lease_fd", 1 << 20), _integer(hello, "status_fd", 1 << 20))
+    return Orphan(sock, pid, pidfd, "warm", int(number), 0, 1, 0, "warm", directory,
+                  child_fds=fds)
+
+
+def _orphan(sock: socket.socket, peer_pid: int, pidfd: int, hello: dict[str, Any],
+            directory: Path) -> Orphan:
+    def integer(key: str, most: int = 1 << 31) -> int:
+        return _integer(hello, key, most)
+
+    topology_id, kind = hello.get("topology_id"), hello.get("kind")
+    if not isinstance(topology_id, str) or kind not in KINDS:
+        raise ValueError("its take-over line names no topology or kind")
+    pid = _check_peer(hello, peer_pid)
+    port = integer("port", 65535)
+    index, count = integer("worker_index"), integer("num_workers")
     if directory.name != f"{topology_id}-{port}":
         raise ValueError(f"it claims slot {topology_id}:{port}, not this directory's")
     if not index < count:

@@ -9,9 +9,11 @@ one whose settings fixed at Spark's start match the topology's
 supervisor logs why.
 
 What a warm worker is not: it holds no lease, is in no slot, writes no beat and touches no
-checkpoint until it is taken. It ends with its supervisor (EOF on its lease pipe). A taken
-one is replaced, but only once no worker of this supervisor is still starting: a new JVM
-competes for the CPU that a taken worker's first batch needs.
+checkpoint until it is taken. When its supervisor dies (EOF on its lease pipe) it waits
+up to a minute for the supervisor's next process, which keeps it (:meth:`WarmPool.adopt`),
+and exits if none comes. A taken one is replaced, but only once no worker of this
+supervisor is still starting: a new JVM competes for the CPU that a taken worker's first
+batch needs.
 
 Everything here runs on the supervisor's monitor thread, except :meth:`WarmPool._on_status`
 (a reader thread) and the read-only :meth:`WarmPool.summary`.
@@ -29,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nimbus.supervisor.cgroups import WorkerCgroups
+from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup
+from nimbus.supervisor.takeover import Orphan, cgroup_of
 from nimbus.supervisor.worker_handle import LOG_FILE, WorkerHandle, stop_all, tidy_warm_dir
 from nimbus.worker.spark import warm_mismatch
-from nimbus.worker.spec import WorkerSpec
+from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.warm import WARM_FILE
 
 log = logging.getLogger(__name__)
@@ -92,6 +95,41 @@ class WarmPool:
                     self._counter = max(self._counter, int(number))
                 if child not in in_use:
                     tidy_warm_dir(child)
+
+    def adopt(self, orphans: list[Orphan], cgroup_root: Path | None) -> list[Path]:
+        """Keep the warm workers an earlier process of this supervisor left waiting
+        (:func:`~nimbus.supervisor.takeover.find_warm_orphans`), up to the pool's size;
+        the others are ended. Returns the directories of those kept."""
+        kept: list[Path] = []
+        for orphan in orphans:
+            try:
+                spec = WorkerSpec.load(orphan.worker_dir / WARM_FILE)
+            except (OSError, SpecError) as exc:
+                spec, why = None, f"its {WARM_FILE} is unusable: {exc}"
+            else:
+                why = "the pool is full" if len(self._handles) >= self.size else ""
+            if spec is None or why:
+                log.info("ending warm worker %s, left by this supervisor's earlier "
+                         "process: %s", orphan.name, why)
+                orphan.kill()
+                if self._cgroups is not None:
+                    kill_cgroup(self._cgroups.path(orphan.worker_dir.name))
+                continue
+            handle = WorkerHandle.taken_over(orphan, 0, self._on_status,
+                                             lambda _h: self._wake())
+            handle.kind = "pipeline"  # what it will run
+            handle.warm, handle.warm_dir = "ready", orphan.worker_dir
+            handle.child_fds = orphan.child_fds
+            cgroup = cgroup_of(orphan.pid, cgroup_root) if cgroup_root is not None else None
+            if self._cgroups is not None and cgroup is not None and \
+                    cgroup.parent == self._cgroups.base:
+                handle.cgroups, handle.cgroup = self._cgroups, cgroup
+            self._specs[id(handle)] = spec
+            self._handles.append(handle)
+            kept.append(orphan.worker_dir)
+            log.info("kept warm worker %s, left ready by this supervisor's earlier process",
+                     orphan.name)
+        return kept
 
     def fill(self, busy: bool) -> None:
         """Reap warm workers that died, kill those that never got ready, and start what

@@ -11,8 +11,15 @@ Order of events:
 2. Start the SparkSession with the cluster's default ``topology.spark.*`` settings and
    run one tiny job, then say ``{"warm": {"ready": ...}}`` on the status pipe.
 3. Wait for one line on the lease pipe: ``take <worker-dir>``. Until then the process
-   holds no lease and touches no checkpoint; EOF (its supervisor is gone) or SIGTERM ends
-   it.
+   holds no lease and touches no checkpoint; SIGTERM ends it. On EOF (its supervisor is
+   gone) it listens on ``<warm-dir>/supervisor.sock`` for up to :data:`ORPHAN_WAIT_S`
+   (mode 0600; only root or its own user, ``SO_PEERCRED``) and exits if nobody comes.
+   The supervisor's next process connects at start, reads one line,
+   ``{"takeover": {"kind": "warm", "pid", "lease_fd", "status_fd"}}``, and from then on
+   the connection is this worker's lease and status pipes (the two descriptors it names,
+   which that supervisor writes into ``worker.json``): the wait for ``take`` goes on
+   there. A warm worker holds no lease, so waiting endangers nothing; it saves the
+   restarted supervisor a SparkSession start.
 4. Taken: work in ``<worker-dir>``, read its ``worker.json`` (written by the supervisor
    with the same pipes), and make the session the topology's
    (:func:`~nimbus.worker.spark.adopt_session`). If a setting Spark fixes at start
@@ -23,10 +30,12 @@ Order of events:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import select
+import socket
 import threading
 import time
 from pathlib import Path
@@ -36,12 +45,19 @@ from nimbus.redaction import install_log_redaction
 from nimbus.worker.exits import EXIT_FAILED, EXIT_OK, EXIT_STARTUP, EXIT_WARM_REFUSED
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
+from nimbus.worker.takeover import SOCKET_NAME, peer_credentials, socket_path
 
 log = logging.getLogger("nimbus.worker.warm")
 
 WARM_FILE = "warm.json"
 TAKE = "take"
 MAX_TAKE_LINE = 4096
+#: How long a warm worker whose supervisor died waits for the supervisor's next process.
+ORPHAN_WAIT_S = 60.0
+
+
+class SupervisorGone(Exception):
+    """The lease pipe reached EOF before a ``take`` line."""
 
 
 def send_status(fd: int, obj: dict[str, Any]) -> None:
@@ -54,7 +70,7 @@ def send_status(fd: int, obj: dict[str, Any]) -> None:
 
 def wait_for_take(fd: int, stop: threading.Event) -> Path | None:
     """The worker directory of the ``take <worker-dir>`` line read from ``fd``; None on
-    EOF, on ``stop``, or on a line that is not a take.
+    ``stop`` or on a line that is not a take; :class:`SupervisorGone` on EOF.
 
     Reads one byte at a time, so that nothing after the line (the first lease) is taken
     out of the pipe before the lease reader starts."""
@@ -65,8 +81,7 @@ def wait_for_take(fd: int, stop: threading.Event) -> Path | None:
             continue
         byte = os.read(fd, 1)
         if not byte:
-            log.info("supervisor gone before this warm worker was taken")
-            return None
+            raise SupervisorGone
         if byte == b"\n":
             break
         line += byte
@@ -80,6 +95,51 @@ def wait_for_take(fd: int, stop: threading.Event) -> Path | None:
         log.error("expected 'take <absolute worker dir>', got %r", bytes(line[:200]))
         return None
     return Path(rest)
+
+
+def await_successor(warm_dir: Path, stop: threading.Event, timeout_s: float,
+                    ready_s: float) -> tuple[int, int] | None:
+    """Listen on ``<warm_dir>/supervisor.sock`` until a supervisor process (root, or this
+    worker's own user) connects, at most ``timeout_s``; say who this is and return the
+    connection as (lease fd, status fd). None on timeout or ``stop``."""
+    path = warm_dir / SOCKET_NAME
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with socket_path(warm_dir) as address:
+            listener.bind(address)
+        os.chmod(path, 0o600)
+        listener.listen(1)
+        end = time.monotonic() + timeout_s
+        while not stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                log.info("no supervisor came for this warm worker: exiting")
+                return None
+            ready, _, _ = select.select([listener], [], [], min(left, 0.5))
+            if not ready:
+                continue
+            conn, _ = listener.accept()
+            pid, uid, _gid = peer_credentials(conn)
+            if uid not in (0, os.getuid()):
+                log.warning("refused a take-over by pid %d (uid %d): not this worker's "
+                            "user or root", pid, uid)
+                conn.close()
+                continue
+            conn.setblocking(True)
+            lease_fd = conn.detach()
+            status_fd = os.dup(lease_fd)
+            send_status(status_fd, {"takeover": {
+                "kind": "warm", "pid": os.getpid(), "lease_fd": lease_fd,
+                "status_fd": status_fd, "startup_secs": ready_s}})
+            log.warning("kept by supervisor process %d", pid)
+            return lease_fd, status_fd
+        return None
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def run_warm(warm_dir: Path) -> int:
@@ -113,7 +173,22 @@ def run_warm(warm_dir: Path) -> int:
         send_status(warm.status_fd, {"warm": {"ready": True, "startup_secs": round(ready_s, 1)}})
     except OSError:
         return EXIT_OK  # the supervisor is gone
-    worker_dir = wait_for_take(warm.lease_fd, stop)
+    fds = (warm.lease_fd, warm.status_fd)
+    while True:
+        try:
+            worker_dir = wait_for_take(fds[0], stop)
+            break
+        except SupervisorGone:
+            log.info("supervisor gone before this warm worker was taken: waiting up to "
+                     "%.0f s for its next process", ORPHAN_WAIT_S)
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            adopted = await_successor(warm_dir, stop, ORPHAN_WAIT_S,
+                                      ready_s=round(ready_s, 1))
+            if adopted is None:
+                return EXIT_OK
+            fds = adopted
     if worker_dir is None:
         return EXIT_OK
     waited = time.monotonic() - started - ready_s
@@ -131,10 +206,17 @@ def run_warm(warm_dir: Path) -> int:
         adopt_session(session, warm, spec)
     except WarmMismatchError as exc:
         log.warning("cannot run it on this session: %s", exc)
-        send_status(spec.status_fd, {"warm": {"refused": str(exc)}})
-        return EXIT_WARM_REFUSED
+        return _refuse(spec.status_fd, str(exc))
     except Exception as exc:  # the session is unusable (its JVM died, say)
         log.error("cannot adopt the warm session: %s", format_error(exc))
-        send_status(spec.status_fd, {"warm": {"refused": f"warm session unusable: {exc}"}})
-        return EXIT_WARM_REFUSED
+        return _refuse(spec.status_fd, f"warm session unusable: {exc}")
     return run(spec, stop, worker_dir, session)
+
+
+def _refuse(status_fd: int, why: str) -> int:
+    """Say why this warm worker cannot run the topology, and with which exit code it
+    exits (a supervisor that kept it from an earlier process sees no exit status)."""
+    with contextlib.suppress(OSError):
+        send_status(status_fd, {"warm": {"refused": why}})
+        send_status(status_fd, {"exit": EXIT_WARM_REFUSED})
+    return EXIT_WARM_REFUSED
