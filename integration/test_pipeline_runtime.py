@@ -26,6 +26,7 @@ from nimbus.testing.pipelines import (
     WORKER_MODULE,
     CommittedOutput,
     RecordFeed,
+    acting,
     exactly_once_report,
     processes_with_arg,
     running,
@@ -178,24 +179,28 @@ def test_a_frozen_supervisor_stops_its_worker_before_the_work_moves(scenario):
     supervisor = scenario.supervisor(slot[0])
     supervisor.signal(signal.SIGSTOP)
     try:
-        # Watch both events on one clock: the old worker's death (its lease ran out) must
-        # come no later than the leader's move of its work.
-        died_at = moved_at = None
+        # Watch both events on one clock: the old worker's stop (its lease ran out: it
+        # froze in its cgroup, or died where it cannot freeze) must come no later than
+        # the leader's move of its work.
+        stopped_at = moved_at = None
         deadline = time.monotonic() + 4 * SESSION_MS / 1000 + 30
-        while (died_at is None or moved_at is None) and time.monotonic() < deadline:
+        while (stopped_at is None or moved_at is None) and time.monotonic() < deadline:
             now = time.monotonic()
-            if died_at is None and not running(pid):
-                died_at = now
+            if stopped_at is None and not acting(pid):
+                stopped_at = now
             if moved_at is None and scenario.slot() not in (None, slot):
                 moved_at = now
             time.sleep(0.02)
-        assert died_at is not None, "the frozen supervisor's worker kept running"
+        assert stopped_at is not None, "the frozen supervisor's worker kept running"
         assert moved_at is not None, "the leader did not move the work"
-        assert died_at <= moved_at, "the work moved while the old worker was alive"
+        assert stopped_at <= moved_at, "the work moved while the old worker was running"
+        assert not acting(pid), "the old worker ran again"
         scenario.feed_and_check()
     finally:
         supervisor.signal(signal.SIGCONT)
-    # Back, it registers anew and starts nothing for the work that moved.
+    # Back, it finds its session lost: it kills the frozen worker, registers anew and
+    # starts nothing for the work that moved.
+    wait_for(lambda: not running(pid), 60, "the thawed supervisor to end its frozen worker")
     wait_for(lambda: supervisor.id in scenario.cluster.registered_supervisors(), 60,
              "the thawed supervisor to register again")
     scenario.feed_and_check()

@@ -24,6 +24,7 @@ from helpers import observer
 from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
+from nimbus.testing.pipelines import acting, frozen
 from nimbus.timing import WORKER_LEASE_FRACTION
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -224,19 +225,22 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         assert first.id == old_id
 
         # SIGSTOP the supervisor that runs the work for longer than the session timeout:
-        # its worker kills itself within its lease (2/3 of the session timeout), before
-        # the leader can move the work; the moved command's first write comes after the
-        # old one's last.
+        # its worker stops within its lease (2/3 of the session timeout), before the
+        # leader can move the work: it freezes in its cgroup (its command with it); the
+        # moved command's first write comes after the old one's last.
         frozen_at = time.monotonic()
         other.signal(signal.SIGSTOP)
         starts_before = other.log_text().count("starting worker")
         try:
-            wait_for(lambda: not _alive(pid2), 10, "the frozen supervisor's command to die")
-            # Its last renewal was sent before the freeze: dead within one lease.
+            wait_for(lambda: not acting(pid2), 10, "the frozen supervisor's command to stop")
+            # Its last renewal was sent before the freeze: stopped within one lease.
             assert time.monotonic() - frozen_at < LEASE_S + 1.0
+            assert frozen(pid2), "where cgroups work, a lapsed lease freezes the worker"
             port3, pid3 = wait_for(lambda: _new_writer(out, 2), 30, "the work to move back")
         finally:
             other.signal(signal.SIGCONT)
+        # Thawed, the supervisor finds its session lost and kills the frozen worker.
+        wait_for(lambda: not _alive(pid2), 30, "the frozen command to be killed")
         assert port3 == first.ports[0]
         rows = _lines(out)
         last_old = max(i for i, (_, p, _t) in enumerate(rows) if p == pid2)

@@ -3,7 +3,9 @@
 A worker is ``python -m nimbus.worker <storm.local.dir>/workers/<topology-id>-<port>``
 (in a process group of its own, in its supervisor's namespace; /proc shows every
 namespace's processes). With ``topology.workers: 1`` two live worker processes of one
-topology are two live copies of its pipeline: the one thing the lease rule forbids.
+topology are two live copies of its pipeline: the one thing the lease rule forbids. A
+worker frozen in its cgroup (its lease ran out: nimbus/worker/lease.py) acts no more than
+a dead one and is not counted.
 
 The sampler also reads every worker log of the topology as it grows (a supervisor
 deletes the directory of a worker it no longer runs, so the log cannot be read at the
@@ -18,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
+from nimbus.testing.pipelines import WORKER_MODULE, frozen, processes_with_arg
 
 CONCURRENT_MARKERS = ("Concurrent update to the log", "Multiple streaming jobs detected",
                       "ConcurrentModificationException")
@@ -96,6 +98,8 @@ class CopySampler:
         pids = processes_with_arg(WORKER_MODULE)
         by_topology: dict[str, set[int]] = {}
         for pid in pids:
+            if frozen(pid):
+                continue
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
             except OSError:

@@ -151,6 +151,32 @@ def running(pid: int) -> bool:
     return state != "Z"
 
 
+def frozen(pid: int) -> bool:
+    """Whether ``pid`` sits in a frozen cgroup v2 (``cgroup.events`` says ``frozen 1``): a
+    worker whose lease ran out freezes there (nimbus/worker/lease.py), and a frozen
+    process acts no more than a dead one."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    relative = next((line[3:] for line in lines if line.startswith("0::/")), None)
+    root = next((fields[1] for fields in (m.split() for m in mounts)
+                 if len(fields) >= 3 and fields[2] == "cgroup2"), None)
+    if relative is None or root is None or relative == "/":
+        return False
+    try:
+        events = (Path(root) / relative.lstrip("/") / "cgroup.events").read_text()
+    except OSError:
+        return False
+    return "frozen 1" in events.splitlines()
+
+
+def acting(pid: int) -> bool:
+    """Whether ``pid`` can still do anything: running, and not frozen."""
+    return running(pid) and not frozen(pid)
+
+
 def process_tree_rss_kib(pid: int) -> int:
     """Resident memory of ``pid`` and all its descendants, in KiB (Linux /proc)."""
     children: dict[int, list[int]] = {}

@@ -50,6 +50,36 @@ def socket_path(directory: Path) -> Iterator[str]:
         os.close(fd)
 
 
+def listen_at(directory: Path) -> socket.socket:
+    """A socket listening at ``<directory>/supervisor.sock`` (mode 0600), in place of a
+    stale socket file an earlier process left; OSError if it cannot be made."""
+    path = directory / SOCKET_NAME
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with socket_path(directory) as address:
+            listener.bind(address)
+        os.chmod(path, 0o600)
+        listener.listen(1)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def supervisor_peer(conn: socket.socket) -> int | None:
+    """The pid at the other end of ``conn`` if it runs as root or as this process's user
+    (a supervisor may); otherwise None, with ``conn`` closed and the refusal logged."""
+    pid, uid, _gid = peer_credentials(conn)
+    if uid not in (0, os.getuid()):
+        log.warning("refused a take-over by pid %d (uid %d): not this worker's user or "
+                    "root", pid, uid)
+        conn.close()
+        return None
+    return pid
+
+
 def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     """(pid, uid, gid) of the process at the other end of a Unix socket (Linux)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -77,13 +107,7 @@ class TakeoverPoint:
         """Listen (a stale socket file of an earlier worker is replaced); an error is
         logged and leaves the worker without a take-over point, as before this release."""
         try:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            with socket_path(self.directory) as address:
-                listener.bind(address)
-            os.chmod(self.path, 0o600)
-            listener.listen(1)
+            listener = listen_at(self.directory)
         except OSError as exc:
             log.warning("no take-over point at %s (%s): this worker ends with its "
                         "supervisor's lease", self.path, exc)
@@ -116,11 +140,8 @@ class TakeoverPoint:
                 self._offer(conn)
 
     def _offer(self, conn: socket.socket) -> None:
-        pid, uid, _gid = peer_credentials(conn)
-        if uid not in (0, os.getuid()):
-            log.warning("refused a take-over by pid %d (uid %d): not this worker's user or "
-                        "root", pid, uid)
-            conn.close()
+        pid = supervisor_peer(conn)
+        if pid is None:
             return
         if not self._lease.orphaned:
             log.warning("refused a take-over by pid %d: this worker's supervisor lives",

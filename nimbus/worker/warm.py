@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from nimbus.redaction import install_log_redaction
 from nimbus.worker.exits import EXIT_FAILED, EXIT_OK, EXIT_STARTUP, EXIT_WARM_REFUSED
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
-from nimbus.worker.takeover import SOCKET_NAME, peer_credentials, socket_path
+from nimbus.worker.takeover import SOCKET_NAME, listen_at, supervisor_peer
 
 log = logging.getLogger("nimbus.worker.warm")
 
@@ -101,16 +100,14 @@ def await_successor(warm_dir: Path, stop: threading.Event, timeout_s: float,
                     ready_s: float) -> tuple[int, int] | None:
     """Listen on ``<warm_dir>/supervisor.sock`` until a supervisor process (root, or this
     worker's own user) connects, at most ``timeout_s``; say who this is and return the
-    connection as (lease fd, status fd). None on timeout or ``stop``."""
-    path = warm_dir / SOCKET_NAME
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection as (lease fd, status fd). None on timeout, ``stop``, or a socket that
+    cannot be made."""
     try:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        with socket_path(warm_dir) as address:
-            listener.bind(address)
-        os.chmod(path, 0o600)
-        listener.listen(1)
+        listener = listen_at(warm_dir)
+    except OSError as exc:
+        log.warning("cannot wait for the supervisor's next process (%s): exiting", exc)
+        return None
+    try:
         end = time.monotonic() + timeout_s
         while not stop.is_set():
             left = end - time.monotonic()
@@ -120,26 +117,32 @@ def await_successor(warm_dir: Path, stop: threading.Event, timeout_s: float,
             ready, _, _ = select.select([listener], [], [], min(left, 0.5))
             if not ready:
                 continue
-            conn, _ = listener.accept()
-            pid, uid, _gid = peer_credentials(conn)
-            if uid not in (0, os.getuid()):
-                log.warning("refused a take-over by pid %d (uid %d): not this worker's "
-                            "user or root", pid, uid)
-                conn.close()
+            fds: list[int] = []
+            try:
+                conn, _ = listener.accept()
+                pid = supervisor_peer(conn)
+                if pid is None:
+                    continue
+                conn.setblocking(True)
+                fds.append(conn.detach())
+                fds.append(os.dup(fds[0]))
+                lease_fd, status_fd = fds
+                send_status(status_fd, {"takeover": {
+                    "kind": "warm", "pid": os.getpid(), "lease_fd": lease_fd,
+                    "status_fd": status_fd, "startup_secs": ready_s}})
+            except OSError as exc:  # it went away meanwhile: wait for another
+                log.warning("a take-over failed (%s); waiting on", exc)
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
                 continue
-            conn.setblocking(True)
-            lease_fd = conn.detach()
-            status_fd = os.dup(lease_fd)
-            send_status(status_fd, {"takeover": {
-                "kind": "warm", "pid": os.getpid(), "lease_fd": lease_fd,
-                "status_fd": status_fd, "startup_secs": ready_s}})
             log.warning("kept by supervisor process %d", pid)
             return lease_fd, status_fd
         return None
     finally:
         listener.close()
         with contextlib.suppress(OSError):
-            path.unlink()
+            (warm_dir / SOCKET_NAME).unlink()
 
 
 def run_warm(warm_dir: Path) -> int:
