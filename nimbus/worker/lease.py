@@ -139,6 +139,7 @@ class Lease:
         self._freeze = freeze
         self._frozen_s = 0.0  # time spent frozen, in all
         self._frozen_since: float | None = None  # a freeze not yet counted began then
+        self._reading = False  # the reader has lines out of the pipe not yet applied
         self._orphaned = False  # the lease pipe reached EOF and nothing is attached yet
         # Called on the reader thread with (worker_index, num_workers) of an "assign" line.
         self.on_assign: Callable[[int, int], None] | None = None
@@ -233,11 +234,17 @@ class Lease:
                 ready, _, _ = select.select([self._fd], [], [], _POLL_SECS)
                 if not ready:
                     continue
+                with self._cond:
+                    # From before the read until its lines are applied: a watchdog just
+                    # thawed must not take a renewal being read for no renewal at all.
+                    self._reading = True
                 chunk = os.read(self._fd, 4096)
             except OSError as exc:
+                self._done_reading()
                 self._expire(f"lease pipe unreadable: {exc}")
                 return
             if not chunk:
+                self._done_reading()
                 if not self._wait_for_successor():
                     return
                 buffer = b""
@@ -246,6 +253,12 @@ class Lease:
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 self._accept(line)
+            self._done_reading()
+
+    def _done_reading(self) -> None:
+        with self._cond:
+            self._reading = False
+            self._cond.notify_all()
 
     def _wait_for_successor(self) -> bool:
         """After EOF: expire at once, or (``outlives_supervisor`` and a lease granted)
@@ -341,9 +354,10 @@ class Lease:
                 return False
             self._frozen_s += thawed_at - frozen_at
             renewed = self._deadline is not None and self._deadline > thawed_at
+            reading = self._reading
         # Only a supervisor that has just written a renewal thaws a worker: it is in the
-        # pipe unless the reader thread has taken it already. Anything else must not run.
-        if not renewed and not self._pipe_readable():
+        # pipe, or being read from it. Anything else must not run.
+        if not renewed and not reading and not self._pipe_readable():
             log.critical("thawed after %.1f s with no renewal", thawed_at - frozen_at)
             return False
         with self._cond:  # the reader, thawed too, takes the line at once
