@@ -220,6 +220,14 @@ def _ticks(state: Path) -> list[float]:
         return []
 
 
+def _let_it_freeze(handle: WorkerHandle, state: Path) -> None:
+    """One lease of 2 s, then wait until the command runs and the worker froze itself."""
+    assert handle.cgroup is not None
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+
+
 def test_a_real_worker_freezes_on_a_lapsed_lease_and_its_renewal_thaws_it(frozen_worker):
     handle, state = frozen_worker
     assert handle.cgroup is not None
@@ -251,10 +259,7 @@ def test_a_frozen_worker_whose_assignment_was_rewritten_is_killed_not_thawed(
     """Its work may have moved to another slot and back while it was frozen: a running
     worker's lease would have ended it meanwhile, so a frozen one must not wake up."""
     handle, state = frozen_worker
-    assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
-    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
-    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    _let_it_freeze(handle, state)
     assert not handle.renew(time.monotonic() + 30, ASSIGNMENT_VERSION + 1)
     assert handle.ended_by == "lease" and handle.thaws == 0
     wait_until(lambda: handle.exit_code() is not None, TIMEOUT, "the worker to die")
@@ -264,10 +269,7 @@ def test_a_frozen_worker_whose_assignment_was_rewritten_is_killed_not_thawed(
 
 def test_a_real_worker_thawed_without_a_renewal_kills_itself(frozen_worker):
     handle, state = frozen_worker
-    assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
-    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
-    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    _let_it_freeze(handle, state)
     (handle.cgroup / "cgroup.freeze").write_text("0")  # not the supervisor's way
     wait_until(lambda: handle.exit_code() is not None, TIMEOUT, "the worker to die")
     assert handle.exit_code() == -signal.SIGKILL
@@ -276,10 +278,7 @@ def test_a_real_worker_thawed_without_a_renewal_kills_itself(frozen_worker):
 
 def test_a_frozen_worker_is_killed_at_once_and_a_stop_does_not_wait_for_it(frozen_worker):
     handle, state = frozen_worker
-    assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
-    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
-    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    _let_it_freeze(handle, state)
     child = int((state / "child.pid").read_text())
     started = time.monotonic()
     handle.stop(grace_s=60)  # SIGTERM would wait the whole grace on a frozen process
@@ -293,10 +292,7 @@ def test_a_frozen_worker_found_by_a_restarted_supervisor_is_ended_at_once(frozen
     """Its supervisor died while it was frozen: the next process cannot take it over (it
     cannot answer), and does not wait for an answer either."""
     handle, state = frozen_worker
-    assert handle.cgroup is not None
-    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
-    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
-    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the worker to freeze itself")
+    _let_it_freeze(handle, state)
     root = unified_root()
     found = find_orphans(handle.worker_dir.parent, [PORT], root, timeout_s=60)
     assert found.orphans == {} and found.unidentified == set()
