@@ -348,6 +348,10 @@ class Lease:
         assert self._freeze is not None
         froze = self._freeze()
         thawed_at = time.monotonic()
+        # The pipe first, the reader's state after: the reader marks itself reading
+        # before it empties the pipe and applies the line before it clears the mark, so
+        # a renewal is seen in one place or the other, whichever order the threads run in.
+        in_pipe = froze and self._pipe_readable()
         with self._cond:
             self._frozen_since = None
             if not froze:
@@ -357,7 +361,7 @@ class Lease:
             reading = self._reading
         # Only a supervisor that has just written a renewal thaws a worker: it is in the
         # pipe, or being read from it. Anything else must not run.
-        if not renewed and not reading and not self._pipe_readable():
+        if not renewed and not reading and not in_pipe:
             log.critical("thawed after %.1f s with no renewal", thawed_at - frozen_at)
             return False
         with self._cond:  # the reader, thawed too, takes the line at once
