@@ -301,6 +301,23 @@ def test_a_supervisor_killed_and_started_again_takes_over_its_running_worker(
         assert (beat.components["main"]["pid"], beat.restarts) == (pid, 0)
         assert state.errors(topology_id, "worker-0") == []
 
+        # Killed again, and started only after the worker's lease ran out: the worker
+        # froze in its cgroup at the lease's end (it wrote nothing since), and the new
+        # process takes it over frozen and thaws it with its first renewal.
+        sup.kill9_group()
+        wait_for(lambda: frozen(worker), 30, "the orphaned worker to freeze")
+        frozen_seen = time.monotonic()
+        time.sleep(1.0)  # watched: the command writes every 0.2 s when it runs
+        restarted = time.monotonic()
+        c.start_supervisor(sup)
+        wait_for(lambda: "left frozen by this supervisor's earlier process"
+                 in sup.log_text(), 30, "the take-over of the frozen worker")
+        wait_for(lambda: any(p == pid and t > restarted for _, p, t in _lines(out)), 30,
+                 "a write by the same command after the thaw")
+        assert not any(frozen_seen < t < restarted for _, _, t in _lines(out))
+        assert _writers(out) == [(port, pid)] and acting(worker)
+        assert state.errors(topology_id, "worker-0") == []
+
         # Killed again, and the topology deactivated before it is back: the worker it
         # finds is on no slot of the assignment, so it is ended, and nothing else runs.
         sup.kill9_group()

@@ -21,6 +21,7 @@ import pytest
 from worker_harness import process_alive, wait_until
 
 from nimbus.supervisor.cgroups import WorkerCgroups, is_frozen, unified_root
+from nimbus.supervisor.lease_record import LeaseRecord, load_record
 from nimbus.supervisor.takeover import find_orphans
 from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker.lease import Lease
@@ -138,18 +139,86 @@ def test_where_nothing_can_freeze_the_lapse_kills_as_before(lease_pipe):
         lease.stop()
 
 
-def test_an_orphaned_worker_is_never_frozen(lease_pipe):
+def test_an_orphaned_worker_with_no_takeover_point_is_never_frozen(lease_pipe):
     r, w = lease_pipe
     freeze, reasons = StandInFreeze(), []
     lease = Lease(r, on_expiry=reasons.append, outlives_supervisor=True,
                   freeze=freeze).start()
     try:
         _grant(w, 0.5)
-        os.close(w)  # the supervisor is gone: nobody would ever thaw it
+        os.close(w)  # the supervisor is gone, and no successor could find the worker
         wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
         assert freeze.calls == 0
     finally:
         lease.stop()
+
+
+class StandInTakeover:
+    """What a take-over point tells the lease: whether a connection waits."""
+
+    def __init__(self) -> None:
+        self.waiting = False
+
+    def __call__(self) -> bool:
+        return self.waiting
+
+
+def _orphaned_and_frozen(lease_pipe) -> tuple[Lease, StandInFreeze, StandInTakeover,
+                                              list[str]]:
+    r, w = lease_pipe
+    freeze, takeover, reasons = StandInFreeze(), StandInTakeover(), []
+    lease = Lease(r, on_expiry=reasons.append, outlives_supervisor=True, freeze=freeze)
+    lease.attach_pending = takeover
+    lease.start()
+    _grant(w, 0.5)
+    os.close(w)  # the supervisor is killed
+    wait_until(lambda: lease.orphaned, TIMEOUT, "the lease to see its supervisor gone")
+    assert freeze.frozen.wait(TIMEOUT), "an orphan that can be found freezes"
+    assert reasons == []
+    return lease, freeze, takeover, reasons
+
+
+def test_an_orphan_freezes_and_a_successor_that_attaches_with_a_renewal_thaws_it(
+        lease_pipe):
+    lease, freeze, takeover, reasons = _orphaned_and_frozen(lease_pipe)
+    second_r, second_w = os.pipe()
+    try:
+        renewed = _grant(second_w, 30)  # written into the connection before the thaw
+        takeover.waiting = True
+        freeze.thaw()
+        assert lease.attach(second_r), "a thawed orphan's lease may be taken over"
+        takeover.waiting = False
+        wait_until(lambda: lease.deadline == pytest.approx(renewed, abs=1e-3), TIMEOUT,
+                   "the successor's renewal to be read")
+        assert not lease.orphaned and reasons == [] and freeze.calls == 1
+    finally:
+        lease.stop()
+        os.close(second_w)
+
+
+def test_a_thawed_orphan_with_no_connection_waiting_kills_itself(lease_pipe):
+    lease, freeze, _takeover, reasons = _orphaned_and_frozen(lease_pipe)
+    try:
+        freeze.thaw()  # by hand: no supervisor connected
+        wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
+        assert len(reasons) == 1 and reasons[0].startswith("lease deadline passed")
+        assert not lease.attach(os.dup(0)), "too late to take it over"
+    finally:
+        lease.stop()
+
+
+def test_a_thawed_orphan_whose_connection_brings_no_renewal_kills_itself(lease_pipe):
+    lease, freeze, takeover, reasons = _orphaned_and_frozen(lease_pipe)
+    second_r, second_w = os.pipe()
+    try:
+        takeover.waiting = True
+        freeze.thaw()
+        assert lease.attach(second_r)
+        wait_until(lambda: reasons, TIMEOUT, "the lease to expire")
+        assert len(reasons) == 1 and freeze.calls == 1
+    finally:
+        lease.stop()
+        os.close(second_w)
 
 
 # -- a real worker in a real cgroup ---------------------------------------------------------
@@ -287,16 +356,96 @@ def test_a_frozen_worker_is_killed_at_once_and_a_stop_does_not_wait_for_it(froze
     wait_until(lambda: not process_alive(child), TIMEOUT, "the command to be gone")
 
 
-def test_a_frozen_worker_found_by_a_restarted_supervisor_is_ended_at_once(frozen_worker,
-                                                                         caplog):
-    """Its supervisor died while it was frozen: the next process cannot take it over (it
-    cannot answer), and does not wait for an answer either."""
+def test_a_frozen_worker_found_with_no_record_is_ended_at_once(frozen_worker, caplog):
+    """Its supervisor died while it was frozen and left no record of its lease: the next
+    process cannot tell what it runs (it cannot answer), and does not wait for an answer
+    either."""
     handle, state = frozen_worker
     _let_it_freeze(handle, state)
     root = unified_root()
-    found = find_orphans(handle.worker_dir.parent, [PORT], root, timeout_s=60)
+    found = find_orphans(handle.worker_dir.parent, [PORT], root,
+                         records_dir=handle.worker_dir.parent / "no-records", timeout_s=60)
     assert found.orphans == {} and found.unidentified == set()
     # Refused for being frozen, not after the 60 s an answer may take.
-    assert "it is frozen: its lease ran out" in caplog.text
+    assert "it is frozen, and no record says what it runs" in caplog.text
     wait_until(lambda: handle.exit_code() is not None, TIMEOUT, "the worker to die")
     assert handle.exit_code() == -signal.SIGKILL
+
+
+def _kill_supervisor_of(handle: WorkerHandle) -> None:
+    """What a supervisor's kill -9 does to its worker: its ends of both pipes close."""
+    handle._reader_stop.set()
+    if handle._reader is not None:
+        handle._reader.join(5)
+    with handle._lease_lock:
+        for fd in (handle._lease_w, handle._status_r):
+            os.close(fd)
+        handle._lease_w = handle._status_r = -1
+
+
+@pytest.fixture
+def orphaned_frozen(frozen_worker, tmp_path):
+    """The worker of ``frozen_worker``, renewed once with a record of its lease, then
+    orphaned by its supervisor's death and frozen at its lease's end; yields (the orphan
+    as the next supervisor process finds it, state dir, records dir, its old handle)."""
+    handle, state = frozen_worker
+    records = tmp_path / "leases"
+    handle.record_path = records / f"{TOPOLOGY_ID}-{PORT}.json"
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
+    assert load_record(handle.record_path) == LeaseRecord(
+        handle.pid, TOPOLOGY_ID, PORT, 0, 1, 0, str(handle.cgroup), ASSIGNMENT_VERSION)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    _kill_supervisor_of(handle)
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT,
+               "the orphan to freeze at its lease's end")
+    found = find_orphans(handle.worker_dir.parent, [PORT], unified_root(),
+                         records_dir=records, timeout_s=60)
+    assert list(found.orphans) == [PORT] and found.unidentified == set()
+    orphan = found.orphans[PORT]
+    assert (orphan.frozen, orphan.pid, orphan.assignment_version, orphan.worker_index,
+            orphan.num_workers) == (True, handle.pid, ASSIGNMENT_VERSION, 0, 1)
+    yield orphan, state, handle
+
+
+def _successor(orphan, handle: WorkerHandle, statuses: list[dict]) -> WorkerHandle:
+    successor = WorkerHandle.taken_over(orphan, 2, lambda _h, s: statuses.append(s), None)
+    successor.cgroups, successor.cgroup = handle.cgroups, handle.cgroup
+    return successor
+
+
+def test_an_orphan_frozen_at_its_leases_end_is_thawed_by_the_next_process(
+        orphaned_frozen):
+    orphan, state, handle = orphaned_frozen
+    child = int((state / "child.pid").read_text())
+    before = len(_ticks(state))
+    statuses: list[dict] = []
+    successor = _successor(orphan, handle, statuses)
+    try:
+        time.sleep(0.5)  # the command would tick 5 times meanwhile if it ran
+        assert len(_ticks(state)) == before and is_frozen(handle.cgroup)
+        # Its assignment unchanged since the renewal the record names: thawed.
+        assert successor.renew(time.monotonic() + 30, ASSIGNMENT_VERSION)
+        assert successor.thaws == 1 and not is_frozen(handle.cgroup)
+        wait_until(lambda: len(_ticks(state)) > before + 3, TIMEOUT, "the command to go on")
+        wait_until(lambda: any("takeover" in s for s in statuses), TIMEOUT,
+                   "its take-over line, after the thaw")
+        assert successor.exit_code() is None and process_alive(child)
+        assert int((state / "child.pid").read_text()) == child
+        log_text = _log(handle)
+        assert "taken over by supervisor process" in log_text
+        assert "the supervisor renewed the lease" in log_text and "lease lost" not in log_text
+    finally:
+        successor.kill("stop")
+        successor.release()
+
+
+def test_an_orphan_frozen_while_its_assignment_was_rewritten_is_killed(orphaned_frozen):
+    orphan, state, handle = orphaned_frozen
+    successor = _successor(orphan, handle, [])
+    try:
+        assert not successor.renew(time.monotonic() + 30, ASSIGNMENT_VERSION + 1)
+        assert successor.ended_by == "lease" and successor.thaws == 0
+        wait_until(lambda: successor.exit_code() is not None, TIMEOUT, "the worker to die")
+        assert "the supervisor renewed the lease" not in _log(handle)
+    finally:
+        successor.release()

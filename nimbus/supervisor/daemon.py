@@ -93,6 +93,7 @@ from nimbus.supervisor.code_cache import (
 )
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.lease import LeaseKeeper, session_id
+from nimbus.supervisor.lease_record import RECORDS_DIR, clear_records, record_path
 from nimbus.supervisor.policy import (
     DesiredWorker,
     RestartBackoff,
@@ -418,8 +419,11 @@ class Supervisor:
         # First: a warm worker taken for a slot works in its warm directory, which the
         # warm pool would otherwise clear as an earlier run's.
         found = find_orphans(self.workers_dir, self.ports,
-                             unified_root() if self.cgroups is not None else None)
+                             unified_root() if self.cgroups is not None else None,
+                             records_dir=self.supervisor_dir / RECORDS_DIR)
         self._orphans = found.orphans
+        clear_records(self.supervisor_dir / RECORDS_DIR,
+                      keep={f"{o.topology_id}-{o.port}" for o in found.orphans.values()})
         if found.unidentified:
             # The longest lease the earlier process may have granted: 2/3 of its session
             # timeout, which ZooKeeper may have raised above the configured one.
@@ -883,6 +887,7 @@ class Supervisor:
         handle = WorkerHandle(want.topology_id, want.port, worker_dir, session,
                               record.restarts, self._on_status, self._on_closed,
                               command=self._worker_command)
+        handle.record_path = record_path(self.supervisor_dir, want.topology_id, want.port)
         handle.worker_index = want.worker_index
         handle.num_workers = num_workers
         handle.kind = kind
@@ -938,6 +943,10 @@ class Supervisor:
         working_dirs = orphan.working_dirs()
         handle = WorkerHandle.taken_over(orphan, session, self._on_status, self._on_closed)
         handle.kind = "process" if (resources / "topology.yaml").exists() else "pipeline"
+        handle.record_path = record_path(self.supervisor_dir, orphan.topology_id, orphan.port)
+        if orphan.frozen:
+            # Ended by _end_frozen unless a renewal thaws it within the worker timeout.
+            handle.lease_deadline = time.monotonic()
         if self.warm is not None:  # tidied when it is gone, as a taken warm worker's is
             handle.warm_dir = next((d for d in working_dirs if d.parent == self.warm.root),
                                    None)
@@ -953,8 +962,8 @@ class Supervisor:
             self._workers[orphan.port] = handle
         # Renewed by the next round trip that shows its assignment, if its lease lasts.
         self._lease.wake()
-        log.info("took over worker %s, left running by this supervisor's earlier process",
-                 orphan.name)
+        log.info("took over worker %s, left %s by this supervisor's earlier process",
+                 orphan.name, "frozen" if orphan.frozen else "running")
         if not self._connected.is_set():
             handle.kill("lost")
         return True
@@ -1031,6 +1040,7 @@ class Supervisor:
                         want.topology_id, want.port, warm_dir)
             handle.release()
             return False
+        handle.record_path = record_path(self.supervisor_dir, want.topology_id, want.port)
         log.info("starting worker %s:%d (restart %d) on warm worker %s (pid %s)",
                  want.topology_id, want.port, record.restarts, warm_dir.name, handle.pid)
         with self._lock:

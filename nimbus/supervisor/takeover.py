@@ -9,6 +9,14 @@ still places on the same slot with the same share of its topology, and ends the 
 A taken-over worker is renewed like any other: only by a round trip of this process's own
 session that shows its assignment.
 
+A worker whose lease ran out before this process came froze in its cgroup and cannot
+answer. It is identified by what the earlier process wrote down
+(:mod:`nimbus.supervisor.lease_record`) and by facts the kernel gives: the socket's owner
+is the recorded pid, leads its process group and is frozen in the recorded cgroup. It is
+taken over frozen, with the ``mzxid`` its last renewal read, so a renewal thaws it only
+if its assignment was not rewritten since (:meth:`WorkerHandle.renew`); its take-over
+line is read after the thaw, with its status.
+
 What a worker says is untrusted (a tenant's code runs in it): the socket's peer must be a
 process-group leader whose pid is the one it claims, in the directory of the slot it
 claims.
@@ -32,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.supervisor.cgroups import is_frozen, kill_cgroup
+from nimbus.supervisor.lease_record import LeaseRecord, load_record
 from nimbus.supervisor.memory import group_pids
 from nimbus.worker.takeover import SOCKET_NAME, peer_credentials
 
@@ -89,6 +98,9 @@ class Orphan:
     worker_dir: Path
     # A warm worker's lease and status descriptors, as its own process numbers them.
     child_fds: tuple[int, int] = (-1, -1)
+    # The mzxid of its assignment read by its last recorded renewal (None: unknown).
+    assignment_version: int | None = None
+    frozen: bool = False  # found frozen: it said nothing yet
 
     @property
     def name(self) -> str:
@@ -172,13 +184,15 @@ class Found:
 
 
 def find_orphans(workers_dir: Path, ports: list[int], cgroup_root: Path | None,
-                 timeout_s: float = 2.0) -> Found:
+                 records_dir: Path | None = None, timeout_s: float = 2.0) -> Found:
     """Connect to every take-over socket under ``workers_dir``. A worker that answers
     and passes every check is an orphan to take over (one per port). One that answers
     but fails a check, or is on no slot of ``ports``, is killed with its group (and its
     cgroup under ``cgroup_root``). A socket nobody listens on is removed. A slot whose
     socket could not be reached otherwise (a full backlog, not a socket) is unidentified.
-    Each worker gets ``timeout_s`` in all to answer: a tenant's code cannot stall this."""
+    Each worker gets ``timeout_s`` in all to answer: a tenant's code cannot stall this.
+    A frozen worker is identified by its lease record under ``records_dir`` instead
+    (none: it is killed)."""
     found = Found({}, set())
     if not workers_dir.is_dir():
         return found
@@ -187,7 +201,7 @@ def find_orphans(workers_dir: Path, ports: list[int], cgroup_root: Path | None,
             continue
         port = _port_of(directory.name)
         try:
-            orphan = _connect(directory, timeout_s, cgroup_root)
+            orphan = _connect(directory, timeout_s, cgroup_root, records_dir)
         except _Unreachable as exc:
             log.warning("worker in %s not reachable (%s): nothing starts on its slot "
                         "until its lease has surely ended", directory, exc)
@@ -258,7 +272,7 @@ def find_warm_orphans(warm_root: Path, cgroup_root: Path | None,
 
 
 def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None,
-             warm: bool = False) -> Orphan | None:
+             records_dir: Path | None = None, warm: bool = False) -> Orphan | None:
     deadline = time.monotonic() + timeout_s
     path = directory / SOCKET_NAME
     try:
@@ -286,10 +300,10 @@ def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None,
         pid, _uid, _gid = peer_credentials(sock)
         pidfd = os.pidfd_open(pid)  # the listener is alive while it is connected
         try:
-            _refuse_frozen(pid, cgroup_root)
-            hello = _read_hello(sock, deadline)
-            orphan = _warm_orphan(sock, pid, pidfd, hello, directory) if warm else \
-                _orphan(sock, pid, pidfd, hello, directory)
+            record = None if warm or records_dir is None else \
+                load_record(records_dir / f"{directory.name}.json")
+            orphan = _identify(sock, pid, pidfd, directory, deadline, cgroup_root, record,
+                               warm)
         except Exception as exc:  # whatever a tenant's code may send or cause
             log.warning("cannot take over the worker in %s (pid %d): %s; killed",
                         directory, pid, exc)
@@ -308,13 +322,59 @@ def _connect(directory: Path, timeout_s: float, cgroup_root: Path | None,
     return orphan
 
 
-def _refuse_frozen(pid: int, cgroup_root: Path | None) -> None:
-    """A worker frozen in its cgroup (its lease ran out while the earlier process lived,
-    nimbus/worker/lease.py) cannot answer, and no renewal of that process will come:
-    it is ended at once rather than after the answer's deadline."""
+def _identify(sock: socket.socket, pid: int, pidfd: int, directory: Path, deadline: float,
+              cgroup_root: Path | None, record: LeaseRecord | None, warm: bool) -> Orphan:
+    """The orphan at the other end of ``sock`` (owned by ``pid``): from its take-over
+    line, or, frozen, from its lease record; ValueError if it cannot be trusted."""
     cgroup = cgroup_of(pid, cgroup_root) if cgroup_root is not None else None
+    if warm:
+        _refuse_frozen(cgroup)
+        return _warm_orphan(sock, pid, pidfd, _read_hello(sock, deadline), directory)
+    if cgroup is None or not is_frozen(cgroup):
+        try:
+            hello = _read_hello(sock, deadline)
+        except ValueError:
+            if cgroup is None or not is_frozen(cgroup):
+                raise
+            # It froze after it was connected: its line comes after the thaw.
+        else:
+            orphan = _orphan(sock, pid, pidfd, hello, directory)
+            if record is not None and record.pid == pid and record.cgroup == str(cgroup):
+                orphan.assignment_version = record.assignment_version
+            return orphan
+    assert cgroup is not None
+    return _frozen_orphan(sock, pid, pidfd, directory, cgroup, record)
+
+
+def _refuse_frozen(cgroup: Path | None) -> None:
+    """A warm worker holds no lease and never freezes; frozen, it is no warm worker."""
     if cgroup is not None and is_frozen(cgroup):
-        raise ValueError("it is frozen: its lease ran out before this process started")
+        raise ValueError("a warm worker is frozen")
+
+
+def _frozen_orphan(sock: socket.socket, pid: int, pidfd: int, directory: Path,
+                   cgroup: Path, record: LeaseRecord | None) -> Orphan:
+    """A slot's worker frozen when its lease ran out (nimbus/worker/lease.py), known by
+    its record: the socket's owner must be the recorded pid, lead its group and be
+    frozen in the recorded cgroup, in the recorded slot's directory."""
+    if record is None:
+        raise ValueError("it is frozen, and no record says what it runs")
+    if record.pid != pid:
+        raise ValueError(f"it is frozen, and its record names pid {record.pid}, not the "
+                         f"socket's owner {pid}")
+    if record.cgroup != str(cgroup):
+        raise ValueError(f"it is frozen in {cgroup}, not in its recorded cgroup")
+    if directory.name != f"{record.topology_id}-{record.port}":
+        raise ValueError(f"its record names slot {record.topology_id}:{record.port}, "
+                         "not this directory's")
+    if os.getpgid(pid) != pid:
+        raise ValueError(f"pid {pid} leads no process group of its own")
+    if not record.worker_index < record.num_workers:
+        raise ValueError("its record names no place in a topology")
+    # Its kind is read from its topology's code when it is taken over.
+    return Orphan(sock, pid, pidfd, record.topology_id, record.port, record.worker_index,
+                  record.num_workers, record.restarts, "pipeline", directory,
+                  assignment_version=record.assignment_version, frozen=True)
 
 
 def _read_hello(sock: socket.socket, deadline: float) -> dict[str, Any]:

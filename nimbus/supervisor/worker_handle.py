@@ -40,6 +40,7 @@ from nimbus.supervisor.cgroups import (
     kill_cgroup,
     thaw,
 )
+from nimbus.supervisor.lease_record import LeaseRecord, remove_record
 from nimbus.supervisor.memory import GroupMemory
 from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
@@ -91,6 +92,10 @@ class WorkerHandle:
         self.thaws = 0                   # times it froze on a lapsed lease and was thawed
         # The mzxid of its assignment as read by the round trip of its newest renewal.
         self.assignment_version: int | None = None
+        # Where its lease is written down for this supervisor's next process
+        # (nimbus/supervisor/lease_record.py), and what was written there last.
+        self.record_path: Path | None = None
+        self._recorded: LeaseRecord | None = None
         self.unassigned_seen = False     # a lease round trip found it unassigned (logged)
         self.kind = "pipeline"           # or "process": what its bundle holds
         self.cgroups: WorkerCgroups | None = None   # set before start() where cgroups work
@@ -180,6 +185,7 @@ class WorkerHandle:
                      orphan.restarts, on_status, on_closed)
         handle.worker_index, handle.num_workers = orphan.worker_index, orphan.num_workers
         handle.kind = orphan.kind
+        handle.assignment_version = orphan.assignment_version
         handle.process = TakenOverProcess(orphan.pid, orphan.pidfd, handle._status_done)
         orphan.pidfd = -1  # the process object's now
         lease_w = orphan.sock.detach()
@@ -215,6 +221,7 @@ class WorkerHandle:
             self.lease_deadline = deadline
             if assignment_version is not None:
                 self.assignment_version = assignment_version
+                self._write_record()
             # Thawed only now that the renewal is in its pipe, and only while it has at
             # least THAW_MARGIN_S to run: after a thaw the worker may take up to that long
             # to read the line, and kills itself if it finds none.
@@ -252,8 +259,30 @@ class WorkerHandle:
                 os.write(self._lease_w, f"assign {worker_index} {num_workers}\n".encode())
             except (BlockingIOError, BrokenPipeError, OSError):
                 return False
-        self.worker_index, self.num_workers = worker_index, num_workers
+            self.worker_index, self.num_workers = worker_index, num_workers
+            self._write_record()
         return True
+
+    def _write_record(self) -> None:
+        """Write down what a frozen worker cannot tell this supervisor's next process,
+        once it changed (:mod:`nimbus.supervisor.lease_record`); after the line it
+        describes, under the lease lock. Only a worker that can freeze needs one."""
+        pid = self.pid
+        if self.record_path is None or self.cgroup is None or pid is None or \
+                self.assignment_version is None or self.run_as is not None:
+            return
+        record = LeaseRecord(pid, self.topology_id, self.port, self.worker_index,
+                             self.num_workers, self.restarts, str(self.cgroup),
+                             self.assignment_version)
+        if record == self._recorded:
+            return
+        try:
+            record.save(self.record_path)
+        except OSError as exc:  # it costs a restart if this supervisor is killed, no more
+            log.warning("worker %s: cannot write its lease record %s: %s", self.name,
+                        self.record_path, exc)
+            return
+        self._recorded = record
 
     def rebind(self, on_status: StatusCallback, on_closed: ClosedCallback | None) -> None:
         """Send this worker's status lines and its exit to other callbacks from now on
@@ -360,6 +389,8 @@ class WorkerHandle:
             self.cgroups.remove(self.cgroup)
         if self.warm_dir is not None:
             tidy_warm_dir(self.warm_dir)
+        if self.record_path is not None:
+            remove_record(self.record_path, self.pid)
         self._reader_stop.set()
         if self._reader is not None:
             self._reader.join(timeout=5)

@@ -22,6 +22,12 @@ pipe kills itself at once; one never thawed is killed by its supervisor (session
 work moved, or frozen longer than ``supervisor.worker.timeout.secs``). Where the cgroup
 cannot be frozen (no cgroup, or a worker run as another account, which may not write
 it), the deadline kills as before.
+
+A worker whose supervisor is gone (the pipe at EOF) and which has a take-over point to
+be found at (:mod:`nimbus.worker.takeover`) freezes the same way at the end of its lease:
+the supervisor's next process may take it over frozen, write a renewal into the take-over
+connection and thaw it. Thawed, it must find that connection waiting or already
+attached, and a valid renewal on it within a second, or it kills itself.
 """
 
 from __future__ import annotations
@@ -143,6 +149,10 @@ class Lease:
         self._orphaned = False  # the lease pipe reached EOF and nothing is attached yet
         # Called on the reader thread with (worker_index, num_workers) of an "assign" line.
         self.on_assign: Callable[[int, int], None] | None = None
+        # Whether a supervisor's take-over connection waits or is being accepted; set by
+        # the take-over point that listens (None: an orphan has none and cannot freeze).
+        self.attach_pending: Callable[[], bool] | None = None
+        self._lapsed = False  # ran out and frozen (or about to be): attach() may still
         self._cond = threading.Condition()
         self._deadline: float | None = None
         self._expired = False
@@ -208,11 +218,13 @@ class Lease:
 
     def attach(self, fd: int) -> bool:
         """Read lease lines from ``fd`` (a supervisor started again) from now on; False
-        if the lease has already run out (the caller closes ``fd``)."""
+        if the lease has already run out (the caller closes ``fd``), unless the worker
+        froze on it and was thawed to be taken over (see the module doc)."""
         with self._cond:
             if self._expired or self._stop.is_set() or not self._orphaned:
                 return False
-            if self._deadline is None or time.monotonic() >= self._deadline:
+            if self._deadline is None or \
+                    (time.monotonic() >= self._deadline and not self._lapsed):
                 return False  # ran out: the watchdog is about to act on it
             self._fd = fd
             self._orphaned = False
@@ -331,7 +343,9 @@ class Lease:
                 else:
                     return
                 late = time.monotonic() - self._deadline
-                may_freeze = self._freeze is not None and not self._orphaned
+                may_freeze = self._freeze is not None and \
+                    (not self._orphaned or self.attach_pending is not None)
+                self._lapsed = may_freeze
             if may_freeze and self._freeze_until_renewed(late):
                 continue
             self._expire(f"lease deadline passed {late:.3f} s ago")
@@ -348,28 +362,41 @@ class Lease:
         assert self._freeze is not None
         froze = self._freeze()
         thawed_at = time.monotonic()
-        # The pipe first, the reader's state after: the reader marks itself reading
-        # before it empties the pipe and applies the line before it clears the mark, so
-        # a renewal is seen in one place or the other, whichever order the threads run in.
-        in_pipe = froze and self._pipe_readable()
+        with self._cond:
+            was_orphaned = self._orphaned
+        # Where a renewal would be: in the pipe, or, for an orphan, on a take-over
+        # connection. Those first, the reader's (and take-over point's) state after: each
+        # marks itself busy before it empties the pipe (the listener's queue) and clears
+        # the mark after the line is applied (attached), so a renewal is seen in one place
+        # or the other, whichever order the threads run in.
+        pending = self.attach_pending
+        offered = froze and was_orphaned and pending is not None and pending()
+        in_pipe = froze and not was_orphaned and self._pipe_readable()
         with self._cond:
             self._frozen_since = None
             if not froze:
+                self._lapsed = False
                 return False
             self._frozen_s += thawed_at - frozen_at
-            renewed = self._deadline is not None and self._deadline > thawed_at
-            reading = self._reading
+            renewed = not self._orphaned and self._deadline is not None and \
+                self._deadline > thawed_at
+            busy = self._reading or (was_orphaned and not self._orphaned)
         # Only a supervisor that has just written a renewal thaws a worker: it is in the
-        # pipe, or being read from it. Anything else must not run.
-        if not renewed and not reading and not in_pipe:
+        # pipe, being read from it, or on a take-over connection. Nothing else may run.
+        if not (renewed or busy or in_pipe or offered):
+            with self._cond:
+                self._lapsed = False
             log.critical("thawed after %.1f s with no renewal", thawed_at - frozen_at)
             return False
         with self._cond:  # the reader, thawed too, takes the line at once
             end = thawed_at + _THAW_READ_S
-            while (self._deadline is None or self._deadline <= thawed_at) and \
+            while (self._orphaned or self._deadline is None
+                   or self._deadline <= thawed_at) and \
                     time.monotonic() < end and not self._stop.is_set():
                 self._cond.wait(0.05)
-            renewed = self._deadline is not None and self._deadline > time.monotonic()
+            renewed = not self._orphaned and self._deadline is not None and \
+                self._deadline > time.monotonic()
+            self._lapsed = False
         if not renewed:
             log.critical("thawed after %.1f s with no valid renewal",
                          thawed_at - frozen_at)

@@ -12,6 +12,11 @@ again").
 
 Only a process of this worker's own user or root may connect (``SO_PEERCRED``), and only
 once the lease pipe has reached EOF: while its supervisor lives, a worker has one.
+
+A worker in a cgroup of its own does not die at the end of that lease but freezes
+(nimbus/worker/lease.py); a supervisor started later may still connect, write a renewal
+and thaw it. The connection waits in the listener's queue meanwhile, and is answered
+after the thaw as any other.
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ class TakeoverPoint:
         self._status = status
         self._hello = hello
         self._listener: socket.socket | None = None
+        self._offering = False  # a connection is out of the queue but not yet attached
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._accept_loop, name="worker-takeover",
                                         daemon=True)
@@ -113,8 +119,22 @@ class TakeoverPoint:
                         "supervisor's lease", self.path, exc)
             return self
         self._listener = listener
+        self._lease.attach_pending = self.pending
         self._thread.start()
         return self
+
+    def pending(self) -> bool:
+        """Whether a connection waits to be accepted or is being offered the worker: a
+        frozen orphan thawed by its supervisor's next process finds one (the queue
+        first, the mark after: the mark is set before the queue is emptied)."""
+        listener = self._listener
+        if listener is None:
+            return False
+        try:
+            ready, _, _ = select.select([listener], [], [], 0)
+        except (OSError, ValueError):
+            ready = []
+        return bool(ready) or self._offering
 
     def stop(self) -> None:
         """Stop listening, remove the socket file and join the thread."""
@@ -132,12 +152,15 @@ class TakeoverPoint:
             ready, _, _ = select.select([self._listener], [], [], _POLL_SECS)
             if not ready:
                 continue
+            self._offering = True
             try:
                 conn, _ = self._listener.accept()
+                with contextlib.suppress(OSError):
+                    self._offer(conn)
             except OSError:
                 continue
-            with contextlib.suppress(OSError):
-                self._offer(conn)
+            finally:
+                self._offering = False
 
     def _offer(self, conn: socket.socket) -> None:
         pid = supervisor_peer(conn)
