@@ -494,21 +494,46 @@ class Supervisor:
                         self._lease.length_s)
         elif state == KazooState.LOST:
             self._connected.clear()
-            killed = self._kill_all("lost")
-            log.warning("ZooKeeper session lost: killed %d workers", killed)
+            killed, kept = self._end_with_session()
+            log.warning("ZooKeeper session lost: killed %d workers, kept %d frozen (a "
+                        "renewal of the next session thaws each whose assignment is "
+                        "unchanged)", killed, kept)
         elif state == KazooState.CONNECTED:
             self._connected.set()
             log.info("ZooKeeper connection back (session %s)", _hex(session_id(self.zk)))
         self._wake.set()
 
-    def _kill_all(self, reason: str) -> int:
+    def _end_with_session(self) -> tuple[int, int]:
+        """At a lost session: kill every worker but those frozen on a lapsed lease with
+        a known assignment version, which act no more than dead ones and are kept for
+        the next session (:meth:`_adopt_frozen`); (killed, kept)."""
         with self._lock:
             handles = [h for h in self._workers.values() if not h.ended_by]
-        running = 0
+        killed = kept = 0
         for handle in handles:
-            running += handle.exit_code() is None   # one may have died of its lease already
-            handle.kill(reason)
-        return running
+            if handle.assignment_version is not None and handle.run_as is None and \
+                    handle.is_frozen():
+                kept += 1
+                continue
+            killed += handle.exit_code() is None   # one may have died of its lease already
+            handle.kill("lost")
+        return killed, kept
+
+    def _adopt_frozen(self, session: int) -> None:
+        """Make the workers kept frozen through a lost session (:meth:`_end_with_session`)
+        this ``session``'s: its renewals thaw each whose assignment's mzxid is the one its
+        last renewal read. Its work cannot have moved away and back meanwhile, since every
+        move rewrites the assignment; one whose assignment was rewritten is killed
+        (:meth:`WorkerHandle.renew`)."""
+        adopted = 0
+        for handle in self._running_handles():
+            if not handle.ended_by and handle.session_id != session and handle.is_frozen():
+                handle.session_id = session
+                adopted += 1
+        if adopted:
+            log.info("%d workers kept frozen through the lost session wait for a renewal "
+                     "of session %s", adopted, _hex(session))
+            self._lease.wake()
 
     def _assignment_holds(self, handle: WorkerHandle, data: bytes | None) -> bool:
         """Whether the assignment ``data`` (ZooKeeper's answer; None: no node) still places
@@ -652,6 +677,7 @@ class Supervisor:
             return
         if self._registered_session != session:
             self._register(session)   # a new session: registered before anything starts
+            self._adopt_frozen(session)
         # Topologies whose assignment or StormBase this release cannot read (a newer
         # release's, or damaged; the state logs the node): their workers here are neither
         # started nor stopped and their code is kept, until the node is readable again.
