@@ -207,22 +207,25 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         assert _assignment(state, topology_id) == {"worker-0": [first.id, port]}
 
         # kill -9 of the supervisor and its process group: its worker (a group of its
-        # own) loses its lease and dies; after the session expires the leader moves the
-        # work to the other supervisor.
+        # own) stops at the end of its lease: it freezes in its cgroup, its command with
+        # it, for a later process of its supervisor to find; after the session expires
+        # the leader moves the work to the other supervisor.
         killed_at = time.monotonic()
         first.kill9_group()
-        wait_for(lambda: not _alive(pid), 10, "the orphaned command to die")
-        assert time.monotonic() - killed_at < LEASE_S + 1.0
+        wait_for(lambda: not acting(pid), 10, "the orphaned command to stop")
+        assert time.monotonic() - killed_at < LEASE_S + 1.0 and frozen(pid)
         port2, pid2 = wait_for(lambda: _new_writer(out, 1), 30, "the work to move")
         assert port2 == other.ports[0]
         assert _assignment(state, topology_id) == {"worker-0": [other.id, port2]}
         assert max(t for _, p, t in _lines(out) if p == pid) < \
             min(t for _, p, t in _lines(out) if p == pid2)
 
-        # The dead supervisor comes back with its id; it runs nothing that moved.
+        # The dead supervisor comes back with its id; it runs nothing that moved, and
+        # ends the frozen worker it finds (its assignment was rewritten by the move).
         old_id = first.id
         c.start_supervisor(first)
         assert first.id == old_id
+        wait_for(lambda: not _alive(pid), 20, "the frozen orphan to be ended")
 
         # SIGSTOP the supervisor that runs the work for longer than the session timeout:
         # its worker stops within its lease (2/3 of the session timeout), before the
