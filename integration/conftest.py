@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from helpers import process_bundle
 
-from nimbus.devcluster import LocalCluster, sample_topology
-from nimbus.distribution.archive import pack_directory
+from nimbus.devcluster import LocalCluster
 from nimbus.testing.plugins import require_plugin
-
-# A process topology that only sleeps: what the bundles of these tests run, if anything.
-PROCESS_TOPOLOGY_YAML = 'command: ["sleep", "3600"]\n'
 
 
 @pytest.fixture
@@ -35,11 +32,8 @@ def make_cluster(tmp_path):
 
 @pytest.fixture
 def bundle(tmp_path) -> bytes:
-    """A small process-topology bundle (submit refuses one without topology.yaml or
-    topology.py at its root; these tests run no supervisor, so it never runs)."""
-    directory = sample_topology(tmp_path / "topology", 32 * 1024)
-    (directory / "topology.yaml").write_text(PROCESS_TOPOLOGY_YAML)
-    return pack_directory(directory)
+    """A small process-topology bundle (these tests run no supervisor: it never runs)."""
+    return process_bundle(tmp_path / "topology")
 
 
 

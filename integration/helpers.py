@@ -11,10 +11,21 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster, sample_topology, wait_for
+from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+# A process topology that only sleeps: what the bundles of these tests run, if anything.
+PROCESS_TOPOLOGY_YAML = 'command: ["sleep", "3600"]\n'
+
+
+def process_bundle(directory: Path) -> bytes:
+    """A small process-topology bundle made in ``directory`` (submit refuses one without
+    topology.yaml or topology.py at its root)."""
+    source = sample_topology(directory, 32 * 1024)
+    (source / "topology.yaml").write_text(PROCESS_TOPOLOGY_YAML)
+    return pack_directory(source)
 
 
 def observer(cluster: LocalCluster) -> StormClusterState:

@@ -175,9 +175,11 @@ class Soak:
 
     def __init__(self, work: Path, seed: int, pipelines: int = 4, log=print,
                  spacing: tuple[float, float] | None = None,
-                 warm_workers: int = WARM_WORKERS, class_archive: bool = True):
+                 warm_workers: int = WARM_WORKERS, class_archive: bool = True,
+                 pause_s: tuple[float, float] = DEFAULT_PAUSE_S):
         self.work = Path(work)
-        self.spacing = spacing  # (low, high) s after each repair; None: DEFAULT_PAUSE_S
+        self.spacing = spacing  # (low, high) s after each repair; None: pause_s
+        self.pause_s = pause_s
         self.warm_workers = warm_workers      # supervisor.warm.workers
         self.class_archive = class_archive    # supervisor.spark.class.archive
         self.baseline: dict[str, Any] = {}  # the spaced mode's warm restart, measured
@@ -394,7 +396,7 @@ class Soak:
             self.note(f"fault {number}/{count}: {kind}")
             getattr(self, kind)()
             # One draw either way: a seed gives the same faults with or without spacing.
-            self.pause(*(self.spacing or DEFAULT_PAUSE_S))
+            self.pause(*(self.spacing or self.pause_s))
 
     def pause(self, low: float, high: float) -> None:
         self._stop.wait(self.rng.uniform(low, high))
@@ -735,13 +737,15 @@ def kill9_tree(pid: int) -> None:
 
 def run(work: Path, faults: int, seed: int, pipelines: int = 4, log=print,
         spacing: tuple[float, float] | None = None, warm_workers: int = WARM_WORKERS,
-        class_archive: bool = True) -> dict[str, Any]:
+        class_archive: bool = True,
+        pause_s: tuple[float, float] = DEFAULT_PAUSE_S) -> dict[str, Any]:
     """Run a soak in ``work``; returns its report (see the module docstring).
     ``spacing``: (low, high) seconds between faults, as ``--spacing``; ``warm_workers``
     and ``class_archive``: the supervisors' settings (``--warm-workers``,
-    ``--no-class-archive``)."""
+    ``--no-class-archive``); ``pause_s``: the pause between faults without spacing (one
+    draw either way: the seed's faults are the same)."""
     soak = Soak(work, seed, pipelines, log=log, spacing=spacing, warm_workers=warm_workers,
-                class_archive=class_archive)
+                class_archive=class_archive, pause_s=pause_s)
     try:
         soak.start()
         soak.run_faults(faults)

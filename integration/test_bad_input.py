@@ -8,8 +8,9 @@ import tarfile
 import zipfile
 
 import pytest
-from helpers import observer, run_cli, stormdist
+from helpers import observer, process_bundle, run_cli, stormdist
 
+from nimbus.devcluster import LocalCluster
 from nimbus.thrift import storm
 from nimbus.thrift.client import connect
 
@@ -27,15 +28,32 @@ def snapshot(cluster, state):
     )
 
 
-@pytest.fixture
-def cluster(make_cluster, bundle):
-    cluster = make_cluster(2)
+def _with_a_topology(cluster: LocalCluster, bundle: bytes) -> LocalCluster:
     # Replicated to both before any test looks at the disks.
     cluster.client().submit("existing", bundle, {"topology.min.replication.count": 2})
     return cluster
 
 
-def test_cli_bad_input(cluster, tmp_path):
+@pytest.fixture(scope="module")
+def shared_cluster(tmp_path_factory):
+    """Two nimbuses and a replicated topology, shared by the tests that leave the cluster
+    as they found it (each compares against its own snapshot) or only add to it."""
+    base = tmp_path_factory.mktemp("bad-input")
+    cluster = LocalCluster(base / "cluster", 2).start()
+    try:
+        yield _with_a_topology(cluster, process_bundle(base / "topology"))
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster(make_cluster, bundle):
+    """A cluster of its own, for a test that changes what others would snapshot."""
+    return _with_a_topology(make_cluster(2), bundle)
+
+
+def test_cli_bad_input(shared_cluster, tmp_path):
+    cluster = shared_cluster
     state = observer(cluster)
     before = snapshot(cluster, state)
     conf = str(cluster.config_file)
@@ -83,8 +101,9 @@ def test_cli_bad_input(cluster, tmp_path):
     state.zk.stop()
 
 
-def test_server_refuses_bad_bundles_sent_directly(cluster, tmp_path):
+def test_server_refuses_bad_bundles_sent_directly(shared_cluster, tmp_path):
     """A Thrift client that skips the CLI's checks meets the same checks on the leader."""
+    cluster = shared_cluster
     state = observer(cluster)
     before = snapshot(cluster, state)
     leader = cluster.wait_for_leader()
@@ -119,7 +138,8 @@ def test_server_refuses_bad_bundles_sent_directly(cluster, tmp_path):
     state.zk.stop()
 
 
-def test_daemon_start_errors(tmp_path, cluster):
+def test_daemon_start_errors(tmp_path, shared_cluster):
+    cluster = shared_cluster
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("nimbus.thrift.port: [oops\n")
     result = run_cli("nimbus", "--config", str(bad_yaml))
@@ -185,8 +205,9 @@ def test_cli_commands_happy_path(cluster, tmp_path):
     assert next(t for t in info["topologies"] if t["name"] == "cli-topology")["status"] == "KILLED"
 
 
-def test_thrift_read_api_on_any_nimbus(cluster, bundle):
+def test_thrift_read_api_on_any_nimbus(shared_cluster, bundle):
     """What a Storm client or supervisor reads: topology info, conf, code download."""
+    cluster = shared_cluster
     import json
 
     topology_id = cluster.client().submit(

@@ -33,7 +33,10 @@ A worker whose lease ran out froze itself where it could (nimbus/worker/lease.py
 renewal thaws it only if the assignment's ``mzxid`` is the one its last renewal read: no
 write to the assignment came in between, so its work cannot have moved away and back
 while it was frozen (a running worker could not see that happen: its lease would have
-killed it). Otherwise it is killed, and its slot starts it afresh.
+killed it). Otherwise it is killed, and its slot starts it afresh. The proof holds across
+sessions: a worker kept frozen through a lost session, or taken over frozen by the
+supervisor's next process, is thawed by the same rule (nimbus/supervisor/daemon.py,
+nimbus/supervisor/lease_record.py).
 """
 
 from __future__ import annotations

@@ -14,12 +14,13 @@ instead of dying when the deadline passes: it writes ``1`` to its cgroup's
 ``cgroup.freeze``, which stops every process in the cgroup, the writing thread included,
 before any of them runs another instruction in user space. A frozen worker acts no more
 than a dead one, and only its supervisor thaws it, right after it has written a renewal
-that a round trip of the same session earned, which read the assignment unchanged since
-the worker's last renewal (:mod:`nimbus.supervisor.lease`): a session
-that comes back after a ZooKeeper quorum loss or a cut longer than the lease resumes the
-pipeline where it stood, instead of restarting it. A worker thawed with no renewal in its
-pipe kills itself at once; one never thawed is killed by its supervisor (session lost,
-work moved, or frozen longer than ``supervisor.worker.timeout.secs``). Where the cgroup
+that a round trip earned, which read the assignment unchanged since the worker's last
+renewal (:mod:`nimbus.supervisor.lease`; the session may be a later one): a supervisor
+that comes back after a ZooKeeper quorum loss, a cut longer than the lease or a lost
+session resumes the pipeline where it stood, instead of restarting it. A worker thawed
+with no renewal in its pipe kills itself at once; one never thawed is killed by its
+supervisor (work moved, or frozen longer than ``supervisor.worker.timeout.secs``).
+Where the cgroup
 cannot be frozen (no cgroup, or a worker run as another account, which may not write
 it), the deadline kills as before.
 
