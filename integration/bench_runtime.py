@@ -31,6 +31,9 @@ Then, on a cluster of ZooKeeper, 2 nimbuses and 2 supervisors (one slot each):
   lease that runs out freezes the worker"; no target in the issue);
 * supervisor kill -9 alone, started again at once → the next committed batch, ÷ cold
   start (the new process takes the running worker over; no target in the issue);
+* supervisor kill -9 alone, started again only once its worker's lease has run out and
+  the worker has frozen → the next committed batch, counted from the start, ÷ cold start
+  (the new process takes the frozen worker over and thaws it; no target in the issue);
 * supervisor kill -9 (with its worker) → the next committed batch on the other
   supervisor, minus the session timeout, ÷ cold start (target ≤ 0.35 warm, ≤ 1.2 cold);
 * resident memory of an idle supervisor, of a warm worker and of a running worker
@@ -316,6 +319,20 @@ def main() -> None:
             supervisor_restart = timed_commit(runtime.feed, runtime.output, 1, since=t0)
             taken_over = runtime.worker() == (sid, port, pid)
 
+            # Killed again, and started only once its worker froze at the lease's end: the
+            # new process takes the frozen worker over and thaws it.
+            sid, port, pid = runtime.worker()
+            supervisor = runtime.supervisor(sid)
+            log = supervisor.worker_dir(runtime.topology_id, port) / "worker.log"
+            frozen_before = log.read_text().count(FROZEN)
+            supervisor.kill9_group()
+            wait_for(lambda: log.read_text().count(FROZEN) > frozen_before, TIMEOUT_S,
+                     "the orphaned worker to freeze", interval_s=0.1)
+            t0 = time.monotonic()
+            cluster.start_supervisor(supervisor)
+            late_restart = timed_commit(runtime.feed, runtime.output, 1, since=t0)
+            late_taken_over = runtime.worker() == (sid, port, pid)
+
             sid, port, pid = runtime.worker()
             supervisor = runtime.supervisor(sid)
             runtime.wait_warm(next(s.id for s in cluster.supervisors if s.id != sid),
@@ -346,6 +363,9 @@ def main() -> None:
         "supervisor_restart_to_commit_s": round(supervisor_restart, 2),
         "supervisor_restart_ratio": round(supervisor_restart / cold, 3),
         "supervisor_restart_took_over_the_worker": taken_over,
+        "supervisor_late_restart_to_commit_s": round(late_restart, 2),
+        "supervisor_late_restart_ratio": round(late_restart / cold, 3),
+        "supervisor_late_restart_thawed_the_worker": late_taken_over,
         "supervisor_crash_to_commit_s": round(supervisor_crash, 2),
         "supervisor_crash_ratio": round(supervisor_crash / (session_s + cold), 3),
         "supervisor_crash_beyond_session_ratio": round((supervisor_crash - session_s) / cold,
@@ -375,6 +395,9 @@ def main() -> None:
     print(f"supervisor kill -9, started again at once -> next commit: "
           f"{supervisor_restart:.2f}s = {figures['supervisor_restart_ratio']} x cold start "
           f"({'the same worker, taken over' if taken_over else 'a NEW worker'})")
+    print(f"supervisor kill -9, started again after its worker froze -> next commit: "
+          f"{late_restart:.2f}s = {figures['supervisor_late_restart_ratio']} x cold start "
+          f"({'the same worker, thawed' if late_taken_over else 'a NEW worker'})")
     print(f"supervisor kill -9 -> next commit elsewhere: {supervisor_crash:.2f}s = session "
           f"{session_s:.0f}s + {figures['supervisor_crash_beyond_session_ratio']} x cold start "
           f"(target <= {target}); {figures['supervisor_crash_ratio']} x (session + cold "
