@@ -875,101 +875,96 @@ def _restarts(sup: Supervisor, port: int) -> int:
     return record.restarts if record is not None else 0
 
 
+@pytest.fixture
+def leased_worker(tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+    """A started supervisor with one slot, and the worker it runs there in a cgroup of its
+    own, holding its first lease: yields (supervisor, handle, port); stops it after."""
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        wait_for(lambda: handle.lease_deadline is not None, 15, "its first lease")
+        assert handle.cgroup is not None
+        yield sup, handle, port
+    finally:
+        sup._connected.set()
+        sup.stop()
+
+
 def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
-        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+        leased_worker, cluster_state):
     """A worker freezes its cgroup when its lease runs out (nimbus/worker/lease.py; the
     stand-in cannot, so the test freezes it): the supervisor's next renewal thaws it, and
     one that stays frozen past supervisor.worker.timeout.secs is killed, not counted as a
     crash."""
-    port = _free_port()
-    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
-    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
-    sup.start()
-    try:
-        assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
-        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
-        wait_for(lambda: handle.lease_deadline is not None, 15, "its first lease")
-        assert handle.cgroup is not None
-        (handle.cgroup / "cgroup.freeze").write_text("1")
-        wait_for(lambda: handle.thaws == 1, 15, "a renewal to thaw it")
-        assert not handle.is_frozen() and handle.exit_code() is None
+    sup, handle, port = leased_worker
+    (handle.cgroup / "cgroup.freeze").write_text("1")
+    wait_for(lambda: handle.thaws == 1, 15, "a renewal to thaw it")
+    assert not handle.is_frozen() and handle.exit_code() is None
 
-        # Frozen while cut off, and meanwhile its assignment is written again (the same
-        # placement; its work could have gone elsewhere and come back): not thawed.
-        sup._connected.clear()  # renews nothing, as while cut off
-        (handle.cgroup / "cgroup.freeze").write_text("1")
-        path = cluster_state.path("assignments", TOPOLOGY)
-        cluster_state.zk.set(path, cluster_state.zk.get(path)[0])
-        sup._connected.set()
-        wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
-        assert handle.ended_by == "lease" and handle.thaws == 1
-        handle = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
-                          15, "its slot to start it afresh")[0]
-        wait_for(lambda: handle.lease_deadline is not None, 15, "the new worker's lease")
-        assert _restarts(sup, port) == 0  # no crash counted
+    # Frozen while cut off, and meanwhile its assignment is written again (the same
+    # placement; its work could have gone elsewhere and come back): not thawed.
+    sup._connected.clear()  # renews nothing, as while cut off
+    (handle.cgroup / "cgroup.freeze").write_text("1")
+    path = cluster_state.path("assignments", TOPOLOGY)
+    cluster_state.zk.set(path, cluster_state.zk.get(path)[0])
+    sup._connected.set()
+    wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
+    assert handle.ended_by == "lease" and handle.thaws == 1
+    handle = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
+                      15, "its slot to start it afresh")[0]
+    wait_for(lambda: handle.lease_deadline is not None, 15, "the new worker's lease")
+    assert _restarts(sup, port) == 0  # no crash counted
 
-        sup._connected.clear()
-        (handle.cgroup / "cgroup.freeze").write_text("1")
-        # Its lease ran out longer ago than supervisor.worker.timeout.secs (3 s).
-        handle.lease_deadline = time.monotonic() - 4
-        sup.reconcile()
-        assert handle.ended_by == "lease"
-        wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to die")
-        assert handle.exit_code() == -signal.SIGKILL
-        sup._reap()
-        assert _restarts(sup, port) == 0
-    finally:
-        sup._connected.set()
-        sup.stop()
+    sup._connected.clear()
+    (handle.cgroup / "cgroup.freeze").write_text("1")
+    # Its lease ran out longer ago than supervisor.worker.timeout.secs (3 s).
+    handle.lease_deadline = time.monotonic() - 4
+    sup.reconcile()
+    assert handle.ended_by == "lease"
+    wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to die")
+    assert handle.exit_code() == -signal.SIGKILL
+    sup._reap()
+    assert _restarts(sup, port) == 0
 
 
 def test_a_worker_frozen_through_a_lost_session_is_thawed_by_the_next_one(
-        tmp_path, zk_server, zk_root, cluster_state, stub_worker):
+        leased_worker, cluster_state, zk_server):
     """A lost session kills every running worker, but one already frozen on its lapsed
     lease acts no more than a dead one: it is kept, and the next session's renewal thaws
     it if its assignment is unchanged (the same mzxid), or kills it if it was rewritten
     meanwhile (its work may have moved away and back)."""
-    port = _free_port()
-    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
-    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
-    sup.start()
-    try:
-        assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
-        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
-        wait_for(lambda: handle.lease_deadline is not None, 15, "its first lease")
-        assert handle.cgroup is not None
+    sup, handle, port = leased_worker
+    def lose_the_session_while_frozen(rewrite: bool = False) -> int:
+        sup._connected.clear()  # renews nothing, as while cut off
+        (handle.cgroup / "cgroup.freeze").write_text("1")  # as its lapsed lease would
+        wait_for(handle.is_frozen, 15, "the worker to be frozen")
+        if rewrite:  # the same placement: its work could have gone and come back
+            path = cluster_state.path("assignments", TOPOLOGY)
+            cluster_state.zk.set(path, cluster_state.zk.get(path)[0])
+        session = sup.zk.client_id[0]
+        expire_session(sup.zk, zk_server.hosts)
+        return session
 
-        def lose_the_session_while_frozen(rewrite: bool = False) -> int:
-            sup._connected.clear()  # renews nothing, as while cut off
-            (handle.cgroup / "cgroup.freeze").write_text("1")  # as its lapsed lease would
-            wait_for(handle.is_frozen, 15, "the worker to be frozen")
-            if rewrite:  # the same placement: its work could have gone and come back
-                path = cluster_state.path("assignments", TOPOLOGY)
-                cluster_state.zk.set(path, cluster_state.zk.get(path)[0])
-            session = sup.zk.client_id[0]
-            expire_session(sup.zk, zk_server.hosts)
-            return session
+    first_session = lose_the_session_while_frozen()
+    wait_for(lambda: handle.thaws == 1, 15, "a renewal of the next session to thaw it")
+    assert handle.session_id not in (first_session, None)
+    assert handle.session_id == sup.zk.client_id[0]
+    assert not handle.is_frozen() and handle.exit_code() is None and not handle.ended_by
+    assert sup._running_handles() == [handle]
 
-        first_session = lose_the_session_while_frozen()
-        wait_for(lambda: handle.thaws == 1, 15, "a renewal of the next session to thaw it")
-        assert handle.session_id not in (first_session, None)
-        assert handle.session_id == sup.zk.client_id[0]
-        assert not handle.is_frozen() and handle.exit_code() is None and not handle.ended_by
-        assert sup._running_handles() == [handle]
-
-        # Lost again while frozen, and meanwhile its assignment is written again.
-        lose_the_session_while_frozen(rewrite=True)
-        wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
-        assert handle.ended_by == "lease" and handle.thaws == 1
-        fresh = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
-                         15, "its slot to start it afresh")[0]
-        wait_for(lambda: fresh.lease_deadline is not None, 15, "the new worker's lease")
-        assert _restarts(sup, port) == 0  # no crash counted
-    finally:
-        sup._connected.set()
-        sup.stop()
+    # Lost again while frozen, and meanwhile its assignment is written again.
+    lose_the_session_while_frozen(rewrite=True)
+    wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
+    assert handle.ended_by == "lease" and handle.thaws == 1
+    fresh = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
+                     15, "its slot to start it afresh")[0]
+    wait_for(lambda: fresh.lease_deadline is not None, 15, "the new worker's lease")
+    assert _restarts(sup, port) == 0  # no crash counted
 
 
 def test_code_that_fails_its_checks_is_reported_once_and_tried_ever_later(
