@@ -15,6 +15,7 @@ import click
 
 from nimbus import __version__
 from nimbus.config import Config, ConfigError, load_config
+from nimbus.foreground import Foreground
 from nimbus.redaction import install_log_redaction, mask
 
 log = logging.getLogger("nimbus.cli")
@@ -87,11 +88,12 @@ def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
 
     conf = _conf(config_path, overrides)
     daemon = NimbusDaemon(conf)
+    foreground = Foreground(daemon.start, daemon.stop, daemon.stopping, "nimbus-shutdown")
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: daemon.request_stop())
-    daemon.start()
+        signal.signal(sig, lambda *_: foreground.request_stop())
+    foreground.start()
     click.echo(f"nimbus {daemon.address} running", err=True)
-    daemon.run_forever()
+    foreground.run_forever()
 
 
 @main.command()
@@ -105,16 +107,18 @@ def supervisor(config_path: str | None, overrides: tuple[str, ...]) -> None:
 
     conf = _conf(config_path, overrides)
     daemon = Supervisor(conf)  # exits 1 here if a slot port is taken
+    foreground = Foreground(daemon.start, daemon.stop, daemon.stopping,
+                            "supervisor-shutdown")
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: daemon.request_stop())
+        signal.signal(sig, lambda *_: foreground.request_stop())
     try:
-        daemon.start()
+        foreground.start()
     except BaseException:
         daemon.stop()
         raise
     click.echo(f"supervisor {daemon.id} running on {daemon.host} with slots "
                + ",".join(map(str, daemon.ports)), err=True)
-    daemon.run_forever()
+    foreground.run_forever()
 
 
 @contextlib.contextmanager

@@ -895,6 +895,20 @@ def leased_worker(tmp_path, zk_server, zk_root, cluster_state, stub_worker):
         sup.stop()
 
 
+def _killed_for_its_rewritten_assignment(sup: Supervisor, handle: WorkerHandle,
+                                         port: int) -> WorkerHandle:
+    """Once thawed once, frozen again while its assignment was rewritten: it is killed
+    at the next renewal, not counted as a crash, and its slot starts a fresh worker,
+    which is returned once it holds a lease."""
+    wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
+    assert handle.ended_by == "lease" and handle.thaws == 1
+    fresh = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
+                     15, "its slot to start it afresh")[0]
+    wait_for(lambda: fresh.lease_deadline is not None, 15, "the new worker's lease")
+    assert _restarts(sup, port) == 0  # no crash counted
+    return fresh
+
+
 def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
         leased_worker, cluster_state):
     """A worker freezes its cgroup when its lease runs out (nimbus/worker/lease.py; the
@@ -913,12 +927,7 @@ def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
     path = cluster_state.path("assignments", TOPOLOGY)
     cluster_state.zk.set(path, cluster_state.zk.get(path)[0])
     sup._connected.set()
-    wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
-    assert handle.ended_by == "lease" and handle.thaws == 1
-    handle = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
-                      15, "its slot to start it afresh")[0]
-    wait_for(lambda: handle.lease_deadline is not None, 15, "the new worker's lease")
-    assert _restarts(sup, port) == 0  # no crash counted
+    handle = _killed_for_its_rewritten_assignment(sup, handle, port)
 
     sup._connected.clear()
     (handle.cgroup / "cgroup.freeze").write_text("1")
@@ -959,12 +968,7 @@ def test_a_worker_frozen_through_a_lost_session_is_thawed_by_the_next_one(
 
     # Lost again while frozen, and meanwhile its assignment is written again.
     lose_the_session_while_frozen(rewrite=True)
-    wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
-    assert handle.ended_by == "lease" and handle.thaws == 1
-    fresh = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
-                     15, "its slot to start it afresh")[0]
-    wait_for(lambda: fresh.lease_deadline is not None, 15, "the new worker's lease")
-    assert _restarts(sup, port) == 0  # no crash counted
+    _killed_for_its_rewritten_assignment(sup, handle, port)
 
 
 def test_code_that_fails_its_checks_is_reported_once_and_tried_ever_later(

@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 
 class NimbusDaemon:
-    """A running nimbus; :meth:`start`, then :meth:`stop` (or :meth:`run_forever`)."""
+    """A running nimbus; :meth:`start`, then :meth:`stop` (in a process of its own:
+    :class:`nimbus.foreground.Foreground`)."""
 
     def __init__(self, conf: Config):
         self.conf = conf
@@ -297,13 +298,10 @@ class NimbusDaemon:
                  "slots may run until then", pending)
         threading.Event().wait(pending)
 
-    def run_forever(self) -> None:
-        while not self._stop.wait(1.0):
-            pass
-
-    def request_stop(self) -> None:
-        """Signal-safe: leave the election now; the main thread finishes the shutdown."""
-        threading.Thread(target=self.stop, name="nimbus-shutdown", daemon=False).start()
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once :meth:`stop` has begun (what a foreground run waits for)."""
+        return self._stop
 
     # -- membership ----------------------------------------------------------------------------
     def _register(self) -> None:

@@ -222,7 +222,8 @@ def _check_hosts(host: str) -> list[str]:
 
 
 class Supervisor:
-    """A running supervisor; :meth:`start`, then :meth:`stop` (or :meth:`run_forever`).
+    """A running supervisor; :meth:`start`, then :meth:`stop` (in a process of its own:
+    :class:`nimbus.foreground.Foreground`).
 
     ``worker_command`` is the argv that runs one worker (the worker directory is appended);
     tests may point it at a stand-in that follows the same protocol. ``warm_command`` runs
@@ -477,13 +478,10 @@ class Supervisor:
         self._dir_lock.close()
         log.info("supervisor %s stopped", self.id)
 
-    def run_forever(self) -> None:
-        while not self._stop.wait(1.0):
-            pass
-
-    def request_stop(self) -> None:
-        """Signal-safe: the shutdown runs on a thread of its own."""
-        threading.Thread(target=self.stop, name="supervisor-shutdown", daemon=False).start()
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once :meth:`stop` has begun (what a foreground run waits for)."""
+        return self._stop
 
     # -- ZooKeeper events (kazoo's event thread: signal, never block) -----------------------
     def _on_connection_state(self, state: str) -> None:
