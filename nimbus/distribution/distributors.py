@@ -250,6 +250,9 @@ class CodeDistributor:
 
     def __init__(self, plugin_class: type):
         self.name = getattr(plugin_class, "name", plugin_class.__name__)
+        #: True when the plugin may be prepared on supervisors (docs/hooks.md).
+        self.serves_supervisors = getattr(plugin_class, hookspecs.SERVES_SUPERVISORS,
+                                          False) is True
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         check_hookimpls(plugin_class, self.name)

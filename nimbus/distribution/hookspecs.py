@@ -32,6 +32,12 @@ class DistributorContext:
     the code of each topology (``code_dir / topology_id``);
     ``fetch_file(peer, remote_path, dest)`` downloads a file through a peer nimbus's
     Thrift ``beginFileDownload`` and returns its sha256.
+
+    ``role`` is :data:`ROLE_NIMBUS` on a nimbus and :data:`ROLE_SUPERVISOR` on a
+    supervisor, which prepares only a plugin whose class sets ``serves_supervisors =
+    True`` and then calls nothing but ``download``, ``cleanup`` and ``close``. There
+    ``address`` is ``supervisor-<supervisor id>`` (unique, never a nimbus's) and a
+    download must not count toward the replication count (docs/hooks.md).
     """
 
     zk: Any
@@ -41,6 +47,22 @@ class DistributorContext:
     code_dir: Path
     fetch_file: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    role: str = "nimbus"
+
+    @property
+    def on_supervisor(self) -> bool:
+        """True when this host runs workers (a supervisor), not a nimbus."""
+        return self.role == ROLE_SUPERVISOR
+
+
+#: ``DistributorContext.role`` of a nimbus: every hook may be called.
+ROLE_NIMBUS = "nimbus"
+#: ``DistributorContext.role`` of a supervisor: only download, cleanup and close.
+ROLE_SUPERVISOR = "supervisor"
+#: The class attribute by which a plugin says it can run on supervisors (default False).
+SERVES_SUPERVISORS = "serves_supervisors"
+#: The hooks a supervisor calls, after ``prepare``.
+SUPERVISOR_HOOKS = ("download", "cleanup", "close")
 
 
 @hookspec

@@ -9,6 +9,8 @@ The metafile is that manifest: size and sha256 of every file.
   moves the copy into place only when every size and sha256 matches.
 * ``get_replication_count`` is the store's own redundancy (declared in a setting) once
   the manifest exists, and 0 before: no nimbus hunts for another that holds a copy.
+* Supervisors read the store themselves (``serves_supervisors``): ``download`` writes
+  nothing but the copy, so on a supervisor it is the same call.
 * ``cleanup`` drops only this host's metafile; ``delete_shared``, which only the leader
   calls after its fenced removal of the topology, deletes the objects.
 
@@ -62,6 +64,9 @@ class ManifestStoreDistributor:
 
     name = "store"
     PREFIX = "nimbus.codedistributor.store."
+    # Every host with the store's settings reads it itself: supervisors fetch from the
+    # store, not through a nimbus (download registers nothing, so it counts nothing).
+    serves_supervisors = True
 
     def __init__(self) -> None:
         self.conf: dict[str, Any] = {}

@@ -1,10 +1,15 @@
 """This host's verified copies of topology code: ``<storm.local.dir>/supervisor/stormdist``.
 
-A topology's directory holds Storm's three files, fetched from a nimbus that holds a copy
-and each checked against the sha256 the leader wrote into the Assignment, and
+A topology's directory holds Storm's three files, each checked against the sha256 the
+leader wrote into the Assignment, and
 ``resources/``: the bundle (``stormjar.jar``) unpacked, the root a worker runs. The
 directory is built in a temporary sibling and renamed into place (:func:`atomic_dir`),
 so it exists only when complete and verified.
+
+The files come through the cluster's code distributor when it serves supervisors
+(:mod:`nimbus.supervisor.distributor_source`), and otherwise, or when that fails, from
+the nimbuses over Thrift, in the order the caller gives (a random one: see the
+supervisor's ``_peers``), each file tried on every nimbus.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 
 from nimbus.distribution.archive import BundleError, check_bundle
 from nimbus.distribution.local_code import TEMP_PREFIX, atomic_dir, check_topology_id
+from nimbus.supervisor.distributor_source import DistributorSource
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +62,10 @@ def _default_fetch(peer: str, remote_path: str, dest: Path,
 class CodeCache:
     """Complete, verified topology code on this host; see the module docstring."""
 
-    def __init__(self, root: Path, max_bundle_bytes: int, fetch: Fetch = _default_fetch):
+    def __init__(self, root: Path, max_bundle_bytes: int, fetch: Fetch = _default_fetch,
+                 distributor: DistributorSource | None = None):
         self.root = Path(root)
+        self.distributor = distributor
         self.root.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bundle_bytes
         self._fetch = fetch
@@ -83,7 +91,8 @@ class CodeCache:
                peers: Iterable[str], deadline: float | None = None) -> Path:
         """The topology's directory, fetched and verified first if it is not here yet.
 
-        ``peers`` are nimbus addresses to try in order. Raises CodeUnavailableError when
+        The distributor is tried first (when there is one); ``peers`` are nimbus
+        addresses to try in order after it, or instead of it. Raises CodeUnavailableError when
         none delivers every file with the expected sha256 (each file is tried on every
         peer, so one corrupt copy does not block the others), or when ``deadline`` (a
         ``time.monotonic()`` value) passes first: no peer is tried after it, and each
@@ -98,13 +107,15 @@ class CodeCache:
             raise CodeVerificationError(
                 f"{topology_id}: the assignment names no sha256 for {', '.join(missing)}; "
                 "refusing to run unverified code")
-        peers = list(dict.fromkeys(peers))
-        if not peers:
-            raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
         with atomic_dir(dest) as staging:
-            for name in CODE_FILES:
-                self._fetch_one(topology_id, name, code_sha256[name], peers, staging / name,
-                                deadline)
+            if self.distributor is None or not self.distributor.fetch(
+                    topology_id, code_sha256, staging, CODE_FILES):
+                peers = list(dict.fromkeys(peers))
+                if not peers:
+                    raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
+                for name in CODE_FILES:
+                    self._fetch_one(topology_id, name, code_sha256[name], peers,
+                                    staging / name, deadline)
             self._unpack(topology_id, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
         log.info("fetched and verified the code of %s", topology_id)
         return dest
@@ -162,7 +173,10 @@ class CodeCache:
                 from None
 
     def remove_except(self, keep: set[str]) -> list[str]:
-        """Delete the code of every topology not in ``keep``; returns the ids removed."""
+        """Delete the code of every topology not in ``keep`` (the distributor's copies
+        too); returns the ids removed."""
+        if self.distributor is not None:
+            self.distributor.remove_except(keep)
         removed = []
         for topology_id in sorted(self.topologies() - keep):
             shutil.rmtree(self.root / topology_id, ignore_errors=True)

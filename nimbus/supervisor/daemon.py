@@ -46,6 +46,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -92,6 +93,7 @@ from nimbus.supervisor.code_cache import (
     CodeVerificationError,
 )
 from nimbus.supervisor.code_fetcher import CodeFetcher
+from nimbus.supervisor.distributor_source import DistributorSource
 from nimbus.supervisor.lease import LeaseKeeper, session_id
 from nimbus.supervisor.lease_record import RECORDS_DIR, clear_records, record_path
 from nimbus.supervisor.policy import (
@@ -280,6 +282,10 @@ class Supervisor:
             raise
         self.state = StormClusterState(self.zk, conf.zk_root)
         self.node_path = self.state.path("supervisors", self.id)
+        if conf["supervisor.code.through.distributor"]:
+            self.code.distributor = DistributorSource(
+                conf, self.zk, conf.zk_root, self.id, self.supervisor_dir,
+                private_copies=self._run_as_user)
         if self.zk.connected:
             self._connected.set()
         # Every assignment, in memory and kept current by watches: a change costs this
@@ -463,6 +469,8 @@ class Supervisor:
             self.class_archive.stop()
         if self.fetcher is not None:
             self.fetcher.stop()
+        if self.code.distributor is not None:
+            self.code.distributor.close()
         self._lease.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
@@ -1122,11 +1130,16 @@ class Supervisor:
         return conf
 
     def _peers(self, topology_id: str) -> list[str]:
-        """Nimbuses to fetch code from: those registered as holding a replica first, then
-        every other live one (each serves ``<id>/<file>`` from its own copy)."""
+        """Nimbuses to fetch code from over Thrift: those registered as holding a replica
+        first, then every other live one (each serves ``<id>/<file>`` from its own copy),
+        each group in a random order, so that a fleet spreads over the nimbuses instead
+        of all asking the first one listed."""
         live = [f"{n.host}:{n.port}" for n in self.state.nimbuses()]
         replicas = [h for h in self.state.replica_hosts(topology_id) if h in live]
-        return replicas + [n for n in live if n not in replicas]
+        others = [n for n in live if n not in replicas]
+        random.shuffle(replicas)
+        random.shuffle(others)
+        return replicas + others
 
     def _clean_up(self, desired: dict[int, DesiredWorker], frozen: set[str]) -> None:
         keep = {w.topology_id for w in desired.values()} | frozen

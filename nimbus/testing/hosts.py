@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 
 from nimbus.distribution.distributors import CodeDistributor, resolve_distributor_class
 from nimbus.distribution.file_transfer import FileTransfers
-from nimbus.distribution.hookspecs import DistributorContext
+from nimbus.distribution.hookspecs import ROLE_SUPERVISOR, DistributorContext
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.testing.conformance import ConformanceHost
@@ -81,6 +81,25 @@ class SimulatedHosts:
             self._distributors.append(distributor)
             group.append(ConformanceHost(distributor, store.root, self.conf))
         return group
+
+    def make_supervisor(self, conf: dict[str, Any] | None = None) -> ConformanceHost:
+        """A simulated supervisor: the distributor prepared in the supervisor role
+        (``DistributorContext.role``), on a ZooKeeper session of its own. Its copies go
+        to ``code_dir``; it serves nothing over Thrift."""
+        index = len(self._distributors)
+        local = self.work_dir / f"supervisor-{index}"
+        zk = KazooClient(hosts=self.zk_hosts, timeout=4.0)
+        zk.start(timeout=15)
+        self._clients.append(zk)
+        distributor = CodeDistributor(self.plugin_class)
+        code_dir = local / "supervisor" / "code"
+        code_dir.mkdir(parents=True)
+        distributor.prepare({**self.conf, **(conf or {})}, DistributorContext(
+            zk=zk, zk_root=self.zk_root, address=f"supervisor-sim-{index}",
+            local_dir=local / "supervisor" / "code-distributor" / distributor.name,
+            code_dir=code_dir, fetch_file=fetch_file, role=ROLE_SUPERVISOR))
+        self._distributors.append(distributor)
+        return ConformanceHost(distributor, code_dir, self.conf)
 
     def close(self) -> None:
         for distributor in self._distributors:

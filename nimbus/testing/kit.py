@@ -24,11 +24,15 @@ The kit supplies a real ZooKeeper server (one per test session, a fresh root per
 simulated nimbus hosts (each with its own ZooKeeper session, code directory and a real
 Thrift server serving its code, as a nimbus does) and every test of
 :class:`~nimbus.testing.conformance.DistributorConformance`, plus checks that the
-plugin declares each of its settings with the right type under its own prefix.
+plugin declares each of its settings with the right type under its own prefix. A
+plugin that sets ``serves_supervisors = True`` is also run on simulated supervisors (the
+supervisor role of ``DistributorContext``): their downloads must reproduce every byte and
+never count as replicas.
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ from nimbus.testing.conformance import (
     STORE,
     ConformanceHost,
     DistributorConformance,
+    _digests,
     flip_byte,
 )
 from nimbus.testing.hosts import SimulatedHosts
@@ -105,6 +110,54 @@ class DistributorKit(DistributorConformance):
                                    topology_ids=(self.topology_id,))
         yield simulated.make
         simulated.close()
+
+    @pytest.fixture
+    def supervisor(self, tmp_path: Path, zk_server: Any, zk_root: str,
+                   settings: dict[str, Any]) -> Iterator[Callable[[], ConformanceHost]]:
+        """Factory of simulated supervisors (the distributor in the supervisor role), on
+        the same ZooKeeper root as :meth:`hosts`; skips when the plugin does not serve
+        supervisors (they then fetch from the nimbuses over Thrift)."""
+        cls = resolve_distributor_class(self.distributor)
+        if not CodeDistributor(cls).serves_supervisors:
+            pytest.skip(f"{self.distributor!r} does not set serves_supervisors: supervisors "
+                        "fetch its code from the nimbuses over Thrift")
+        simulated = SimulatedHosts(tmp_path / "supervisors", zk_server.hosts, zk_root,
+                                   self.distributor, settings)
+        yield simulated.make_supervisor
+        simulated.close()
+
+    def test_supervisor_download_reproduces_every_byte_and_counts_nothing(
+            self, uploaded, supervisor, tmp_path: Path) -> None:
+        """A supervisor's copy is complete and verified, and never a replica: the
+        replication count stays what the nimbuses hold."""
+        group, metafile, digests = uploaded
+        host = supervisor()
+        dest = host.code_dir / self.topology_id
+        files = host.distributor.download(dest, self.topology_id,
+                                          self._metafile(tmp_path, metafile))
+        assert _digests(dest) == digests
+        assert {f.relative_to(dest).as_posix() for f in files} == set(digests)
+        assert self._count(group[0]) == self.expected_count(1)
+        # A nimbus that downloads after it still adds exactly itself.
+        group[1].distributor.download(group[1].code_dir / self.topology_id, self.topology_id,
+                                      self._metafile(tmp_path, metafile))
+        assert self._count(group[0]) == self.expected_count(2)
+
+    def test_supervisor_cleanup_leaves_the_nimbuses_copies(
+            self, uploaded, supervisor, tmp_path: Path) -> None:
+        """A supervisor's cleanup forgets its own copy only: the count is unchanged and
+        another supervisor still downloads the code."""
+        group, metafile, digests = uploaded
+        first, second = supervisor(), supervisor()
+        dest = first.code_dir / self.topology_id
+        first.distributor.download(dest, self.topology_id, self._metafile(tmp_path, metafile))
+        first.distributor.cleanup(self.topology_id)
+        shutil.rmtree(dest)
+        assert self._count(group[0]) == self.expected_count(1)
+        other = second.code_dir / self.topology_id
+        second.distributor.download(other, self.topology_id,
+                                    self._metafile(tmp_path, metafile))
+        assert _digests(other) == digests
 
     def _declared(self) -> tuple[str, dict[str, Any]]:
         """(entry-point name or "", the keys the plugin declares in config_defaults)."""

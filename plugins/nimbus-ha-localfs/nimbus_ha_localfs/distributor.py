@@ -6,6 +6,9 @@
   ``beginFileDownload``, verifies size and sha256, and only then moves the copy into place
   and registers this host. A corrupt or partial copy is discarded and the next peer tried.
 * ``get_replication_count`` counts the registrations.
+* On a supervisor (``context.on_supervisor``) ``download`` fetches the same way, from the
+  registered nimbuses in a random order, but registers nothing: a supervisor's copy is
+  never a replica, and no peer fetches from a supervisor.
 * Registrations are ephemeral; ``nimbus.master.replicas.ReplicaRegistry`` re-creates them after a
   session expiry. At start-up, copies left on disk by an earlier run are verified against
   their metafile and registered again; a copy that fails verification is deleted so that
@@ -33,6 +36,7 @@ from nimbus.distribution.local_code import (
 )
 from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus.master.replicas import ReplicaRegistry
+from nimbus.state.cluster_state import StormClusterState
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,7 @@ class LocalFileSystemCodeDistributor:
     """Storm's LocalFileSystemCodeDistributor, over ZooKeeper and the nimbus Thrift API."""
 
     name = "localfs"
+    serves_supervisors = True
 
     def __init__(self) -> None:
         self._ctx: DistributorContext | None = None
@@ -80,7 +85,7 @@ class LocalFileSystemCodeDistributor:
     def prepare(self, conf: dict[str, Any], context: DistributorContext) -> None:
         self._ctx = context
         context.local_dir.mkdir(parents=True, exist_ok=True)
-        if context.zk is not None:
+        if context.zk is not None and not context.on_supervisor:
             self._replicas = ReplicaRegistry(context.zk, context.zk_root, context.address,
                                              name="localfs")
         self._adopt_existing_copies()
@@ -155,6 +160,10 @@ class LocalFileSystemCodeDistributor:
         return safe_join(self._require_ctx().local_dir, f"{topology_id}.meta")
 
     def _peers(self, topology_id: str) -> list[str]:
+        ctx = self._require_ctx()
+        if ctx.on_supervisor and ctx.zk is not None:
+            # Read-only: a supervisor keeps no registry of its own.
+            return sorted(StormClusterState(ctx.zk, ctx.zk_root).replica_endpoints(topology_id))
         return sorted(self._replicas.peers(topology_id)) if self._replicas is not None else []
 
     def _register(self, topology_id: str) -> None:

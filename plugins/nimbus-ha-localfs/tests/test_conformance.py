@@ -15,6 +15,7 @@ from nimbus.testing.conformance import (
 )
 from nimbus.testing.faults import expire_session
 from nimbus.testing.hosts import SimulatedHosts
+from nimbus.testing.kit import DistributorKit
 
 pytest_plugins = ["nimbus.testing.zookeeper"]
 
@@ -32,12 +33,12 @@ def corrupt_jar(host: ConformanceHost, topology_id: str) -> None:
     flip_byte(host.code_dir / topology_id / "stormjar.jar")
 
 
-class TestLocalfsConformance(DistributorConformance):
+class TestLocalfsConformance(DistributorKit):
+    distributor = "localfs"
     replication_model = PER_HOST  # one registration per host holding a verified copy
 
-    @pytest.fixture
-    def tamper(self):
-        return corrupt_jar
+    def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
+        corrupt_jar(host, topology_id)
 
 
 def test_registration_comes_back_after_session_expiry(hosts, zk_server, make_zk, zk_root):

@@ -20,9 +20,9 @@ from nimbus.state.zkserver import free_port
 from nimbus.testing.conformance import (
     STORE,
     ConformanceHost,
-    DistributorConformance,
     _write_code,
 )
+from nimbus.testing.kit import DistributorKit
 
 BUCKET = "topologies"
 
@@ -69,20 +69,22 @@ def hosts(s3, tmp_path):
         distributor.close({})
 
 
-class TestS3Conformance(DistributorConformance):
+class TestS3Conformance(DistributorKit):
+    distributor = "s3"
     replication_model = STORE
     store_replication = 2  # replication.count in s3_conf
 
     @pytest.fixture
-    def tamper(self, s3):
-        def corrupt(host: ConformanceHost, topology_id: str) -> None:
-            fs = s3.filesystem()
-            key = f"{BUCKET}/{host.conf[PREFIX + 'prefix']}/{topology_id}/stormjar.jar"
-            data = bytearray(fs.cat_file(key))
-            data[len(data) // 2] ^= 0xFF
-            fs.pipe_file(key, bytes(data))
+    def settings(self, s3) -> dict:
+        self._server = s3
+        return s3_conf(s3)
 
-        return corrupt
+    def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
+        fs = self._server.filesystem()
+        key = f"{BUCKET}/{host.conf[PREFIX + 'prefix']}/{topology_id}/stormjar.jar"
+        data = bytearray(fs.cat_file(key))
+        data[len(data) // 2] ^= 0xFF
+        fs.pipe_file(key, bytes(data))
 
 
 def test_selected_by_entry_point_name():

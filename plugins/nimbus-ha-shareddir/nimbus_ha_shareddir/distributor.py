@@ -15,6 +15,8 @@ CephFS, Lustre, or any file system mounted at the same place on each of them. La
 * ``get_replication_count`` is the share's declared redundancy
   (``nimbus.codedistributor.shareddir.replication.count``) once the bundle is in place,
   and 0 before and after ``delete_shared``.
+* Supervisors that mount the share read it themselves (``serves_supervisors``);
+  ``download`` registers nothing, so on a supervisor it is the same call.
 * ``cleanup`` drops only this host's metafile; ``delete_shared`` (the leader's, after its
   fenced removal of the topology) renames the bundle away, then deletes it.
 """
@@ -88,6 +90,8 @@ class SharedDirCodeDistributor:
     """Topology code in a directory shared by all nimbuses; see the module docstring."""
 
     name = NAME
+    # A supervisor that mounts the share reads it itself; download registers nothing.
+    serves_supervisors = True
 
     def __init__(self) -> None:
         self.root = Path()
@@ -115,13 +119,18 @@ class SharedDirCodeDistributor:
         if not self.root.is_dir():
             raise DistributorError(
                 f"{PREFIX}path {self.root} is not a directory (is the share mounted?)")
-        if not os.access(self.root, os.W_OK | os.X_OK):
-            raise DistributorError(f"{PREFIX}path {self.root} is not writable by this nimbus")
+        # A supervisor only reads the share (a read-only mount is enough there).
+        wanted = os.R_OK | os.X_OK if context.on_supervisor else os.W_OK | os.X_OK
+        if not os.access(self.root, wanted):
+            raise DistributorError(
+                f"{PREFIX}path {self.root} is not "
+                f"{'readable' if context.on_supervisor else 'writable'} by this "
+                f"{'supervisor' if context.on_supervisor else 'nimbus'}")
         if settings[PREFIX + "replication.count"] < 1:
             raise DistributorError(f"{PREFIX}replication.count must be at least 1")
         self.replication = settings[PREFIX + "replication.count"]
         self.fsync = settings[PREFIX + "fsync"]
-        self.store_id = self._store_id()
+        self.store_id = self._read_store_id() if context.on_supervisor else self._store_id()
         self._ctx = context
         context.local_dir.mkdir(parents=True, exist_ok=True)
 
@@ -220,6 +229,16 @@ class SharedDirCodeDistributor:
         with os.fdopen(fd, "w") as handle:
             handle.write(uuid.uuid4().hex + "\n")
         return path.read_text(encoding="utf-8").strip()
+
+    def _read_store_id(self) -> str:
+        """The share's id, as a supervisor reads it (it never creates it)."""
+        try:
+            return (self.root / STORE_ID).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise DistributorError(
+                f"{PREFIX}path {self.root} holds no {STORE_ID} ({exc.strerror}): no nimbus "
+                "has used this share yet, or it is another directory than the nimbuses' "
+                "share") from None
 
     def _bundle(self, topology_id: str) -> Path:
         return self.root / check_topology_id(topology_id)

@@ -10,6 +10,12 @@
   registers. It fails if no verified data arrives for ``stall.timeout.secs`` (a tampered
   piece is never accepted; the sender is banned), or after ``download.timeout.secs``.
 * ``get_replication_count`` counts hosts that completed (the registrations).
+* On a supervisor (``context.on_supervisor``) ``download`` joins the same swarm: it
+  announces itself among the downloaders before it starts, trades pieces with nimbuses
+  and other supervisors, and after its copy is complete stays announced there and keeps
+  seeding it until ``cleanup``. It never registers a replica, so a supervisor's copy never
+  counts toward the nimbuses' replication count; but every downloader, a nimbus that lost
+  its copy included, finds it as a source (docs/plugins.md, "Supervisors as sources").
 * A copy is seeded (and registered) only once every piece is verified against the
   .torrent's SHA-1 hashes: by libtorrent's full hash check at upload and for copies found
   on disk at start-up; after a download, as each piece arrived (libtorrent's resume data
@@ -46,6 +52,7 @@ from nimbus.distribution.local_code import (
 )
 from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus.master.replicas import ReplicaRegistry
+from nimbus.state.cluster_state import StormClusterState
 from nimbus_ha_torrent.members import SwarmMembers
 from nimbus_ha_torrent.swarm import Swarm
 
@@ -144,6 +151,7 @@ class TorrentCodeDistributor:
     """Topology code shared by BitTorrent between nimbus hosts; see module docstring."""
 
     name = "torrent"
+    serves_supervisors = True
 
     def __init__(self) -> None:
         self._ctx: DistributorContext | None = None
@@ -155,6 +163,8 @@ class TorrentCodeDistributor:
         # _seeding and the replica registration that goes with each entry change together,
         # from hook threads and from the swarm's alert thread (_on_corrupt_seed).
         self._seeding_lock = threading.Lock()
+        # On a supervisor: the replicas are read, never registered.
+        self._readonly_state: StormClusterState | None = None
 
     @hookimpl
     def config_defaults(self) -> dict[str, Any]:
@@ -180,8 +190,11 @@ class TorrentCodeDistributor:
                             upload_rate=rate_limit(self._conf, "upload.rate.limit.bytes"),
                             download_rate=rate_limit(self._conf, "download.rate.limit.bytes"))
         if context.zk is not None:
-            self._replicas = ReplicaRegistry(context.zk, context.zk_root, context.address,
-                                             name="torrent")
+            if context.on_supervisor:
+                self._readonly_state = StormClusterState(context.zk, context.zk_root)
+            else:
+                self._replicas = ReplicaRegistry(context.zk, context.zk_root,
+                                                 context.address, name="torrent")
             self._members = SwarmMembers(context.zk, context.zk_root, context.address)
         self._adopt_existing_copies()
 
@@ -206,11 +219,15 @@ class TorrentCodeDistributor:
         info = read_torrent(torrent, topology_id)
         if self._members is not None:
             self._members.join(topology_id, swarm.endpoint)
+        done = False
         try:
-            return self._download(swarm, torrent, info, dest_dir, topology_id)
+            files = self._download(swarm, torrent, info, dest_dir, topology_id)
+            done = True
+            return files
         finally:
-            # Now a registered replica, or failed: no longer a downloader either way.
-            if self._members is not None:
+            # A nimbus is now a registered replica, or failed: no longer a downloader
+            # either way. A supervisor that completed stays announced while it seeds.
+            if self._members is not None and not (done and self._ctx.on_supervisor):
                 self._members.leave(topology_id)
 
     def _download(self, swarm: Swarm, torrent: bytes, info: Any, dest_dir: Path,
@@ -259,7 +276,10 @@ class TorrentCodeDistributor:
             if self._replicas is not None:
                 self._replicas.unregister(topology_id)
         if self._members is not None:
-            self._members.forget(topology_id)
+            if self._ctx.on_supervisor:
+                self._members.leave(topology_id)
+            else:
+                self._members.forget(topology_id)
         self._metafile(topology_id).unlink(missing_ok=True)
 
     @hookimpl
@@ -315,6 +335,8 @@ class TorrentCodeDistributor:
             peers.update(self._members.endpoints(topology_id))
         if self._replicas is not None:
             peers.update(self._replicas.peers(topology_id))
+        elif self._readonly_state is not None:
+            peers.update(self._readonly_state.replica_endpoints(topology_id))
         peers.pop(self._ctx.address, None)
         return sorted(set(peers.values()))
 
@@ -389,13 +411,14 @@ class TorrentCodeDistributor:
 
     def _stall_report(self, handle: Any, status: Any, topology_id: str,
                       hash_failures: int) -> str:
-        peers = len(self._replicas.peers(topology_id)) if self._replicas else 0
+        peers = len(self._peer_endpoints(topology_id))
         missing = [i for i, have in enumerate(status.pieces) if not have][:5]
         connected = [f"{p.ip[0]}:{p.ip[1]}" for p in handle.get_peer_info()]
         log.warning("stall of %s: missing pieces %s, connected %s", topology_id, missing,
                     connected)
         why = (f"{hash_failures} corrupt pieces received, " if hash_failures else "") + \
-            f"{peers} replicas registered, connected: {', '.join(connected) or 'none'}"
+            (f"{peers} peers known (replicas and downloaders), connected: "
+             f"{', '.join(connected) or 'none'}")
         files = _files_of_pieces(handle, missing)
         lacking = (f"; missing pieces {', '.join(map(str, missing))} of "
                    f"{', '.join(files)}") if files else ""

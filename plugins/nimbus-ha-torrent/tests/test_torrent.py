@@ -23,6 +23,7 @@ from nimbus.testing.conformance import (
     flip_byte,
 )
 from nimbus.testing.hosts import SimulatedHosts
+from nimbus.testing.kit import DistributorKit
 
 pytest_plugins = ["nimbus.testing.zookeeper"]
 TOPOLOGY = DistributorConformance.topology_id
@@ -41,12 +42,16 @@ def corrupt_file(host: ConformanceHost, topology_id: str) -> None:
     flip_byte(host.code_dir / topology_id / "stormjar.jar")
 
 
-class TestTorrentConformance(DistributorConformance):
+class TestTorrentConformance(DistributorKit):
+    distributor = "torrent"
     replication_model = PER_HOST  # one registration per host seeding a verified copy
 
     @pytest.fixture
-    def tamper(self):
-        return corrupt_file
+    def settings(self) -> dict:
+        return dict(FAST)
+
+    def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
+        corrupt_file(host, topology_id)
 
 
 def plugin(host: ConformanceHost) -> TorrentCodeDistributor:
