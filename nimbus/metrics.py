@@ -153,15 +153,22 @@ class _NimbusCollector(Collector):
     (kept current by ZooKeeper watches, so a scrape never touches ZooKeeper)."""
 
     def __init__(self, is_leader: Callable[[], bool], snapshot: Callable[[], Any],
-                 min_replication: Callable[[str], int | None]):
+                 min_replication: Callable[[str], int | None],
+                 served_bytes: Callable[[], int] = lambda: 0):
         self._is_leader = is_leader
         self._snapshot = snapshot
         self._min_replication = min_replication
+        self._served_bytes = served_bytes
 
     def collect(self) -> Iterable[Metric]:
         yield GaugeMetricFamily("nimbus_is_leader",
                                 "1 while this nimbus holds the leader lock, else 0",
                                 value=1 if self._is_leader() else 0)
+        yield CounterMetricFamily(
+            "nimbus_code_served_bytes",
+            "Bytes of topology code this nimbus sent over Thrift to peers and supervisors "
+            "(its code egress; a distributor's own traffic, BitTorrent's, is not counted)",
+            value=self._served_bytes())
         snap = self._snapshot()
         by_status = GaugeMetricFamily("nimbus_topologies", "Live topologies by status",
                                       labels=["status"])
@@ -200,7 +207,8 @@ class NimbusMetrics:
     def __init__(self, distributor: str, is_leader: Callable[[], bool],
                  snapshot: Callable[[], Any],
                  min_replication: Callable[[str], int | None] = lambda _id: None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 served_bytes: Callable[[], int] = lambda: 0):
         self.registry = CollectorRegistry()
         self.distributor = distributor
         self._clock = clock
@@ -245,7 +253,8 @@ class NimbusMetrics:
             registry=self.registry)
         for directory in NIMBUS_DIRECTORIES:
             self.stale_view_nodes.labels(directory)   # exported as 0 until one is found
-        self.registry.register(_NimbusCollector(is_leader, snapshot, min_replication))
+        self.registry.register(_NimbusCollector(is_leader, snapshot, min_replication,
+                                                served_bytes))
 
     # -- hooks --------------------------------------------------------------------------
     def on_queued(self) -> None:
@@ -423,13 +432,24 @@ def _progress(raw: Any) -> dict[str, Any]:
 class _SupervisorCollector(Collector):
     def __init__(self, workers: Callable[[], list[Any]],
                  restarts: Callable[[], Mapping[tuple[str, int], int]],
-                 progress: ComponentProgress, warm: Callable[[], Any]):
+                 progress: ComponentProgress, warm: Callable[[], Any],
+                 code_fetches: Callable[[], Mapping[str, int]] = dict):
         self._workers = workers
         self._restarts = restarts
         self._progress = progress
         self._warm = warm
+        self._code_fetches = code_fetches
 
     def collect(self) -> Iterable[Metric]:
+        fetches = CounterMetricFamily(
+            "supervisor_code_fetches",
+            "Topologies whose code this supervisor fetched, by where it came from: "
+            "distributor (the code distributor, docs/plugins.md) or nimbus (over Thrift)",
+            labels=["source"])
+        counted = self._code_fetches()
+        for source in ("distributor", "nimbus"):
+            fetches.add_metric([source], counted.get(source, 0))
+        yield fetches
         handles = self._workers()
         yield GaugeMetricFamily("supervisor_workers", "Worker processes this supervisor runs",
                                 value=len(handles))
@@ -501,12 +521,15 @@ class SupervisorMetrics:
     def __init__(self, workers: Callable[[], list[Any]],
                  restarts: Callable[[], Mapping[tuple[str, int], int]],
                  clock: Callable[[], float] = time.monotonic,
-                 warm: Callable[[], Any] = lambda: None):
+                 warm: Callable[[], Any] = lambda: None,
+                 code_fetches: Callable[[], Mapping[str, int]] = dict):
         """``warm()``: the supervisor's warm workers (a
-        :class:`~nimbus.supervisor.warm_pool.WarmSummary`), or None when it keeps none."""
+        :class:`~nimbus.supervisor.warm_pool.WarmSummary`), or None when it keeps none;
+        ``code_fetches()``: {"distributor" | "nimbus": topologies fetched that way}."""
         self.registry = CollectorRegistry()
         self.progress = ComponentProgress(clock)
-        self.registry.register(_SupervisorCollector(workers, restarts, self.progress, warm))
+        self.registry.register(_SupervisorCollector(workers, restarts, self.progress, warm,
+                                                    code_fetches))
 
 
 # Sample names of a family by its type: what a PromQL expression may name.

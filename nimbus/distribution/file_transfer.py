@@ -258,6 +258,10 @@ class FileTransfers:
         self._uploads: dict[str, _Session] = {}
         self._downloads: dict[str, _Session] = {}
         self._lock = threading.Lock()  # the two tables and each session's users/detached
+        # Bytes of code sent to downloaders (peers and supervisors), over both transports:
+        # the nimbus's code egress (nimbus_code_served_bytes_total).
+        self._served = 0
+        self._served_lock = threading.Lock()
 
     # -- session bookkeeping ----------------------------------------------------------------
     def _expire(self) -> None:
@@ -460,6 +464,7 @@ class FileTransfers:
                 if session.handle is None:
                     raise TransferError(f"no open download {session_id!r}")
                 chunk = session.handle.read(DOWNLOAD_CHUNK_BYTES)
+                self._count_served(len(chunk))
                 if not chunk:
                     session.handle.close()
                     session.handle = None
@@ -490,7 +495,7 @@ class FileTransfers:
                     announce(size)
                     if size:
                         # os.sendfile on a plain socket: no copy through Python.
-                        conn.sendfile(handle, offset, size)
+                        self._count_served(conn.sendfile(handle, offset, size))
                 finally:
                     handle.close()
                     session.handle = None
@@ -498,6 +503,16 @@ class FileTransfers:
                 return size
         finally:
             self._release(session)
+
+    def _count_served(self, n: int) -> None:
+        with self._served_lock:
+            self._served += n
+
+    @property
+    def served_bytes(self) -> int:
+        """Bytes of code this nimbus has sent to downloaders since it started."""
+        with self._served_lock:
+            return self._served
 
     def close(self) -> None:
         """Close every session; one in use is closed when its last user leaves it."""

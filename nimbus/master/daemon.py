@@ -76,7 +76,9 @@ class NimbusDaemon:
             snapshot=lambda: self.cache.snapshot,
             min_replication=min_replication_reader(
                 lambda topology_id: self.store.path(topology_id) / CONF_FILE,
-                conf["topology.min.replication.count"]))
+                conf["topology.min.replication.count"]),
+            served_bytes=lambda: self.transfers.served_bytes
+            if getattr(self, "transfers", None) is not None else 0)
         self.metrics_server = None  # bound in _wire when nimbus.metrics.port is set
         self.zk = make_zk_client(conf, "nimbus")
         self._prepared = False

@@ -66,6 +66,8 @@ class CodeCache:
                  distributor: DistributorSource | None = None):
         self.root = Path(root)
         self.distributor = distributor
+        #: Topologies fetched, by source: "distributor" or "nimbus" (over Thrift).
+        self.fetched_from: dict[str, int] = {"distributor": 0, "nimbus": 0}
         self.root.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bundle_bytes
         self._fetch = fetch
@@ -107,9 +109,11 @@ class CodeCache:
             raise CodeVerificationError(
                 f"{topology_id}: the assignment names no sha256 for {', '.join(missing)}; "
                 "refusing to run unverified code")
+        source = "distributor"
         with atomic_dir(dest) as staging:
             if self.distributor is None or not self.distributor.fetch(
                     topology_id, code_sha256, staging, CODE_FILES):
+                source = "nimbus"
                 peers = list(dict.fromkeys(peers))
                 if not peers:
                     raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
@@ -117,7 +121,9 @@ class CodeCache:
                     self._fetch_one(topology_id, name, code_sha256[name], peers,
                                     staging / name, deadline)
             self._unpack(topology_id, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
-        log.info("fetched and verified the code of %s", topology_id)
+        self.fetched_from[source] += 1
+        log.info("fetched and verified the code of %s (from the %s)", topology_id,
+                 "code distributor" if source == "distributor" else "nimbuses")
         return dest
 
     def _fetch_one(self, topology_id: str, name: str, expected: str, peers: list[str],

@@ -320,7 +320,8 @@ class Supervisor:
         self.metrics = SupervisorMetrics(
             self._running_handles,
             lambda: {key: r.restarts for key, r in list(self._slots.items())},
-            warm=lambda: self.warm.summary() if self.warm is not None else None)
+            warm=lambda: self.warm.summary() if self.warm is not None else None,
+            code_fetches=lambda: dict(self.code.fetched_from))
         self.metrics_server: MetricsServer | None = None
 
     def _make_warm_pool(self) -> WarmPool | None:

@@ -453,3 +453,6 @@ class TorrentCodeDistributor:
             if not intact:
                 log.warning("local copy of %s is not intact: deleting it", topology_id)
                 discard_copy(metafile, code)
+            elif ctx.on_supervisor and self._members is not None:
+                # A supervisor's seed is found among the swarm's members, not replicas.
+                self._members.join(topology_id, self._require_swarm().endpoint)
