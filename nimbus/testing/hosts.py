@@ -7,6 +7,7 @@ way a nimbus does (``beginFileDownload``/``downloadChunk``, what localfs fetches
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from nimbus.distribution.file_transfer import FileTransfers
 from nimbus.distribution.hookspecs import ROLE_SUPERVISOR, DistributorContext
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.records import Assignment, CodeMeta
 from nimbus.testing.conformance import ConformanceHost
 from nimbus.thrift.client import fetch_file
 from nimbus.thrift.server import ThriftServer
@@ -49,12 +51,41 @@ class SimulatedHosts:
         self.topology_ids = topology_ids
         self.code_stream = code_stream  # False: serve like a nimbus without the code stream
         self._servers: list[ThriftServer] = []
+        #: Each nimbus host's file transfers (``served_bytes``: its Thrift code egress).
+        self.transfers: list[FileTransfers] = []
+        #: Each nimbus host's ``host:port``, in the order made.
+        self.addresses: list[str] = []
         self._distributors: list[CodeDistributor] = []
         self._clients: list[KazooClient] = []
 
     def code_node(self, topology_id: str) -> None:
         """Create a topology's code node, as the leader does before it uploads."""
         self._clients[0].ensure_path(f"{self.zk_root}/code-distributor/{topology_id}")
+
+    def publish(self, topology_id: str, distributor: str, metafile: bytes) -> None:
+        """Publish a topology's metafile in its code node, as the leader does after
+        ``upload``: what supervisors and followers download with."""
+        meta = CodeMeta(distributor=distributor, metafile_b64=CodeMeta.pack(metafile),
+                        uploaded_by=self.addresses[0] if self.addresses else "",
+                        created_secs=int(time.time()))
+        self.code_node(topology_id)
+        self._clients[0].set(f"{self.zk_root}/code-distributor/{topology_id}", meta.encode())
+
+    def assign(self, topology_id: str, supervisor_ids: list[str],
+               code_sha256: dict[str, str]) -> None:
+        """Write the topology's Assignment as a leader would: worker ``i`` on supervisor
+        ``supervisor_ids[i]`` (port 6700)."""
+        assignment = Assignment(
+            master_code_dir="", node_host={s: "127.0.0.1" for s in supervisor_ids},
+            executor_node_port={f"worker-{i}": [s, 6700]
+                                for i, s in enumerate(supervisor_ids)},
+            code_sha256=dict(code_sha256))
+        path = f"{self.zk_root}/assignments/{topology_id}"
+        zk = self._clients[0]
+        if zk.exists(path):
+            zk.set(path, assignment.encode())
+        else:
+            zk.create(path, assignment.encode(), makepath=True)
 
     def make(self, n: int, conf: dict[str, Any] | None = None) -> list[ConformanceHost]:
         group = []
@@ -67,6 +98,8 @@ class SimulatedHosts:
                                   downloads=transfers if self.code_stream else None)
             server.start()
             self._servers.append(server)
+            self.transfers.append(transfers)
+            self.addresses.append(f"127.0.0.1:{server.port}")
             zk = KazooClient(hosts=self.zk_hosts, timeout=4.0)
             zk.start(timeout=15)
             self._clients.append(zk)

@@ -7,8 +7,10 @@
   and registers this host. A corrupt or partial copy is discarded and the next peer tried.
 * ``get_replication_count`` counts the registrations.
 * On a supervisor (``context.on_supervisor``) ``download`` fetches the same way, from the
-  registered nimbuses in a random order, but registers nothing: a supervisor's copy is
-  never a replica, and no peer fetches from a supervisor.
+  registered nimbuses, but registers nothing: a supervisor's copy is never a replica, and
+  no peer fetches from a supervisor. A supervisor starts at the replica its rank among
+  the topology's assigned supervisors picks, so a fleet spreads evenly over the nimbuses
+  (anyone else starts at a random one).
 * Registrations are ephemeral; ``nimbus.master.replicas.ReplicaRegistry`` re-creates them after a
   session expiry. At start-up, copies left on disk by an earlier run are verified against
   their metafile and registered again; a copy that fails verification is deleted so that
@@ -102,10 +104,8 @@ class LocalFileSystemCodeDistributor:
 
     @hookimpl
     def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
-        ctx = self._require_ctx()
         files = read_metafile(metafile, topology_id)
-        peers = [p for p in self._peers(topology_id) if p != ctx.address]
-        random.shuffle(peers)  # spread the load of many downloaders over the replicas
+        peers = self._download_order(topology_id)
         if not peers:
             raise DistributorError(f"no nimbus holds a registered copy of {topology_id}")
         errors = []
@@ -165,6 +165,39 @@ class LocalFileSystemCodeDistributor:
             # Read-only: a supervisor keeps no registry of its own.
             return sorted(StormClusterState(ctx.zk, ctx.zk_root).replica_endpoints(topology_id))
         return sorted(self._replicas.peers(topology_id)) if self._replicas is not None else []
+
+    def _download_order(self, topology_id: str) -> list[str]:
+        """The replicas to try, spread over many downloaders.
+
+        A supervisor named in the topology's Assignment starts at the replica its rank
+        among the assigned supervisors picks (rank mod replicas): a fleet fetching one
+        topology at once loads every nimbus within one download of the others. Anyone
+        else (a nimbus, a supervisor not in the assignment yet) takes a random order. The
+        rest follow in order, so every replica is tried before the download fails.
+        """
+        ctx = self._require_ctx()
+        peers = [p for p in self._peers(topology_id) if p != ctx.address]
+        rank = self._supervisor_rank(topology_id) if ctx.on_supervisor else None
+        if rank is None or not peers:
+            random.shuffle(peers)
+            return peers
+        start = rank % len(peers)
+        return peers[start:] + peers[:start]
+
+    def _supervisor_rank(self, topology_id: str) -> int | None:
+        """This supervisor's index among the topology's assigned supervisors (sorted by
+        id), or None when it is not among them or the Assignment cannot be read."""
+        ctx = self._require_ctx()
+        try:
+            assignment = StormClusterState(ctx.zk, ctx.zk_root).assignment_info(topology_id)
+        except Exception as exc:  # a hint only: an unreadable Assignment means random
+            log.debug("no Assignment of %s to spread by: %s", topology_id, exc)
+            return None
+        if assignment is None:
+            return None
+        nodes = sorted({slot[0] for slot in assignment.executor_node_port.values()})
+        me = ctx.address.removeprefix("supervisor-")
+        return nodes.index(me) if me in nodes else None
 
     def _register(self, topology_id: str) -> None:
         if self._replicas is not None:

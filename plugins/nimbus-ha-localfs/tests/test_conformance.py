@@ -84,3 +84,33 @@ def test_corrupt_replica_is_skipped_for_a_good_one(hosts, tmp_path, monkeypatch,
     target.distributor.download(target.code_dir / topology_id, topology_id, meta)
     assert _digests(target.code_dir / topology_id) == digests
     assert f"from {bad_peer} failed" in caplog.text and "sha256 mismatch" in caplog.text
+
+
+def test_a_fleet_spreads_over_the_replicas_by_rank(tmp_path, zk_server, zk_root):
+    """Each supervisor named in the Assignment starts at replica (its rank mod the
+    replicas): six supervisors on three replicas start twice at each."""
+    from nimbus.testing.conformance import _write_code
+
+    simulated = SimulatedHosts(tmp_path, zk_server.hosts, zk_root, "localfs",
+                               topology_ids=(DistributorConformance.topology_id,))
+    try:
+        topology_id = DistributorConformance.topology_id
+        group = simulated.make(3)
+        _write_code(group[0].code_dir / topology_id, big_bytes=10)
+        meta = tmp_path / "meta"
+        meta.write_bytes(group[0].distributor.upload(group[0].code_dir / topology_id,
+                                                     topology_id).read_bytes())
+        for host in group[1:]:
+            host.distributor.download(host.code_dir / topology_id, topology_id, meta)
+        supervisors = [simulated.make_supervisor() for _ in range(6)]
+        ids = [f"sim-{3 + i}" for i in range(6)]   # make_supervisor's addresses
+        simulated.assign(topology_id, ids, {})
+        firsts = []
+        for host in supervisors:
+            plugin = host.distributor._pm.get_plugins().pop()
+            order = plugin._download_order(topology_id)
+            assert sorted(order) == sorted(simulated.addresses)
+            firsts.append(order[0])
+        assert sorted(firsts.count(a) for a in simulated.addresses) == [2, 2, 2]
+    finally:
+        simulated.close()
