@@ -61,6 +61,10 @@ log = logging.getLogger(__name__)
 PREFIX = "nimbus.codedistributor.torrent."
 MIN_PIECE, MAX_PIECE, TARGET_PIECES = 16 * 1024, 4 * 1024 * 1024, 1500
 RECONNECT_S = 2.0
+# How often a download reads ZooKeeper for peers that appeared. Not every poll (5 a
+# second): with a fleet downloading, each read lists every member, so reads per second
+# grow with the square of the fleet.
+PEER_REFRESH_S = 0.5
 RESTART_AFTER_S = 3.0
 MAX_RESTARTS = 3
 
@@ -368,14 +372,16 @@ class TorrentCodeDistributor:
             deadline = time.monotonic() + self._conf[PREFIX + "download.timeout.secs"]
             known: set[str] = set()
             last_done, last_progress = -1, time.monotonic()
-            next_reconnect, restarts, hash_failures = 0.0, 0, 0
+            next_reconnect, next_refresh, restarts, hash_failures = 0.0, 0.0, 0, 0
             while True:
                 if time.monotonic() >= next_reconnect:
                     # Offer every registered peer again: libtorrent ignores connected ones,
                     # and a dropped connection must not end the swarm.
                     known.clear()
                     next_reconnect = time.monotonic() + RECONNECT_S
-                self._connect_peers(handle, topology_id, known)
+                if time.monotonic() >= next_refresh:
+                    self._connect_peers(handle, topology_id, known)
+                    next_refresh = time.monotonic() + PEER_REFRESH_S
                 if state.finished.wait(0.2):
                     break
                 status = handle.status()
@@ -392,6 +398,7 @@ class TorrentCodeDistributor:
                     handle, state = swarm.add(torrent, save_path)
                     restarts += 1
                     known.clear()
+                    next_refresh = 0.0
                     last_progress = now
                     continue
                 if now - last_progress > stall_s or now > deadline:
