@@ -188,3 +188,49 @@ def test_a_supervisor_is_the_last_source_when_every_nimbus_lost_the_code(cluster
         assert metric(supervisor, "supervisor_code_fetches_total", source="distributor") == 1
     finally:
         state.zk.stop()
+
+
+def test_with_tls_the_swarm_admits_cluster_certificates_only(tmp_path):
+    """torrent with storm.thrift.transport tls: the .torrent the leader publishes carries
+    the cluster CA, and both supervisors (cluster certificates) fetch through the swarm.
+    (That a certificate of another CA is refused is proven with real libtorrent sessions in
+    the plugin's own suite.)"""
+    require_plugin("torrent")
+    import libtorrent as lt
+
+    from nimbus.config import load_config
+    from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
+    from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
+    from nimbus.thrift.tls import configure_clients
+
+    ca = CertificateAuthority(tmp_path / "ca")
+    daemons = ca.issue("cluster", DAEMON)
+    configure_clients(load_config(overrides=ca.issue("alice", USER).conf()))
+    try:
+        with LocalCluster(tmp_path / "cluster", 2, supervisors=2, slots_per_supervisor=1,
+                          conf={**CONF, **TORRENT, **daemons.conf(),
+                                "nimbus.supervisor.users": ["cluster"],
+                                "nimbus.daemon.users": ["cluster"]}) as c:
+            try:
+                topology_id = c.client().submit(
+                    "sleeper", sleeper(tmp_path),
+                    {"topology.workers": 2, "topology.min.replication.count": 2})
+                wait_for(lambda: len(processes_with_arg(WORKER_MODULE, topology_id)) == 2,
+                         90, "a worker on each supervisor")
+                for supervisor in c.supervisors:
+                    log = supervisor.log_text()
+                    assert "supervisor fetches code through code distributor 'torrent'" in log
+                    assert f"fetched and verified the code of {topology_id} (from the code " \
+                           "distributor)" in log
+                state = observer(c)
+                try:
+                    meta = state.code_meta(topology_id)
+                    assert lt.torrent_info(meta.metafile).ssl_cert() == ca.ca_file.read_text()
+                finally:
+                    state.zk.stop()
+            except BaseException:
+                for daemon in [*c.nimbuses, *c.supervisors]:
+                    print(f"--- {daemon.log_file.name} ---\n{daemon.log_text()[-3000:]}")
+                raise
+    finally:
+        configure_clients(load_config(overrides={}))

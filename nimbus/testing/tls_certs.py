@@ -83,13 +83,14 @@ class CertificateAuthority:
         self.ca_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(self, name: str, roles: Iterable[str] | None = DAEMON, *,
-              with_common_name: bool = True) -> Identity:
+              with_common_name: bool = True, swarm: bool = True) -> Identity:
         """A certificate for ``name`` (its common name, and its files' names).
 
         ``roles``: :data:`DAEMON` (the default, so that a test's nimbus, supervisor or
         UI just works), :data:`USER`, ``(SERVER,)``, or None for no extended key usage.
         ``with_common_name=False`` issues one whose subject has no common name (its
-        organisational unit is ``name``), which every server refuses.
+        organisational unit is ``name``), which every server refuses. ``swarm`` adds the
+        DNS name ``*`` that the torrent backend's SSL swarm requires (docs/security.md).
         """
         roles = None if roles is None else tuple(roles)
         if roles is not None and (not roles or not set(roles) <= set(_USAGES)):
@@ -106,7 +107,8 @@ class CertificateAuthority:
                    .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.SubjectAlternativeName(
                        [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                        x509.DNSName("localhost")]), False))
+                        x509.DNSName("localhost"), *([x509.DNSName("*")] if swarm else [])]),
+                       False))
         if roles is not None:
             builder = builder.add_extension(
                 x509.ExtendedKeyUsage([_USAGES[role] for role in roles]), False)

@@ -23,6 +23,9 @@
 * ``upload.rate.limit.bytes`` / ``download.rate.limit.bytes`` cap this host's BitTorrent
   traffic over all its torrents (bytes/s, 0 = unlimited), loopback and local-network
   peers included.
+* With ``storm.thrift.transport: tls`` the swarm is closed by certificates: .torrents
+  carry the cluster CA, and only hosts presenting a certificate it signed (with
+  ``DNS:*``) may join (``closed_swarm``; libtorrent's SSL torrents).
 * Errors are ``nimbus.distribution.distributors.DistributorError``: ``TorrentMetafileError`` (a
   ``MetafileError``) for a metafile that is not a .torrent of the topology,
   ``TorrentVerificationError`` (a ``CodeVerificationError``) when the download stalled
@@ -53,6 +56,7 @@ from nimbus.distribution.local_code import (
 from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus.master.replicas import ReplicaRegistry
 from nimbus.state.cluster_state import StormClusterState
+from nimbus_ha_torrent.closed_swarm import same_certificate, swarm_identity
 from nimbus_ha_torrent.members import SwarmMembers
 from nimbus_ha_torrent.swarm import Swarm
 
@@ -89,8 +93,9 @@ def choose_piece_size(total_bytes: int) -> int:
     return size
 
 
-def make_torrent(code_dir: Path, piece_size: int = 0) -> bytes:
-    """A private v1 .torrent of ``code_dir`` (its name is the directory's name)."""
+def make_torrent(code_dir: Path, piece_size: int = 0, root_cert: str = "") -> bytes:
+    """A private v1 .torrent of ``code_dir`` (its name is the directory's name); with
+    ``root_cert`` (a CA's PEM) an SSL torrent that admits only peers it signed."""
     files = list_files(code_dir)  # refuses symlinks
     total = sum((code_dir / f).stat().st_size for f in files)
     if total == 0:
@@ -100,6 +105,8 @@ def make_torrent(code_dir: Path, piece_size: int = 0) -> bytes:
                                 lt.create_torrent.v1_only)
     creator.set_priv(True)
     creator.set_creator("nimbus-ha")
+    if root_cert:
+        creator.set_root_cert(root_cert)
     lt.set_piece_hashes(creator, str(code_dir.parent))
     return lt.bencode(creator.generate())
 
@@ -169,6 +176,7 @@ class TorrentCodeDistributor:
         self._seeding_lock = threading.Lock()
         # On a supervisor: the replicas are read, never registered.
         self._readonly_state: StormClusterState | None = None
+        self._root_cert = ""   # the cluster CA's PEM with TLS on: what .torrents carry
 
     @hookimpl
     def config_defaults(self) -> dict[str, Any]:
@@ -188,11 +196,14 @@ class TorrentCodeDistributor:
                       **{k: v for k, v in conf.items() if k.startswith(PREFIX)}}
         self._ctx = context
         context.local_dir.mkdir(parents=True, exist_ok=True)
+        closed = swarm_identity(conf, context.local_dir)
+        identity, self._root_cert = closed if closed is not None else (None, "")
         self._swarm = Swarm(self._conf[PREFIX + "listen.interface"],
                             self._conf[PREFIX + "listen.port"],
                             on_corrupt_seed=self._on_corrupt_seed,
                             upload_rate=rate_limit(self._conf, "upload.rate.limit.bytes"),
-                            download_rate=rate_limit(self._conf, "download.rate.limit.bytes"))
+                            download_rate=rate_limit(self._conf, "download.rate.limit.bytes"),
+                            ssl=identity)
         if context.zk is not None:
             if context.on_supervisor:
                 self._readonly_state = StormClusterState(context.zk, context.zk_root)
@@ -208,7 +219,8 @@ class TorrentCodeDistributor:
         check_topology_id(topology_id)
         total = sum((dir_path / f).stat().st_size for f in list_files(dir_path))
         with TransferMeter(f"hash {topology_id} for seeding", total) as meter:
-            torrent = make_torrent(dir_path, self._conf[PREFIX + "piece.size.kb"] * 1024)
+            torrent = make_torrent(dir_path, self._conf[PREFIX + "piece.size.kb"] * 1024,
+                                   self._root_cert)
             meter.advance(total)
         metafile = self._metafile(topology_id)
         metafile.write_bytes(torrent)
@@ -221,6 +233,7 @@ class TorrentCodeDistributor:
         swarm = self._require_swarm()
         torrent = Path(metafile).read_bytes()
         info = read_torrent(torrent, topology_id)
+        self._check_admission(info, topology_id)
         if self._members is not None:
             self._members.join(topology_id, swarm.endpoint)
         done = False
@@ -294,6 +307,20 @@ class TorrentCodeDistributor:
             self._swarm.close()
 
     # -- internals ------------------------------------------------------------------------
+    def _check_admission(self, info: Any, topology_id: str) -> None:
+        """Refuse a .torrent whose admission is not this swarm's: plain in a TLS swarm,
+        SSL without TLS, or an SSL torrent of another CA (TorrentMetafileError)."""
+        carried = info.ssl_cert()
+        if bool(carried) != bool(self._root_cert):
+            raise TorrentMetafileError(
+                f"metafile of {topology_id} is {'an SSL' if carried else 'a plain'} "
+                f"torrent, but this host's swarm runs {'with' if self._root_cert else 'without'}"
+                " TLS (storm.thrift.transport): every nimbus and supervisor must agree")
+        if carried and not same_certificate(carried, self._root_cert):
+            raise TorrentMetafileError(
+                f"metafile of {topology_id} admits peers of another CA than this "
+                "cluster's storm.thrift.tls.ca.file")
+
     def _require_swarm(self) -> Swarm:
         if self._swarm is None or self._ctx is None:
             raise RuntimeError("torrent distributor used before prepare()")
@@ -452,7 +479,7 @@ class TorrentCodeDistributor:
                                                            ctx.code_dir):
             torrent = metafile.read_bytes()
             try:
-                read_torrent(torrent, topology_id)
+                self._check_admission(read_torrent(torrent, topology_id), topology_id)
                 intact = self._seed(torrent, topology_id, ctx.code_dir)
             except (TorrentCodeError, RuntimeError) as exc:
                 log.warning("cannot re-seed %s: %s", topology_id, exc)

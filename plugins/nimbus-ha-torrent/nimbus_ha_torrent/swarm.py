@@ -6,6 +6,11 @@ the replica registrations in ZooKeeper. libtorrent checks every piece against th
 in the .torrent before it counts it (and hash-checks files already on disk when a
 torrent is added without resume data), so a finished or seeding torrent is a verified copy.
 
+With an :class:`SslIdentity` the swarm is an SSL swarm (libtorrent's SSL torrents): the
+session listens only on an SSL port, every torrent it adds presents this host's
+certificate, and a peer is accepted only with a certificate signed by the CA that the
+.torrent carries (its ``ssl-cert``), whose names include ``*``.
+
 Rate limits (bytes/s, 0 = unlimited) are session-wide and apply to every peer,
 loopback and local-network peers included: libtorrent exempts those by default, through
 its "local" peer class; here every address maps to the global class, which carries the
@@ -29,14 +34,25 @@ ALERT_MASK = (lt.alert_category.error | lt.alert_category.status
               | lt.alert_category.storage | lt.alert_category.peer | lt.alert_category.connect)
 
 
+@dataclass(frozen=True)
+class SslIdentity:
+    """PEM files this host presents to its swarm peers (and the DH parameters libtorrent
+    requires alongside them)."""
+
+    cert: str
+    key: str
+    dh_params: str
+
+
 def closed_swarm_settings(interface: str, port: int, upload_rate: int = 0,
-                          download_rate: int = 0) -> dict:
+                          download_rate: int = 0, ssl: bool = False) -> dict:
     """Session settings: one listening address, no discovery of any kind.
 
-    ``upload_rate`` and ``download_rate`` are the session's limits in bytes/s (0: none).
+    ``upload_rate`` and ``download_rate`` are the session's limits in bytes/s (0: none);
+    ``ssl`` makes the one listening socket an SSL one (``s`` after the port).
     """
     return {
-        "listen_interfaces": f"{interface}:{port}",
+        "listen_interfaces": f"{interface}:{port}{'s' if ssl else ''}",
         "outgoing_interfaces": "",
         "enable_dht": False, "enable_lsd": False, "enable_upnp": False,
         "enable_natpmp": False, "dht_bootstrap_nodes": "", "enable_ip_notifier": False,
@@ -115,9 +131,11 @@ class Swarm:
 
     def __init__(self, interface: str, port: int,
                  on_corrupt_seed: Callable[[str], None] = lambda info_hash: None,
-                 upload_rate: int = 0, download_rate: int = 0):
+                 upload_rate: int = 0, download_rate: int = 0,
+                 ssl: SslIdentity | None = None):
+        self.ssl = ssl
         self.session = lt.session(closed_swarm_settings(interface, port, upload_rate,
-                                                        download_rate))
+                                                        download_rate, ssl is not None))
         self.session.set_peer_class_filter(every_peer_global(self.session))
         # After a corrupt piece, ban only the peer whose blocks were bad: without this
         # every peer that sent part of the piece is banned, good seeders included.
@@ -142,9 +160,12 @@ class Swarm:
             for alert in self.session.pop_alerts():
                 if isinstance(alert, lt.listen_failed_alert):
                     raise RuntimeError(f"BitTorrent session cannot listen: {alert.message()}")
-                if isinstance(alert, lt.listen_succeeded_alert) and \
-                        alert.socket_type == lt.socket_type_t.tcp:
-                    return self.session.listen_port()
+                if isinstance(alert, lt.listen_succeeded_alert):
+                    if self.ssl is None and alert.socket_type == lt.socket_type_t.tcp:
+                        return self.session.listen_port()
+                    if self.ssl is not None and \
+                            alert.socket_type == lt.socket_type_t.tcp_ssl:
+                        return self.session.ssl_listen_port()
             self.session.wait_for_alert(100)
         raise RuntimeError("BitTorrent session did not start listening")
 
@@ -187,9 +208,19 @@ class Swarm:
         if stale is not None:
             # e.g. a copy deleted under us is fetched again: the new handle replaces it.
             self.remove(stale)
+        if bool(params.ti.ssl_cert()) != (self.ssl is not None):
+            raise ValueError(
+                "an SSL torrent needs a swarm with TLS (storm.thrift.transport: tls)"
+                if self.ssl is None else
+                "this swarm runs with TLS and takes SSL torrents only; the metafile was "
+                "written without TLS")
         state = TorrentState()
         with self._lock:  # the alert thread waits: it must not see the torrent unregistered
             state.handle = self.session.add_torrent(params)
+            if self.ssl is not None:
+                # Presented to every peer of this torrent; peers present theirs.
+                state.handle.set_ssl_certificate(self.ssl.cert, self.ssl.key,
+                                                 self.ssl.dh_params)
             self._states[info_hash] = state
         return state.handle, state
 

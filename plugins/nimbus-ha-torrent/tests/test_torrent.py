@@ -12,6 +12,7 @@ from nimbus_ha_torrent.distributor import PREFIX, TorrentCodeDistributor, Torren
 from nimbus.distribution.distributors import (
     CodeVerificationError,
     DistributorError,
+    MetafileError,
     resolve_distributor_class,
 )
 from nimbus.testing.conformance import (
@@ -265,3 +266,71 @@ def test_downloaders_trade_pieces_with_each_other(hosts, tmp_path, zk_root):
     assert seeded.status().total_payload_upload < 1.9 * bundle
     # Every announcement is withdrawn, with the topology's directory.
     assert plugin(source)._ctx.zk.exists(f"{zk_root}/torrent-swarm/{TOPOLOGY}") is None
+
+
+# -- the swarm closed by certificates (storm.thrift.transport: tls) ---------------------
+@pytest.fixture(scope="module")
+def cluster_ca(tmp_path_factory):
+    from nimbus.testing.tls_certs import CertificateAuthority
+
+    return CertificateAuthority(tmp_path_factory.mktemp("ca"))
+
+
+def tls_conf(identity) -> dict:
+    return {**FAST, **identity.conf()}
+
+
+class TestTorrentTlsConformance(DistributorKit):
+    """The whole kit, supervisors included, with the swarm closed by certificates."""
+
+    distributor = "torrent"
+    replication_model = PER_HOST
+
+    @pytest.fixture
+    def settings(self, cluster_ca) -> dict:
+        return tls_conf(cluster_ca.issue("swarm-host"))
+
+    def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
+        corrupt_file(host, topology_id)
+
+
+def test_tls_torrents_carry_the_cluster_ca(hosts, cluster_ca, tmp_path):
+    (source,) = hosts(1, tls_conf(cluster_ca.issue("nimbus-a")))
+    _, meta = upload(source, tmp_path, big_bytes=100_000)
+    info = lt.torrent_info(meta.read_bytes())
+    assert info.ssl_cert() == cluster_ca.ca_file.read_text()
+    assert plugin(source)._swarm.ssl is not None
+
+
+def test_a_host_without_a_cluster_certificate_cannot_join(hosts, cluster_ca, tmp_path):
+    """A peer presenting a certificate of another CA (with the cluster's CA file, which is
+    public) is refused by every member: its download stalls, and nothing is written."""
+    from nimbus.testing.tls_certs import CertificateAuthority
+
+    (source,) = hosts(1, tls_conf(cluster_ca.issue("nimbus-a")))
+    _, meta = upload(source, tmp_path, big_bytes=100_000)
+    outsider = CertificateAuthority(tmp_path / "evil", name="evil CA").issue("mallory")
+    (intruder,) = hosts(1, {**tls_conf(outsider), "storm.thrift.tls.ca.file":
+                            str(cluster_ca.ca_file)})
+    dest = intruder.code_dir / TOPOLOGY
+    with pytest.raises(TorrentCodeError, match="stalled at 0.0%"):
+        intruder.distributor.download(dest, TOPOLOGY, meta)
+    assert not dest.exists()
+    # A member with a cluster certificate gets it from the same seeder.
+    (member,) = hosts(1, tls_conf(cluster_ca.issue("sup-1")))
+    member.distributor.download(member.code_dir / TOPOLOGY, TOPOLOGY, meta)
+
+
+def test_a_certificate_without_the_swarm_name_is_refused_at_start(hosts, cluster_ca):
+    identity = cluster_ca.issue("no-star", swarm=False)
+    with pytest.raises(DistributorError, match="has no subject alternative name DNS:"):
+        hosts(1, tls_conf(identity))
+
+
+def test_plain_and_ssl_torrents_do_not_mix(hosts, cluster_ca, tmp_path):
+    (plain,) = hosts(1)
+    _, plain_meta = upload(plain, tmp_path, big_bytes=10_000)
+    (secure,) = hosts(1, tls_conf(cluster_ca.issue("nimbus-b")))
+    with pytest.raises(MetafileError, match="a plain torrent, but this host's swarm runs "
+                                            "with TLS"):
+        secure.distributor.download(secure.code_dir / TOPOLOGY, TOPOLOGY, plain_meta)
