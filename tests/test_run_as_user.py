@@ -73,7 +73,8 @@ def _conf(zk_server, zk_root, base: Path, ports: list[int], **extra):
         "storm.zookeeper.port": zk_server.port, "storm.zookeeper.root": zk_root,
         "storm.zookeeper.session.timeout": 4000, "storm.local.dir": str(base / "local"),
         "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports,
-        "supervisor.monitor.frequency.secs": 1, "supervisor.worker.start.timeout.secs": 10,
+        "supervisor.monitor.frequency.secs": 1,
+        "supervisor.code.cleanup.grace.secs": 0, "supervisor.worker.start.timeout.secs": 10,
         "supervisor.run.worker.as.user": True, "supervisor.spark.class.archive": False,
         **extra})
 

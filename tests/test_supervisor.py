@@ -529,14 +529,17 @@ def _submit_directly(state: StormClusterState, files: dict[str, bytes], slots: d
     zk.create(state.path("errors", TOPOLOGY), b"")
 
 
-def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port) -> Supervisor:
+def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port,
+                **extra) -> Supervisor:
     conf = load_config(overrides={
         "storm.zookeeper.port": zk_server.port, "storm.zookeeper.root": zk_root,
         "storm.zookeeper.session.timeout": 4000, "storm.local.dir": str(tmp_path / "local"),
         "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": [port],
-        "supervisor.monitor.frequency.secs": 1, "supervisor.heartbeat.frequency.secs": 1,
+        "supervisor.monitor.frequency.secs": 1,
+        "supervisor.code.cleanup.grace.secs": 0, "supervisor.heartbeat.frequency.secs": 1,
         "supervisor.worker.start.timeout.secs": 5, "supervisor.worker.timeout.secs": 3,
-        "supervisor.worker.shutdown.sleep.secs": 1, "supervisor.spark.class.archive": False})
+        "supervisor.worker.shutdown.sleep.secs": 1, "supervisor.spark.class.archive": False,
+        **extra})
     sup = Supervisor(conf, worker_command=stub_worker)
     sup.code = CodeCache(sup.code.root, 1 << 20, FakePeers({"nimbus:6627": files}))
     sup._peers = lambda topology_id: ["nimbus:6627"]  # no nimbus in these tests
@@ -591,6 +594,59 @@ def test_supervisor_runs_its_slot_restarts_a_crash_and_stops_when_unassigned(
     assert cluster_state.supervisor_info(sup.id) is None   # its session ended with it
     assert [t.name for t in threading.enumerate() if t.name.startswith(
         ("supervisor-", "worker-status-"))] == []
+
+
+@pytest.mark.parametrize("cleanup", [True, False])
+def test_unneeded_code_waits_out_its_grace_and_a_killed_topologys_checkpoints_go(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker, cleanup):
+    """Code no assignment needs stays supervisor.code.cleanup.grace.secs (work that comes
+    back is not fetched again); then it goes, and with topology.spark.checkpoint.cleanup
+    the checkpoints go with it, but only those of a killed topology, never of one that
+    merely moved away."""
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    files["stormconf.json"] = json.dumps(
+        {"topology.spark.checkpoint.cleanup": cleanup}).encode()
+    grace = 2
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port,
+                      **{"supervisor.code.cleanup.grace.secs": grace})
+    fetches = sup.code._fetch
+    checkpoints = sup.local_dir / "checkpoints" / TOPOLOGY / "main"
+    assignment = cluster_state.path("assignments", TOPOLOGY)
+
+    def assign(slots: dict) -> None:
+        cluster_state.zk.set(assignment, Assignment(
+            master_code_dir="/x", executor_node_port=slots,
+            code_sha256=_sha(files)).encode())
+
+    sup.start()
+    try:
+        _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        wait_for(lambda: sup._running_handles(), 15, "a worker")
+        checkpoints.mkdir(parents=True)
+        (checkpoints / "offsets").write_text("0")
+        fetched = len(fetches.calls)
+        # Moved away and back within the grace: kept, and not fetched again.
+        assign({})
+        wait_for(lambda: not sup._running_handles(), 10, "the worker to stop")
+        assert sup.code.has(TOPOLOGY)
+        assign({"worker-0": [sup.id, port]})
+        wait_for(lambda: sup._running_handles(), 15, "the worker back")
+        assert len(fetches.calls) == fetched
+        # Moved away for good: the code goes after the grace, its checkpoints stay.
+        assign({})
+        wait_for(lambda: not sup.code.has(TOPOLOGY), 10 + grace, "the code to go")
+        assert checkpoints.is_dir(), "the topology still exists: its state is kept"
+        # Back (fetched again), then killed: after the grace, code and checkpoints go.
+        assign({"worker-0": [sup.id, port]})
+        wait_for(lambda: sup._running_handles(), 15, "the worker back again")
+        assert len(fetches.calls) > fetched
+        cluster_state.zk.delete(assignment)
+        cluster_state.zk.delete(cluster_state.storm_path(TOPOLOGY))
+        wait_for(lambda: not sup.code.has(TOPOLOGY), 10 + grace, "the code to go")
+        assert checkpoints.parent.is_dir() is not cleanup
+    finally:
+        sup.stop()
 
 
 def test_supervisor_kills_a_silent_worker_and_its_workers_on_connection_loss(

@@ -335,5 +335,18 @@ class CodeDistributor:
         """Delete shared storage of a removed topology (leader, after a fenced removal)."""
         self._pm.hook.delete_shared(topology_id=topology_id)
 
+    def list_shared(self) -> list[str] | None:
+        """Topology ids in shared storage; None when the plugin does not say (it does not
+        implement ``list_shared``) or cannot (it raised: logged), so nothing is swept."""
+        if not self._pm.hook.list_shared.get_hookimpls():
+            return None
+        try:
+            found = self._pm.hook.list_shared()
+        except Exception as exc:
+            log.warning("code distributor %s could not list its shared storage: %s",
+                        self.name, exc)
+            return None
+        return [str(t) for t in found or []]
+
     def close(self, conf: Any) -> None:
         self._pm.hook.close(conf=dict(conf))

@@ -101,11 +101,17 @@ def delete_shared(topology_id: str) -> None:
 
 
 @hookspec(firstresult=True)
+def list_shared() -> list[str]:
+    """Return the topology ids whose code, whole or partial, is in shared storage
+    (leader only; optional, with ``delete_shared``)."""
+
+
+@hookspec(firstresult=True)
 def close(conf: dict[str, Any]) -> None:
     """Release every resource (threads, sessions, registrations)."""
 
 
 DISTRIBUTOR_HOOKS = ("prepare", "upload", "download", "get_replication_count", "cleanup", "close")
 # Hooks a distributor implements only when it has what they act on.
-OPTIONAL_HOOKS = ("delete_shared",)
+OPTIONAL_HOOKS = ("delete_shared", "list_shared")
 ALL_HOOKS = ("config_defaults", *DISTRIBUTOR_HOOKS, *OPTIONAL_HOOKS)

@@ -12,7 +12,9 @@ The metafile is that manifest: size and sha256 of every file.
 * Supervisors read the store themselves (``serves_supervisors``): ``download`` writes
   nothing but the copy, so on a supervisor it is the same call.
 * ``cleanup`` drops only this host's metafile; ``delete_shared``, which only the leader
-  calls after its fenced removal of the topology, deletes the objects.
+  calls after its fenced removal of the topology, deletes the objects; ``list_shared``
+  lists the topologies under the root, so that the leader sweeps those whose removal did
+  not finish.
 
 A subclass provides ``name``, ``PREFIX``, ``config_defaults`` and :meth:`connect`, which
 returns an fsspec filesystem and the root path; it may refine :meth:`explain`, and replace
@@ -245,6 +247,21 @@ class ManifestStoreDistributor:
             except Exception as exc:
                 log.warning("could not delete %s: %s", path, exc)
                 return
+
+    @hookimpl
+    def list_shared(self) -> list[str]:
+        # The ids of the objects under the root, not its "directories": a store may keep
+        # an empty prefix (SeaweedFS's filer does) after every object under it is gone.
+        self.fs.invalidate_cache(self.root)   # s3fs caches listings: another nimbus wrote
+        found = set()
+        for path in self.fs.find(self.root, maxdepth=2, withdirs=False, detail=False):
+            relative = str(path)[len(self.root.rstrip("/")) + 1:]
+            name = relative.split("/", 1)[0]
+            try:
+                found.add(check_topology_id(name))
+            except ValueError:
+                continue
+        return sorted(found)
 
     @hookimpl
     def close(self, conf: dict[str, Any]) -> None:

@@ -36,6 +36,7 @@ from nimbus.master.leader_watchdog import LeaderWatchdog
 from nimbus.master.lifecycle import CONF_FILE, TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
+from nimbus.master.sweepers import LeaderSweeper
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
@@ -175,9 +176,14 @@ class NimbusDaemon:
             float(conf["nimbus.leader.watchdog.secs"]), self.elector.is_leader,
             give_up=self.elector.remove_from_leader_lock_queue)
         self.metrics.duty_cycle_age.set_function(self.watchdog.age_s)
+        self.sweeper = LeaderSweeper(
+            self.state, self.view, self.distributor, pending=self.lifecycle.pending_ids,
+            period_s=float(conf["nimbus.sweep.freq.secs"]),
+            orphan_grace_s=float(conf["nimbus.code.orphan.grace.secs"]))
         self.duties = LeaderDutyCycle(self.elector, self.lifecycle, self.scheduler,
                                       self.cache, period_s=conf["nimbus.monitor.freq.secs"],
-                                      completed=self.watchdog.cycle_completed)
+                                      completed=self.watchdog.cycle_completed,
+                                      sweeper=self.sweeper)
 
     def _release(self) -> None:
         """Give back what a failed construction took: the distributor, then ZooKeeper.

@@ -11,7 +11,9 @@ release quarantine may go, and at once when woken) the ``leader-duties`` loop ru
 3. remove the code of submissions that never completed;
 4. schedule, fenced by the lock node of *this* leadership;
 5. when that moved work, refresh the cluster summary (read-your-writes);
-6. record the cycle as completed, for the leader's watchdog
+6. sweep, at most every ``nimbus.sweep.freq.secs``: heartbeats of moved workers and
+   shared code whose removal did not finish (:mod:`nimbus.master.sweepers`);
+7. record the cycle as completed, for the leader's watchdog
    (:mod:`nimbus.master.leader_watchdog`), leader or not.
 
 Others only wake the cycle: the elector when leadership changes, the daemon when it
@@ -35,6 +37,7 @@ from nimbus.master.elector import LeaderElector, Leadership, NoLeaderError
 from nimbus.master.lifecycle import TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
+from nimbus.master.sweepers import LeaderSweeper
 from nimbus.state.cluster_state import Fence, LayoutMissingError, NotLeaderError
 from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.records import RecordError
@@ -56,8 +59,9 @@ class LeaderDutyCycle:
 
     def __init__(self, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  scheduler: Scheduler, cache: ClusterSummaryCache, period_s: float,
-                 completed: Callable[[], None]):
+                 completed: Callable[[], None], sweeper: LeaderSweeper | None = None):
         self._elector = elector
+        self._sweeper = sweeper
         self._lifecycle = lifecycle
         self._scheduler = scheduler
         self._cache = cache
@@ -105,14 +109,19 @@ class LeaderDutyCycle:
             # Heartbeat ages are measured afresh by a new leader. A new lock node means
             # another nimbus may have led since: its releases are not known here.
             self._scheduler.reset(successor=leadership.node != self._node)
+            if self._sweeper is not None:
+                self._sweeper.reset()
             self._node = leadership.node
         try:
             self._lifecycle.remove_due_kills()
             self._lifecycle.remove_orphan_code()
-            if self._scheduler.schedule(self._fence(leadership)):
+            fence = self._fence(leadership)
+            if self._scheduler.schedule(fence):
                 # Read-your-writes: once a pass has moved work, the summary getClusterInfo
                 # serves shows it (one barrier, only after passes that wrote).
                 self._cache.refresh_now()
+            if self._sweeper is not None:
+                self._sweeper.sweep(fence)
             if self._error:
                 log.info("scheduling resumed")
                 self._error = ""

@@ -336,6 +336,30 @@ class StormClusterState:
                 raise ConcurrentChangeError(f"cluster state changed concurrently: {res!r}")
         return results[1:-1] if self.audit_writer else results[1:]
 
+    def check_leader(self, fence: Fence) -> None:
+        """Raise NotLeaderError unless the fence's lock node still exists (one round trip;
+        what a leader checks before an action outside ZooKeeper)."""
+        self._commit(fence, lambda txn: None)
+
+    def delete_nodes(self, fence: Fence, paths: list[str]) -> int:
+        """Delete leaf nodes, fenced; one already gone is skipped. Returns how many this
+        call deleted. NotLeaderError if the fence no longer holds."""
+        if not paths:
+            return 0
+        try:
+            self._commit(fence, lambda txn: [txn.delete(p) for p in paths])
+            return len(paths)
+        except ConcurrentChangeError:
+            pass  # one of them went (or grew a child) meanwhile: one at a time
+        deleted = 0
+        for path in paths:
+            try:
+                self._commit(fence, lambda txn, p=path: txn.delete(p))
+                deleted += 1
+            except ConcurrentChangeError:
+                continue
+        return deleted
+
     # -- topologies --------------------------------------------------------------------
     def active_storms(self, watch: Watch = None) -> list[str]:
         """Ids of every topology under /storms (ACTIVE, INACTIVE or KILLED)."""

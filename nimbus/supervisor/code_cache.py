@@ -68,6 +68,9 @@ class CodeCache:
         self.distributor = distributor
         #: Topologies fetched, by source: "distributor" or "nimbus" (over Thrift).
         self.fetched_from: dict[str, int] = {"distributor": 0, "nimbus": 0}
+        self._unneeded_since: dict[str, float] = {}   # see expired()
+        #: Unneeded topologies still within their grace period at the last expired().
+        self.retained: set[str] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bundle_bytes
         self._fetch = fetch
@@ -177,6 +180,26 @@ class CodeCache:
             # or a full disk; atomic_dir removes what was written.
             raise CodeVerificationError(f"{topology_id}: cannot unpack its bundle: {exc}") \
                 from None
+
+    def expired(self, keep: set[str], grace_s: float,
+                now: float | None = None) -> set[str]:
+        """Of the topologies held here and not in ``keep``, those unneeded for at least
+        ``grace_s`` (counted from the first call that found them unneeded; a topology
+        needed again starts afresh). The caller removes them with :meth:`remove_except`,
+        keeping the rest (:attr:`retained`, set by this call)."""
+        now = time.monotonic() if now is None else now
+        held = self.topologies()
+        if self.distributor is not None and self.distributor.copies.is_dir():
+            held |= {p.name for p in self.distributor.copies.iterdir()
+                     if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
+        unneeded = held - keep
+        for topology_id in list(self._unneeded_since):
+            if topology_id not in unneeded:
+                del self._unneeded_since[topology_id]
+        expired = {t for t in unneeded
+                   if now - self._unneeded_since.setdefault(t, now) >= grace_s}
+        self.retained = unneeded - expired
+        return expired
 
     def remove_except(self, keep: set[str]) -> list[str]:
         """Delete the code of every topology not in ``keep`` (the distributor's copies

@@ -85,6 +85,7 @@ from nimbus.supervisor.cgroups import (
     unified_root,
     worker_cgroups,
 )
+from nimbus.supervisor.checkpoint_sweep import sweep_checkpoints
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.code_cache import (
     CONF_FILE,
@@ -1147,7 +1148,13 @@ class Supervisor:
         keep |= {h.topology_id for h in self._running_handles()}
         if self.fetcher is not None:
             self.fetcher.forget_except(keep)
-        for topology_id in self.code.remove_except(keep):
+        # Unneeded code stays for supervisor.code.cleanup.grace.secs (see defaults.yaml).
+        expired = self.code.expired(keep, float(self.conf["supervisor.code.cleanup.grace.secs"]))
+        for topology_id in expired:
+            if self.code.has(topology_id):
+                sweep_checkpoints(topology_id, self.worker_conf(self.code.path(topology_id)),
+                                  self._topology_exists)
+        for topology_id in self.code.remove_except(keep | self.code.retained):
             self._owned_code.discard(topology_id)
             if self._run_as_user:
                 remove_account(account_for(topology_id))
@@ -1158,6 +1165,13 @@ class Supervisor:
             for worker_dir in self.workers_dir.iterdir():
                 if worker_dir.name.rsplit("-", 1)[0] not in keep:
                     shutil.rmtree(worker_dir, ignore_errors=True)
+
+    def _topology_exists(self, topology_id: str) -> bool:
+        """True unless ZooKeeper says the topology is gone (an error counts as there)."""
+        try:
+            return self.zk.exists(self.state.storm_path(topology_id)) is not None
+        except KazooException:
+            return True
 
     # -- worker status (reader threads) ----------------------------------------------------
     def _on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:

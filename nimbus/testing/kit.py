@@ -159,6 +159,17 @@ class DistributorKit(DistributorConformance):
                                     self._metafile(tmp_path, metafile))
         assert _digests(other) == digests
 
+    def test_list_shared_names_what_the_store_holds(self, uploaded) -> None:
+        """``list_shared`` (optional, with ``delete_shared``): the uploaded topology is
+        listed until ``delete_shared``; nothing that is not a topology id is."""
+        group, _, _ = uploaded
+        listed = group[0].distributor.list_shared()
+        if listed is None:
+            pytest.skip(f"{self.distributor!r} does not implement list_shared")
+        assert listed == [self.topology_id]
+        group[0].distributor.delete_shared(self.topology_id)
+        assert group[1].distributor.list_shared() == []
+
     def _declared(self) -> tuple[str, dict[str, Any]]:
         """(entry-point name or "", the keys the plugin declares in config_defaults)."""
         cls = resolve_distributor_class(self.distributor)

@@ -18,7 +18,9 @@ CephFS, Lustre, or any file system mounted at the same place on each of them. La
 * Supervisors that mount the share read it themselves (``serves_supervisors``);
   ``download`` registers nothing, so on a supervisor it is the same call.
 * ``cleanup`` drops only this host's metafile; ``delete_shared`` (the leader's, after its
-  fenced removal of the topology) renames the bundle away, then deletes it.
+  fenced removal of the topology) renames the bundle away, then deletes it;
+  ``list_shared`` lists the bundles, so that the leader sweeps those whose removal did
+  not finish.
 """
 
 from __future__ import annotations
@@ -213,6 +215,17 @@ class SharedDirCodeDistributor:
         bundle = self._bundle(topology_id)
         if bundle.exists():
             self._remove(bundle)
+
+    @hookimpl
+    def list_shared(self) -> list[str]:
+        # Bundles only: .incoming-* (an upload under way) and .deleting-* are not ids.
+        found = []
+        for entry in self.root.iterdir():
+            try:
+                found.append(check_topology_id(entry.name))
+            except ValueError:
+                continue
+        return sorted(found)
 
     @hookimpl
     def close(self, conf: dict[str, Any]) -> None:
