@@ -203,6 +203,8 @@ def main() -> None:
     parser.add_argument("--backends", default="torrent,localfs,s3")
     parser.add_argument("--nimbuses", type=int, default=3)
     parser.add_argument("--baseline-clients", type=int, default=8)
+    parser.add_argument("--piece-kb", type=int, default=0,
+                        help="torrent piece size (0: the distributor's choice)")
     args = parser.parse_args()
     fleet = [int(n) for n in args.fleet.split(",")]
     cap = int(args.cap_mb * MiB)
@@ -223,7 +225,8 @@ def main() -> None:
             for backend in args.backends.split(","):
                 conf: dict[str, Any] = {}
                 if backend == "torrent":
-                    conf = {TORRENT_PREFIX + "upload.rate.limit.bytes": cap}
+                    conf = {TORRENT_PREFIX + "upload.rate.limit.bytes": cap,
+                            TORRENT_PREFIX + "piece.size.kb": args.piece_kb}
                 elif backend == "s3":
                     from nimbus_ha_s3.distributor import PREFIX
                     from nimbus_ha_s3.seaweed import SeaweedS3Server
