@@ -206,9 +206,33 @@ def test_a_vague_error_is_named_by_the_core(tmp_path):
     suite.test_code_gone_everywhere_fails_cleanly(uploaded, tmp_path)
 
 
-def test_the_suite_requires_a_replication_model(tmp_path):
-    class Undeclared(DistributorConformance):
-        pass
+def test_a_01_test_class_without_a_model_passes_and_is_warned_once(tmp_path):
+    """A test class written for 0.1 (no replication_model; its own hosts fixture) keeps
+    passing on 0.1's looser count checks, with one DeprecationWarning that says what to
+    add. tests/kit_01/test_old_plugin.py is such a module, run for real by the suite."""
+    with pytest.warns(DeprecationWarning) as caught:
+        class TestUndeclared(DistributorConformance):
+            pass
 
-    with pytest.raises(pytest.fail.Exception, match="must set replication_model"):
-        Undeclared().upload_sample(memory_hosts(tmp_path), big_bytes=1000)
+    assert len(caught) == 1
+    assert str(caught[0].message) == (
+        "test_a_01_test_class_without_a_model_passes_and_is_warned_once.<locals>."
+        "TestUndeclared declares no replication_model, so its replication counts are "
+        "checked only loosely, as in 0.1: add `replication_model = PER_HOST` (each host "
+        "holding a verified copy counts one) or `replication_model = STORE` with "
+        "`store_replication = <the count of a complete bundle>` to the class (from "
+        "nimbus.testing.kit import PER_HOST, STORE)")
+    suite = TestUndeclared()
+    hosts = memory_hosts(tmp_path)
+    uploaded = suite.upload_sample(hosts, big_bytes=1000)
+    suite.test_declares_a_replication_model()
+    suite.test_upload_returns_metafile_and_counts_a_replica(uploaded)
+    suite.test_cleanup_forgets_the_topology(uploaded, tmp_path)
+
+
+def test_an_unknown_replication_model_fails_clearly(tmp_path):
+    class Misspelt(DistributorConformance):
+        replication_model = "per_host"
+
+    with pytest.raises(pytest.fail.Exception, match="use PER_HOST, or STORE"):
+        Misspelt().upload_sample(memory_hosts(tmp_path), big_bytes=1000)

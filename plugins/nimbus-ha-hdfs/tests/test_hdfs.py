@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 from nimbus_ha_hdfs.distributor import PREFIX, HDFSCodeDistributor
@@ -24,6 +25,7 @@ from nimbus.testing.conformance import (
     flip_byte,
 )
 from nimbus.testing.hosts import SimulatedHosts
+from nimbus.testing.kit import DistributorKit
 
 pytest_plugins = ["nimbus.testing.zookeeper"]
 TOPOLOGY = DistributorConformance.topology_id
@@ -42,16 +44,18 @@ def hosts(tmp_path, store_dir, zk_server, zk_root):
     simulated.close()
 
 
-class TestHdfsConformance(DistributorConformance):
+class TestHdfsConformance(DistributorKit):
+    distributor = "hdfs"
     replication_model = STORE
     store_replication = 1  # a file:// namenode: one local copy
 
     @pytest.fixture
-    def tamper(self, store_dir):
-        def corrupt(host: ConformanceHost, topology_id: str) -> None:
-            flip_byte(store_dir / "nimbus-ha" / "code" / topology_id / "stormjar.jar")
+    def settings(self, store_dir) -> dict:
+        return {PREFIX + "namenode": f"file://{store_dir}"}
 
-        return corrupt
+    def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
+        store = Path(host.conf[PREFIX + "namenode"].removeprefix("file://"))
+        flip_byte(store / "nimbus-ha" / "code" / topology_id / "stormjar.jar")
 
 
 def test_storm_class_name_selects_hdfs():
