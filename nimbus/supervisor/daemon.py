@@ -296,6 +296,7 @@ class Supervisor:
             audit_nodes_per_s=conf["supervisor.view.audit.nodes.per.sec"])
         self.view.listen(lambda _directory, _topology: self._wake.set())
         self._view_started = False
+        self._layout_problem = ""   # the LayoutMissingError last logged, if any
         self.fetcher: CodeFetcher | None = None   # made by start()
         self._owned_code: set[str] = set()   # code already given to its own account
         self.cgroups: WorkerCgroups | None = None  # found by start()
@@ -409,7 +410,12 @@ class Supervisor:
         self.zk.add_listener(self._on_connection_state)
         session = session_id(self.zk)
         if session is not None:
-            self._register(session)
+            try:
+                self._register(session)
+            except LayoutMissingError as exc:
+                # Started before any nimbus: the reconcile loop registers once it can.
+                self._layout_problem = str(exc)
+                log.warning("%s", exc)
         self.cgroups, why = worker_cgroups(self.id)
         if self.cgroups is not None:
             log.info("workers run in cgroups of their own under %s", self.cgroups.base)
@@ -593,6 +599,13 @@ class Supervisor:
         ended and its leases with it; an earlier session that still lives would break
         those grounds for as long as the node were missing between two separate calls.
         """
+        parent = self.state.path("supervisors")
+        if self.zk.retry(self.zk.exists, parent) is None:
+            # Not created here: an absent layout may be a wrong root as well as a cluster
+            # no nimbus has started yet, and only a nimbus sets a cluster up.
+            raise LayoutMissingError(
+                f"no nimbus has set the cluster up under {self.state.root} yet (there is no "
+                f"{parent}): waiting for one to start (or check storm.zookeeper.root)")
         data = self._info().encode()
         for _attempt in range(_REGISTER_ATTEMPTS):
             stat = self.zk.retry(self.zk.exists, self.node_path)
@@ -645,9 +658,14 @@ class Supervisor:
         while not self._stop.is_set():
             try:
                 self.reconcile()
+                if self._layout_problem:
+                    log.info("the cluster's layout is there: reconciling")
+                    self._layout_problem = ""
                 self._fill_warm()
             except LayoutMissingError as exc:
-                log.error("nothing started or stopped: %s", exc)
+                if str(exc) != self._layout_problem:   # once, not at every pass
+                    log.error("nothing started or stopped: %s", exc)
+                    self._layout_problem = str(exc)
             except (KazooException, ViewNotLoadedError) as exc:
                 log.warning("reconcile failed, retrying: %s", exc)
             except Exception:
