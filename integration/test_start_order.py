@@ -31,8 +31,9 @@ def test_a_supervisor_started_before_any_nimbus_waits_then_runs_work(tmp_path):
         c.wait_for_leader()
         wait_for(lambda: supervisor.id in c.registered_supervisors(), 30,
                  "the supervisor to register")
+        wait_for(lambda: "the cluster's layout is there: reconciling" in supervisor.log_text(),
+                 30, "its first complete reconcile pass")
         log = supervisor.log_text()
-        assert "the cluster's layout is there: reconciling" in log
         # Said once, at start: its reconcile passes meanwhile did not repeat it.
         assert log.count(WAITING) == 1, log
         assert "Traceback" not in log
