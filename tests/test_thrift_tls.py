@@ -273,3 +273,24 @@ def test_the_cli_speaks_tls_with_its_certificate(tls_nimbus, tmp_path, ca):
                            str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"127.0.0.1:{conf['nimbus.thrift.port']}"
+
+
+def test_a_nimbus_that_will_refuse_every_supervisor_says_so_at_start(
+        zk_server, zk_root, tmp_path, ca, caplog):
+    """An authorizer with no nimbus.supervisor.users: every supervisor's Thrift download
+    would be refused, and the only trace used to be each supervisor's own WARNING."""
+    from nimbus.master.daemon import NimbusDaemon
+
+    warning = "nimbus.authorizer is set but nimbus.supervisor.users is empty"
+    for users, expected in (([], 1), (["cluster"], 0)):
+        caplog.clear()
+        conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue("nimbus-1"), free_port(),
+                           **{"nimbus.supervisor.users": users})
+        with caplog.at_level("WARNING", logger="nimbus.master.daemon"):
+            daemon = NimbusDaemon(conf)
+        try:
+            said = [r.getMessage() for r in caplog.records if warning in r.getMessage()]
+            assert len(said) == expected, said
+        finally:
+            daemon._release()
+    configure_clients(load_config(overrides={}))

@@ -44,7 +44,7 @@ from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import check_layout_acl, zk_security
 from nimbus.state.zk_client import make_zk_client
-from nimbus.thrift.authorizer import authorizer_from_conf
+from nimbus.thrift.authorizer import authorizer_from_conf, supervisors_refused
 from nimbus.thrift.client import fetch_file
 from nimbus.thrift.handler import NimbusHandler
 from nimbus.thrift.server import ThriftServer
@@ -71,6 +71,9 @@ class NimbusDaemon:
         configure_clients(conf)  # peer code downloads present this nimbus's certificate
         self._tls = server_context(conf)
         authorizer_from_conf(conf)
+        refused = supervisors_refused(conf)
+        if refused:
+            log.warning("%s", refused)
         self.distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
         self.metrics = NimbusMetrics(
             self.distributor.name, is_leader=lambda: self.elector.is_leader(),

@@ -75,6 +75,17 @@ class SimpleAclAuthorizer:
         return bool(identity) and identity in self.admins
 
 
+def supervisors_refused(conf: Config) -> str:
+    """The warning a nimbus logs at start when its authorizer will refuse every
+    supervisor's code download ("" when it will not)."""
+    if conf[AUTHORIZER_KEY] in (None, "") or conf["nimbus.supervisor.users"]:
+        return ""
+    return ("nimbus.authorizer is set but nimbus.supervisor.users is empty: every "
+            "supervisor that fetches code from this nimbus over Thrift (with localfs, or "
+            "when its distributor cannot deliver) will be refused and run nothing; list "
+            "the supervisors' certificate names there (docs/security.md)")
+
+
 def authorizer_from_conf(conf: Config) -> SimpleAclAuthorizer | None:
     """The configured authorizer, None when ``nimbus.authorizer`` is unset; raises
     ConfigError for one this release does not have, or one without TLS."""
