@@ -131,7 +131,7 @@ def test_a_misspelled_hook_is_one_line_with_a_suggestion():
         f"code distributor 'misspelled' ({__name__}:MisspelledHook): method "
         "'uplaod' is marked @hookimpl but there is no such hook (did you mean 'upload'?); "
         "hooks: config_defaults, prepare, upload, download, get_replication_count, cleanup, "
-        "close, delete_shared")
+        "close, delete_shared, list_shared")
 
 
 def test_the_nimbus_command_reports_an_invalid_hook_as_one_error_line(install_plugin):
