@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from supervisor_index import index_work
 from test_supervisor import STUB_WORKER, FakePeers, _code, _free_port, _sha, _tar
 
 from nimbus.config import ConfigError, load_config
@@ -88,6 +89,7 @@ def _assign(state: StormClusterState, topology_id: str, files: dict[str, bytes],
         code_sha256=_sha(files)).encode())
     zk.create(state.path("workerbeats", topology_id), b"")
     zk.create(state.path("errors", topology_id), b"")
+    index_work(state, topology_id, {"worker-0": slot})
 
 
 def test_bob_reads_nothing_of_the_supervisor_or_of_alice(zk_server, zk_root, base, state,

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 from kazoo.exceptions import NoNodeError
+from supervisor_index import index_work
 
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import wait_for
@@ -527,6 +528,7 @@ def _submit_directly(state: StormClusterState, files: dict[str, bytes], slots: d
         master_code_dir="/x", executor_node_port=slots, code_sha256=_sha(files)).encode())
     zk.create(state.path("workerbeats", TOPOLOGY), b"")
     zk.create(state.path("errors", TOPOLOGY), b"")
+    index_work(state, TOPOLOGY, slots)
 
 
 def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port,
@@ -794,6 +796,7 @@ def test_stopping_an_unassigned_worker_never_waits_behind_a_code_fetch(
         cluster_state.zk.create(cluster_state.path("assignments", slow), Assignment(
             master_code_dir="/x", executor_node_port={"worker-0": [sup.id, ports[1]]},
             code_sha256=_sha(files)).encode())
+        index_work(cluster_state, slow, {"worker-0": [sup.id, ports[1]]})
         assert peers.hanging.wait(15), "the fetch of the slow topology never began"
         # The first one is unassigned while that fetch hangs: stopped all the same.
         cluster_state.zk.set(cluster_state.path("assignments", TOPOLOGY), Assignment(

@@ -28,6 +28,7 @@ from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.file_transfer import FileTransfers
 from nimbus.distribution.hookspecs import DistributorContext
 from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.master.assignment_index import AssignmentIndex
 from nimbus.master.code_sync import CodeSync
 from nimbus.master.duty_cycle import LeaderDutyCycle
 from nimbus.master.elector import LeaderElector
@@ -186,7 +187,8 @@ class NimbusDaemon:
         self.duties = LeaderDutyCycle(self.elector, self.lifecycle, self.scheduler,
                                       self.cache, period_s=conf["nimbus.monitor.freq.secs"],
                                       completed=self.watchdog.cycle_completed,
-                                      sweeper=self.sweeper)
+                                      sweeper=self.sweeper,
+                                      index=AssignmentIndex(self.state, self.view))
 
     def _release(self) -> None:
         """Give back what a failed construction took: the distributor, then ZooKeeper.

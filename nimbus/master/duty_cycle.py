@@ -10,7 +10,8 @@ release quarantine may go, and at once when woken) the ``leader-duties`` loop ru
 2. remove the KILLED topologies whose wait has passed;
 3. remove the code of submissions that never completed;
 4. schedule, fenced by the lock node of *this* leadership;
-5. when that moved work, refresh the cluster summary (read-your-writes);
+5. when that moved work, refresh the cluster summary (read-your-writes); then bring each
+   supervisor's index of its work up to date (:mod:`nimbus.master.assignment_index`);
 6. sweep, at most every ``nimbus.sweep.freq.secs``: heartbeats of moved workers and
    shared code whose removal did not finish (:mod:`nimbus.master.sweepers`);
 7. record the cycle as completed, for the leader's watchdog
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from kazoo.exceptions import KazooException
 
 from nimbus.background_loop import BackgroundLoop
+from nimbus.master.assignment_index import AssignmentIndex
 from nimbus.master.elector import LeaderElector, Leadership, NoLeaderError
 from nimbus.master.lifecycle import TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
@@ -59,9 +61,11 @@ class LeaderDutyCycle:
 
     def __init__(self, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  scheduler: Scheduler, cache: ClusterSummaryCache, period_s: float,
-                 completed: Callable[[], None], sweeper: LeaderSweeper | None = None):
+                 completed: Callable[[], None], sweeper: LeaderSweeper | None = None,
+                 index: AssignmentIndex | None = None):
         self._elector = elector
         self._sweeper = sweeper
+        self._index = index
         self._lifecycle = lifecycle
         self._scheduler = scheduler
         self._cache = cache
@@ -111,15 +115,20 @@ class LeaderDutyCycle:
             self._scheduler.reset(successor=leadership.node != self._node)
             if self._sweeper is not None:
                 self._sweeper.reset()
+            if self._index is not None:
+                self._index.reset()
             self._node = leadership.node
         try:
             self._lifecycle.remove_due_kills()
             self._lifecycle.remove_orphan_code()
             fence = self._fence(leadership)
-            if self._scheduler.schedule(fence):
+            wrote = self._scheduler.schedule(fence)
+            if wrote:
                 # Read-your-writes: once a pass has moved work, the summary getClusterInfo
                 # serves shows it (one barrier, only after passes that wrote).
                 self._cache.refresh_now()
+            if self._index is not None:
+                self._index.sync(fence, fresh=bool(wrote))
             if self._sweeper is not None:
                 self._sweeper.sweep(fence)
             if self._error:

@@ -10,6 +10,8 @@ Layout under the root (``/storm`` by default)::
     code-distributor/<id>             CodeMeta (the metafile); children: replica hosts
     nimbuses/<host:port>              NimbusInfo of every live nimbus (ephemeral)
     leader-lock/nimbus-<seq>          the leader lock queue (ephemeral sequential)
+    supervisor-assignments/<sup-id>   SupervisorAssignments: the leader's index of the
+                                      topologies with work on each supervisor
 
 Every write that only the leader may make takes a :class:`Fence` and is one ZooKeeper
 multi-op whose first operation checks that the leader's lock node still exists. A nimbus
@@ -50,6 +52,7 @@ from nimbus.state.records import (
     Record,
     RecordError,
     StormBase,
+    SupervisorAssignments,
     SupervisorInfo,
     WorkerBeat,
 )
@@ -173,7 +176,7 @@ class StormClusterState:
     """Typed reads and writes of the cluster's state; one instance per ZooKeeper client."""
 
     SUBTREES = ("storms", "assignments", "workerbeats", "errors", "supervisors",
-                "code-distributor", "nimbuses", "leader-lock")
+                "code-distributor", "nimbuses", "leader-lock", "supervisor-assignments")
 
     def __init__(self, zk: KazooClient, root: str = "/storm", audit_writer: str = ""):
         """``audit_writer`` (this nimbus's address) turns on the audit trail of leader
@@ -335,6 +338,27 @@ class StormClusterState:
             if isinstance(res, Exception) and not isinstance(res, RolledBackError):
                 raise ConcurrentChangeError(f"cluster state changed concurrently: {res!r}")
         return results[1:-1] if self.audit_writer else results[1:]
+
+    def supervisor_index_path(self, supervisor_id: str) -> str:
+        return self.path("supervisor-assignments", supervisor_id)
+
+    def write_supervisor_index(self, fence: Fence, changes: dict[str, list[str] | None],
+                               existing: set[str]) -> None:
+        """Set each supervisor's index (fenced, one transaction): ``None`` deletes its
+        node; a supervisor not in ``existing`` has its node created.
+        ConcurrentChangeError if a node was not as ``existing`` says."""
+        def build(txn: Any) -> None:
+            for supervisor_id, topologies in sorted(changes.items()):
+                path = self.supervisor_index_path(supervisor_id)
+                if topologies is None:
+                    txn.delete(path)
+                elif supervisor_id in existing:
+                    txn.set_data(path, SupervisorAssignments(topologies).encode())
+                else:
+                    txn.create(path, SupervisorAssignments(topologies).encode())
+
+        if changes:
+            self._commit(fence, build)
 
     def check_leader(self, fence: Fence) -> None:
         """Raise NotLeaderError unless the fence's lock node still exists (one round trip;

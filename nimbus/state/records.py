@@ -216,6 +216,15 @@ class Assignment(Record):
 
 
 @dataclass
+class SupervisorAssignments(Record):
+    """/supervisor-assignments/<supervisor-id>: the topologies whose Assignment places
+    work on that supervisor, kept by the leader, so that a supervisor watches its own
+    assignments only (not every assignment of the cluster)."""
+
+    topologies: list[str] = field(default_factory=list)
+
+
+@dataclass
 class SupervisorInfo(Record):
     """/supervisors/<supervisor-id>: a supervisor's heartbeat."""
 

@@ -97,6 +97,7 @@ from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.distributor_source import DistributorSource
 from nimbus.supervisor.lease import LeaseKeeper, session_id
 from nimbus.supervisor.lease_record import RECORDS_DIR, clear_records, record_path
+from nimbus.supervisor.own_assignments import OwnAssignments, assignment_reader
 from nimbus.supervisor.policy import (
     DesiredWorker,
     RestartBackoff,
@@ -289,12 +290,10 @@ class Supervisor:
                 private_copies=self._run_as_user)
         if self.zk.connected:
             self._connected.set()
-        # Every assignment, in memory and kept current by watches: a change costs this
-        # supervisor the round trips of the nodes that changed, not one per topology.
-        self.view = ClusterView(
-            self.state, ("assignments",), name="supervisor",
-            audit_nodes_per_s=conf["supervisor.view.audit.nodes.per.sec"])
-        self.view.listen(lambda _directory, _topology: self._wake.set())
+        # This supervisor's assignments, in memory and kept current by watches on its own
+        # index node and the assignments it names (made at the first pass: the layout may
+        # not be there yet; nimbus/supervisor/own_assignments.py).
+        self.view: OwnAssignments | ClusterView | None = None
         self._view_started = False
         self._layout_problem = ""   # the LayoutMissingError last logged, if any
         self.fetcher: CodeFetcher | None = None   # made by start()
@@ -482,7 +481,8 @@ class Supervisor:
         self._lease.stop()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
-        self.view.close()
+        if self.view is not None:
+            self.view.close()
         if self.cgroups is not None:
             with contextlib.suppress(OSError):  # empty by now; left if not
                 self.cgroups.base.rmdir()
@@ -732,8 +732,17 @@ class Supervisor:
         """Every readable assignment (from the view); adds the ids of unreadable ones to
         ``frozen``. LayoutMissingError until a nimbus has made the layout."""
         if not self._view_started:
-            self.view.start()  # LayoutMissingError if the directory is not there yet
-            self._view_started = True
+            # LayoutMissingError if a nimbus has not made the layout yet.
+            view = assignment_reader(self.state, self.id,
+                                     self.conf["supervisor.view.audit.nodes.per.sec"])
+            view.listen(lambda _directory, _topology: self._wake.set())
+            try:
+                view.start()
+            except BaseException:
+                view.close()
+                raise
+            self.view, self._view_started = view, True
+        assert self.view is not None
         out = {}
         for topology_id in self.view.assignment_ids():
             try:
