@@ -1058,3 +1058,20 @@ def test_code_that_fails_its_checks_is_reported_once_and_tried_ever_later(
         assert sup._running_handles() == []
     finally:
         sup.stop()
+
+
+def test_code_cache_expiry_keeps_moved_work_for_its_grace_and_drops_killed_at_once(
+        tmp_path: Path):
+    cache = CodeCache(tmp_path / "stormdist", 1 << 20, FakePeers({}))
+    for name in ("moved-1-1", "killed-1-1", "kept-1-1"):
+        (cache.root / name).mkdir()
+    killed = {"killed-1-1"}
+    assert cache.expired({"kept-1-1"}, 300, now=0.0, gone=killed.__contains__) == \
+        {"killed-1-1"}
+    assert cache.retained == {"moved-1-1"}
+    assert cache.expired({"kept-1-1"}, 300, now=299.0, gone=killed.__contains__) == \
+        {"killed-1-1"}
+    # Needed again within its grace: its clock starts afresh when it is next unneeded.
+    assert cache.expired({"kept-1-1", "moved-1-1"}, 300, now=299.5) == {"killed-1-1"}
+    assert cache.expired({"kept-1-1"}, 300, now=300.0) == {"killed-1-1"}
+    assert cache.expired({"kept-1-1"}, 300, now=600.0) == {"killed-1-1", "moved-1-1"}

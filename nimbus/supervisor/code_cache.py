@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import lzma
+import math
 import shutil
 import tarfile
 import time
@@ -181,12 +182,14 @@ class CodeCache:
             raise CodeVerificationError(f"{topology_id}: cannot unpack its bundle: {exc}") \
                 from None
 
-    def expired(self, keep: set[str], grace_s: float,
-                now: float | None = None) -> set[str]:
+    def expired(self, keep: set[str], grace_s: float, now: float | None = None,
+                gone: Callable[[str], bool] = lambda _id: False) -> set[str]:
         """Of the topologies held here and not in ``keep``, those unneeded for at least
         ``grace_s`` (counted from the first call that found them unneeded; a topology
-        needed again starts afresh). The caller removes them with :meth:`remove_except`,
-        keeping the rest (:attr:`retained`, set by this call)."""
+        needed again starts afresh), and at once those that ``gone(topology_id)``, asked
+        once when a topology first becomes unneeded, says no longer exist (killed: no
+        work of theirs can come back). The caller removes them with
+        :meth:`remove_except`, keeping the rest (:attr:`retained`, set by this call)."""
         now = time.monotonic() if now is None else now
         held = self.topologies()
         if self.distributor is not None and self.distributor.copies.is_dir():
@@ -196,8 +199,10 @@ class CodeCache:
         for topology_id in list(self._unneeded_since):
             if topology_id not in unneeded:
                 del self._unneeded_since[topology_id]
-        expired = {t for t in unneeded
-                   if now - self._unneeded_since.setdefault(t, now) >= grace_s}
+        for topology_id in unneeded - set(self._unneeded_since):
+            # -inf: its grace is over at once.
+            self._unneeded_since[topology_id] = -math.inf if gone(topology_id) else now
+        expired = {t for t in unneeded if now - self._unneeded_since[t] >= grace_s}
         self.retained = unneeded - expired
         return expired
 

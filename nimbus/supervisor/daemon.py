@@ -1176,7 +1176,8 @@ class Supervisor:
         if self.fetcher is not None:
             self.fetcher.forget_except(keep)
         # Unneeded code stays for supervisor.code.cleanup.grace.secs (see defaults.yaml).
-        expired = self.code.expired(keep, float(self.conf["supervisor.code.cleanup.grace.secs"]))
+        expired = self.code.expired(keep, float(self.conf["supervisor.code.cleanup.grace.secs"]),
+                                    gone=lambda t: not self._topology_exists(t))
         for topology_id in expired:
             if self.code.has(topology_id):
                 sweep_checkpoints(topology_id, self.worker_conf(self.code.path(topology_id)),
