@@ -2,10 +2,11 @@
 
 Threads (each named, each stopped by ``_stop`` and joined by :meth:`Supervisor.stop`):
 
-* ``supervisor-monitor``: the reconcile loop. Woken by ZooKeeper watches on the
-  assignments, by connection changes and by worker exits, and at least every
-  ``supervisor.monitor.frequency.secs`` as a safety net. One pass reaps exited workers,
-  (re)registers after a new session, reads every assignment, stops the workers whose slot
+* ``supervisor-monitor``: the reconcile loop. Woken by ZooKeeper watches on this
+  supervisor's own assignments (:mod:`nimbus.supervisor.own_assignments`), by connection
+  changes and by worker exits, and at least every ``supervisor.monitor.frequency.secs``
+  as a safety net. One pass reaps exited workers, (re)registers after a new session,
+  reads its assignments (from memory), stops the workers whose slot
   is no longer theirs, kills silent ones, and starts the missing ones whose code is here
   (asking the fetch thread for the others).
 * ``supervisor-lease``: :class:`nimbus.supervisor.lease.LeaseKeeper`.
