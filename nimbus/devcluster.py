@@ -159,6 +159,15 @@ class ExternalZooKeeper:
         pass
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a daemon's configuration readable by its owner only (mode 0600): it may hold
+    credentials (a store's keys, ZooKeeper's digest)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)   # an existing file keeps its mode otherwise
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 class LocalCluster:
     """ZooKeeper plus ``n`` nimbuses under ``work_dir``; use as a context manager."""
 
@@ -207,7 +216,7 @@ class LocalCluster:
         local_dir = self.work_dir / f"nimbus-{index}"
         config_file = self.work_dir / f"nimbus-{index}.yaml"
         metrics_port = free_port() if self.metrics else 0
-        config_file.write_text(yaml.safe_dump({
+        write_private(config_file, yaml.safe_dump({
             **self.conf_values, "nimbus.thrift.port": port, "storm.local.dir": str(local_dir),
             **({"nimbus.metrics.port": metrics_port} if metrics_port else {})}))
         nimbus = NimbusProcess(index, port, local_dir, config_file,
@@ -230,7 +239,7 @@ class LocalCluster:
         local_dir = self.work_dir / f"supervisor-{index}"
         config_file = self.work_dir / f"supervisor-{index}.yaml"
         metrics_port = free_port() if self.metrics else 0
-        config_file.write_text(yaml.safe_dump({
+        write_private(config_file, yaml.safe_dump({
             **self.conf_values, "storm.local.dir": str(local_dir),
             "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports,
             **({"supervisor.metrics.port": metrics_port} if metrics_port else {})}))

@@ -1,7 +1,9 @@
 """Secrets in configuration: which keys hold them, and how they are kept out of output.
 
-A key holds a secret when its last dotted part says so (``...password``,
-``...secret.key``, ``...payload``, ``...token``); such values are replaced by
+A key holds a secret when its name says so, at its end (``...password``,
+``...secret.key``, ``...payload``, ``...token``) or anywhere in it for the credential
+words of :data:`SECRET_WORDS` and :data:`SECRET_PHRASES` (``...account.key.<account>...``,
+``...connection.string``, ``...sas``); such values are replaced by
 :data:`REDACTED` wherever configuration leaves the process: ``getNimbusConf``,
 ``getTopologyConf``, CLI output and error messages. :class:`SecretLogFilter` also masks
 the values themselves in log records, since a library may print them in a message.
@@ -15,6 +17,7 @@ Storm's ``user:password``: its password is masked on its own too.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import traceback
@@ -54,10 +57,32 @@ def mark_secret(key: str) -> None:
     _MARKED.add(str(key))
 
 
+# Words of a key's name (split at ".", "_" and "-") that make it a credential wherever
+# they stand, not only at its end: Hadoop and Spark put the secret's name in the middle
+# (spark.hadoop.fs.azure.account.key.<account>.blob.core.windows.net,
+# fs.s3a.bucket.<bucket>.secret.key) and tenants pass such keys in topology.spark.conf.
+SECRET_WORDS = frozenset({
+    "password", "passwd", "secret", "secretkey", "token", "tokens", "credential",
+    "credentials", "passphrase", "superacl", "apikey", "sas", "keyfile"})
+SECRET_PHRASES = (("api", "key"), ("account", "key"), ("private", "key"),
+                  ("access", "key"), ("session", "key"), ("connection", "string"),
+                  ("shared", "key"))
+_WORD_SPLIT = re.compile(r"[._\-]+")
+
+
 def is_secret_key(key: str) -> bool:
-    """True when ``key`` names a credential (e.g. ``nimbus.codedistributor.s3.secret.key``)
-    or a plugin marked it as one."""
-    return str(key).lower().endswith(SECRET_SUFFIXES) or str(key) in _MARKED
+    """True when ``key`` names a credential (e.g. ``nimbus.codedistributor.s3.secret.key``,
+    ``spark.hadoop.fs.azure.account.key.acct.blob.core.windows.net``) or a plugin marked
+    it as one."""
+    text = str(key)
+    lowered = text.lower()
+    if lowered.endswith(SECRET_SUFFIXES) or text in _MARKED:
+        return True
+    words = [w for w in _WORD_SPLIT.split(lowered) if w]
+    if SECRET_WORDS.intersection(words):
+        return True
+    return any(tuple(words[i:i + len(p)]) == p
+               for p in SECRET_PHRASES for i in range(len(words) - len(p) + 1))
 
 
 def redact(conf: Mapping[str, Any]) -> dict[str, Any]:

@@ -42,3 +42,18 @@ def test_a_missing_config_file_fails_before_anything_starts(tmp_path):
     assert result.output.splitlines() == [
         f"Error: {tmp_path / 'nope.yaml'}: cannot read configuration file: "
         "No such file or directory"]
+
+
+def test_the_daemons_config_files_are_private(tmp_path):
+    """They may hold a store's keys or ZooKeeper's digest: mode 0600 (issue 30)."""
+    import stat
+
+    from nimbus.devcluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "dev", 2, supervisors=1,
+                           conf={"nimbus.codedistributor.s3.secret.key": "s3cret"})
+    files = [n.config_file for n in cluster.nimbuses] + \
+        [s.config_file for s in cluster.supervisors]
+    assert len(files) == 3
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

@@ -22,14 +22,25 @@ SECRET = "s3cr3t-Value-42"
     # issue 19, T2.12/U13/U14: the common credential names, and the superACL digest
     "fs.s3a.aws_secret_access_key", "aws_secret_access_key", "openai.api.key",
     "nimbus.codedistributor.azure.account.key", "ssl.private.key",
-    "storm.zookeeper.superACL", "tls.key.passphrase"])
+    "storm.zookeeper.superACL", "tls.key.passphrase",
+    # issue 30: by name wherever the secret sits, as Spark and Hadoop users pass them
+    "spark.hadoop.fs.azure.account.key.acct.blob.core.windows.net",
+    "fs.azure.sas.container.acct.blob.core.windows.net", "fs.s3a.access.key",
+    "fs.s3a.secret.key", "fs.s3a.session.token", "fs.s3a.bucket.logs.secret.key",
+    "fs.gs.auth.service.account.json.keyfile", "spark.hadoop.fs.gs.auth.service.account."
+    "private.key", "nimbus.codedistributor.azure.connection.string",
+    "nimbus.codedistributor.azure.sas", "nimbus.codedistributor.s3.access.key",
+    "db.password.file", "mq.token_value"])
 def test_secret_keys(key):
     assert is_secret_key(key)
 
 
 @pytest.mark.parametrize("key", [
-    "nimbus.codedistributor.s3.access.key", "storm.zookeeper.servers", "nimbus.seeds",
-    "topology.workers", "storm.zookeeper.auth.scheme"])
+    "storm.zookeeper.servers", "nimbus.seeds", "topology.workers",
+    "storm.zookeeper.auth.scheme", "storm.thrift.tls.key.file", "ui.https.key.file",
+    "storm.zookeeper.connection.timeout", "topology.stall.timeout.secs",
+    "x.keyring",
+    "spark.sql.shuffle.partitions", "fs.s3a.endpoint"])
 def test_ordinary_keys(key):
     assert not is_secret_key(key)
 
@@ -225,13 +236,28 @@ def test_a_plugin_marks_a_setting_secret_whatever_its_name():
     class Azure(resolve_distributor_class("localfs")):  # every other hook a real one
         @hookimpl
         def config_defaults(self):
-            return {"nimbus.codedistributor.azuretest.sas": Secret(None),
+            return {"nimbus.codedistributor.azuretest.sig": Secret(None),
                     "nimbus.codedistributor.azuretest.container": "code"}
 
-    assert not is_secret_key("nimbus.codedistributor.azuretest.sas")
+    assert not is_secret_key("nimbus.codedistributor.azuretest.sig")
     defaults = CodeDistributor(Azure).config_defaults()
-    assert defaults == {"nimbus.codedistributor.azuretest.sas": None,
+    assert defaults == {"nimbus.codedistributor.azuretest.sig": None,
                         "nimbus.codedistributor.azuretest.container": "code"}
-    assert is_secret_key("nimbus.codedistributor.azuretest.sas")
-    assert redact({"nimbus.codedistributor.azuretest.sas": "sv=2024&sig=abc"}) == {
-        "nimbus.codedistributor.azuretest.sas": REDACTED}
+    assert is_secret_key("nimbus.codedistributor.azuretest.sig")
+    assert redact({"nimbus.codedistributor.azuretest.sig": "sv=2024&sig=abc"}) == {
+        "nimbus.codedistributor.azuretest.sig": REDACTED}
+
+
+def test_a_tenants_hadoop_credentials_in_its_spark_conf_are_redacted():
+    """What getTopologyConf and the UI show of a topology's conf (issue 30: an Azure
+    account key passed through topology.spark.conf was shown in clear)."""
+    conf = {"topology.spark.conf": {
+        "spark.hadoop.fs.azure.account.key.acct.blob.core.windows.net": "azure-key",
+        "spark.hadoop.fs.s3a.access.key": "AKIA", "spark.hadoop.fs.s3a.secret.key": "s",
+        "spark.hadoop.fs.s3a.session.token": "t", "spark.sql.shuffle.partitions": "2"}}
+    assert redact(conf) == {"topology.spark.conf": {
+        "spark.hadoop.fs.azure.account.key.acct.blob.core.windows.net": REDACTED,
+        "spark.hadoop.fs.s3a.access.key": REDACTED,
+        "spark.hadoop.fs.s3a.secret.key": REDACTED,
+        "spark.hadoop.fs.s3a.session.token": REDACTED,
+        "spark.sql.shuffle.partitions": "2"}}
