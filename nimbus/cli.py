@@ -605,14 +605,21 @@ def zookeeper(port: int, data_dir: Path, ensemble: int) -> None:
 @click.option("--warm-workers", type=int, default=0, show_default=True,
               help="supervisor.warm.workers of each supervisor: warm SparkSessions kept "
                    "ready (each a JVM on this one machine).")
+@click.option("--restart", is_flag=True,
+              help="Start a nimbus or supervisor again when it exits (it is always "
+                   "reported, and the rest of the cluster goes on either way).")
 @config_option
 @set_option
 @_fail_cleanly
 def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
-                demo: bool, warm_workers: int, config_path: str | None,
+                demo: bool, warm_workers: int, restart: bool, config_path: str | None,
                 overrides: tuple[str, ...]) -> None:
     """ZooKeeper plus N nimbuses (and supervisors) on loopback, for a first look
     (Ctrl-C or SIGTERM stops all).
+
+    A daemon that exits (kill -9 one to watch a failover) is reported with its pid and
+    how it ended, and the rest goes on; --restart starts it again. It exits non-zero
+    only if ZooKeeper dies.
 
     --config and --set are validated as for every command and passed to every nimbus and
     supervisor (e.g. --set storm.codedistributor.class=s3 and the plugin's keys), except
@@ -625,7 +632,7 @@ def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
     for key in ignored:
         click.echo(f"dev-cluster sets {key} itself: the configured value is ignored", err=True)
     run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors, conf=chosen,
-                    warm_workers=warm_workers)
+                    warm_workers=warm_workers, restart=restart)
 
 
 @main.command("new-plugin")

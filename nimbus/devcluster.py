@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import yaml
 
 from nimbus.config import Config, load_config
+from nimbus.dev_watch import DaemonWatch
 from nimbus.state.zkserver import ZooKeeperServer, free_port, port_open
 from nimbus.thrift.client import NimbusClient
 
@@ -388,7 +390,7 @@ def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
 
 def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
                     supervisors: int = 0, conf: dict[str, Any] | None = None,
-                    warm_workers: int = 0) -> None:
+                    warm_workers: int = 0, restart: bool = False) -> None:
     """Start a dev cluster, optionally run the demos (nimbus failover; with 2 or more
     supervisors also the pipeline runtime), then wait for Ctrl-C. ``conf`` is given to
     every nimbus and supervisor (see :func:`dev_cluster_conf`)."""
@@ -409,9 +411,11 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
     with cluster:
         leader = cluster.wait_for_leader()
         click.echo(f"ZooKeeper at {cluster.zk.hosts}; nimbuses: "
-                   + ", ".join(n.address for n in cluster.nimbuses))
+                   + ", ".join(f"{n.address} (pid {n.process.pid})" for n in cluster.nimbuses
+                               if n.process))
         for supervisor in cluster.supervisors:
-            click.echo(f"supervisor {supervisor.id}: slots "
+            pid = supervisor.process.pid if supervisor.process else "?"
+            click.echo(f"supervisor {supervisor.id} (pid {pid}): slots "
                        + ",".join(map(str, supervisor.ports)))
         click.echo(f"leader: {leader.address}")
         click.echo(f"try: nimbus-ha cluster-info --config {cluster.config_file}")
@@ -424,10 +428,11 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
                     raise SystemExit(1)
             return
         click.echo("Ctrl-C (or SIGTERM) stops the cluster")
+        watch = DaemonWatch(lambda: [*cluster.nimbuses, *cluster.supervisors], cluster.zk,
+                            lambda line: click.echo(line, err=True), restart=restart)
         try:
-            while all(d.alive() for d in [*cluster.nimbuses, *cluster.supervisors]
-                      if d.process):
-                time.sleep(1)
+            if not watch.run(threading.Event()):
+                raise SystemExit(1)
         except KeyboardInterrupt:
             click.echo("stopping")
 

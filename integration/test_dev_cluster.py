@@ -1,0 +1,101 @@
+"""`nimbus-ha dev-cluster` keeps going: a nimbus and a supervisor killed with kill -9 are
+reported with their pids and how they ended, the rest serves on, and with --restart they
+come back; SIGTERM still stops it all with exit 0."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from nimbus.config import load_config
+from nimbus.devcluster import wait_for
+from nimbus.state.zkserver import free_port, port_open
+from nimbus.thrift.client import NimbusClient
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+def two_free_ports() -> int:
+    def pair() -> int | None:
+        port = free_port()
+        return port if not port_open(port + 1) else None
+
+    return wait_for(pair, 10, "two consecutive free ports")
+
+
+class Lines:
+    """The process's output, line by line, read on a thread of its own."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.seen: list[str] = []
+        self._queue: queue.Queue[str] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(proc,), name="dev-lines",
+                                        daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self._queue.put(line)
+
+    def until(self, pattern: str, timeout_s: float = 60) -> re.Match:
+        def found() -> re.Match | None:
+            while True:
+                try:
+                    self.seen.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            for line in self.seen:
+                match = re.search(pattern, line)
+                if match:
+                    return match
+            return None
+
+        return wait_for(found, timeout_s, f"a line matching {pattern!r}")
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
+    work = tmp_path / "dev"
+    base = two_free_ports()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nimbus.cli", "dev-cluster", "--nimbuses", "2",
+         "--supervisors", "1", "--base-port", str(base), "--dir", str(work),
+         *(["--restart"] if restart else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc)
+    try:
+        lines.until(r"^Ctrl-C \(or SIGTERM\) stops the cluster")
+        nimbus_pid = int(lines.until(rf"127\.0\.0\.1:{base} \(pid (\d+)\)").group(1))
+        supervisor_pid = int(lines.until(r"^supervisor \S+ \(pid (\d+)\)").group(1))
+        os.kill(nimbus_pid, signal.SIGKILL)
+        os.kill(supervisor_pid, signal.SIGKILL)
+        lines.until(rf"^nimbus 0 127\.0\.0\.1:{base} \(pid {nimbus_pid}\) killed by "
+                    r"SIGKILL \(signal 9\)")
+        lines.until(rf"^supervisor 0 \(pid {supervisor_pid}\) killed by SIGKILL")
+        assert proc.poll() is None, "dev-cluster goes on"
+        client = NimbusClient(load_config(work / "nimbus-1.yaml"), deadline_s=60)
+        survivor = f"127.0.0.1:{base + 1}"
+        wait_for(lambda: [f"{n.host}:{n.port}" for n in client.cluster_info().nimbuses
+                          if n.isLeader] == [survivor], 60, "the other nimbus to lead")
+        if restart:
+            lines.until(r"^restarted nimbus 0 .*\(pid (\d+)\)")
+            lines.until(r"^restarted supervisor 0 \(pid (\d+)\)")
+            wait_for(lambda: len(client.cluster_info().nimbuses) == 2, 60,
+                     "the restarted nimbus to join")
+        else:
+            lines.until(r"the rest of the cluster goes on")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=90)
+        lines.join()
+    assert code == 0, "".join(lines.seen)
