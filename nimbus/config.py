@@ -16,6 +16,8 @@ levels before anything else looks at it.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -25,7 +27,7 @@ from typing import Any
 import yaml
 
 from nimbus.distribution.code_stream import MAX_FRAME_BYTES
-from nimbus.redaction import redact, redact_value
+from nimbus.redaction import is_secret_key, redact, redact_value
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +203,12 @@ def parse_override(text: str) -> tuple[str, Any]:
 class Config(Mapping[str, Any]):
     """An immutable, validated configuration with typed accessors for the core keys."""
 
-    def __init__(self, values: Mapping[str, Any]):
+    def __init__(self, values: Mapping[str, Any],
+                 indirect: Mapping[str, tuple[str, str]] | None = None):
         self._values = dict(values)
+        #: secret key -> (``<key>.file`` or ``<key>.env``, its file or variable): where
+        #: a secret was read from, so that it is passed on as that, never in clear.
+        self.indirect = dict(indirect or {})
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -320,8 +326,15 @@ def load_config(
             key, value = parse_override(item)
             layers.append(("--set", {key: value}))
 
+    indirect: dict[str, tuple[str, str]] = {}
     for source, layer in layers:
         for key, value in layer.items():
+            base = _secret_base(key, defaults)
+            if base is not None:
+                indirect[base] = (key, value)
+                key, value = base, _read_secret(source, key, value)
+            elif key in indirect:
+                del indirect[key]   # given outright in a later layer
             prefix = next((p for p in unchecked_prefixes if key.startswith(p)), None)
             if key not in defaults and prefix is not None:
                 log.warning("%s: key %r accepted unchecked: %s", source, key,
@@ -338,7 +351,55 @@ def load_config(
                                   f"{redact_value(key, value)!r:.200}")
             values[key] = value
     _check_semantics(values)
-    return Config(values)
+    return Config(values, indirect={base: ref for base, ref in indirect.items()})
+
+
+#: ``<secret key>.file`` and ``<secret key>.env``: a secret read from a file (owner-only)
+#: or from an environment variable at start, so that it is in no process listing and no
+#: configuration file.
+SECRET_SOURCES = (".file", ".env")
+
+
+def _secret_base(key: str, defaults: Mapping[str, Any]) -> str | None:
+    """The secret key that ``key`` gives indirectly (``<it>.file`` or ``<it>.env``)."""
+    for suffix in SECRET_SOURCES:
+        if key.endswith(suffix):
+            base = key[: -len(suffix)]
+            if base in defaults and is_secret_key(base):
+                return base
+    return None
+
+
+def _read_secret(source: str, key: str, reference: Any) -> str:
+    """The secret that ``key`` (``<secret>.file`` or ``<secret>.env``) points to."""
+    if not isinstance(reference, str) or not reference:
+        raise ConfigError(f"{source}: key {key!r} must name "
+                          f"{'a file' if key.endswith('.file') else 'an environment variable'}")
+    if key.endswith(".env"):
+        if reference not in os.environ:
+            raise ConfigError(f"{source}: key {key!r}: environment variable {reference} "
+                              "is not set")
+        return os.environ[reference]
+    path = Path(reference).expanduser()
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{source}: key {key!r}: {path} is not a file")
+        if mode & (stat.S_IRGRP | stat.S_IROTH):
+            raise ConfigError(
+                f"{source}: key {key!r}: {path} is readable by its group or by everyone "
+                f"(mode {stat.S_IMODE(mode):04o}); chmod 600 it")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{source}: key {key!r}: cannot read {path}: {exc.strerror}") \
+            from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: key {key!r}: {path} is too large for a secret")
+    try:
+        return data.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: key {key!r}: {path} is not UTF-8 text") from None
 
 
 def _check_semantics(values: Mapping[str, Any]) -> None:

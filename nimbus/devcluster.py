@@ -385,7 +385,12 @@ def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
     defaults = load_config(overrides={})
     changed = {k: v for k, v in conf.items() if k not in defaults or defaults[k] != v}
     ignored = sorted(k for k in changed if k in DEV_CLUSTER_KEYS)
-    return {k: v for k, v in changed.items() if k not in DEV_CLUSTER_KEYS}, ignored
+    chosen = {k: v for k, v in changed.items() if k not in DEV_CLUSTER_KEYS}
+    # A secret read from a file or a variable goes on as that reference, never in clear.
+    for key, (reference_key, reference) in conf.indirect.items():
+        chosen.pop(key, None)
+        chosen[reference_key] = reference
+    return chosen, ignored
 
 
 def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,

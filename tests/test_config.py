@@ -146,3 +146,51 @@ def test_wait_forever_is_allowed():
 def test_thrift_limits_that_would_refuse_every_upload_are_errors(key, value, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(overrides={key: value}, extra_defaults={})
+
+
+# -- secrets from a file or an environment variable (issue 30) ---------------------------
+SECRET_KEY = "storm.zookeeper.auth.payload"
+
+
+def test_a_secret_comes_from_an_owner_only_file(tmp_path):
+    secret = tmp_path / "payload"
+    secret.write_text("nimbus:s3cr3t\n")
+    secret.chmod(0o600)
+    conf = load_config(overrides=[f"{SECRET_KEY}.file={secret}"])
+    assert conf[SECRET_KEY] == "nimbus:s3cr3t"
+    assert conf.indirect == {SECRET_KEY: (f"{SECRET_KEY}.file", str(secret))}
+    assert conf.redacted()[SECRET_KEY] != "nimbus:s3cr3t"
+
+
+def test_a_secret_file_others_can_read_is_refused(tmp_path):
+    secret = tmp_path / "payload"
+    secret.write_text("nimbus:s3cr3t")
+    secret.chmod(0o640)
+    with pytest.raises(ConfigError, match=r"readable by its group or by everyone \(mode "
+                                          r"0640\); chmod 600 it") as err:
+        load_config(overrides=[f"{SECRET_KEY}.file={secret}"])
+    assert "s3cr3t" not in str(err.value)
+
+
+def test_a_secret_comes_from_an_environment_variable(monkeypatch):
+    monkeypatch.setenv("ZK_PAYLOAD", "nimbus:from-env")
+    conf = load_config(overrides={f"{SECRET_KEY}.env": "ZK_PAYLOAD"})
+    assert conf[SECRET_KEY] == "nimbus:from-env"
+    monkeypatch.delenv("ZK_PAYLOAD")
+    with pytest.raises(ConfigError, match="environment variable ZK_PAYLOAD is not set"):
+        load_config(overrides={f"{SECRET_KEY}.env": "ZK_PAYLOAD"})
+
+
+def test_only_secret_keys_take_a_file():
+    with pytest.raises(ConfigError, match="unknown key 'nimbus.seeds.file'"):
+        load_config(overrides={"nimbus.seeds.file": "/etc/hosts"})
+
+
+def test_dev_cluster_passes_the_reference_not_the_secret(tmp_path):
+    from nimbus.devcluster import dev_cluster_conf
+
+    secret = tmp_path / "payload"
+    secret.write_text("nimbus:s3cr3t")
+    secret.chmod(0o600)
+    chosen, _ = dev_cluster_conf(load_config(overrides=[f"{SECRET_KEY}.file={secret}"]))
+    assert chosen == {f"{SECRET_KEY}.file": str(secret)}
