@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from nimbus import __version__
+from nimbus import __version__, log_policy
 from nimbus.config import Config, ConfigError, load_config
 from nimbus.foreground import Foreground
 from nimbus.redaction import install_log_redaction, mask
@@ -36,6 +36,10 @@ def _conf(config_path: str | None, overrides: tuple[str, ...]) -> Config:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:  # unreadable PEM files
         raise click.ClickException(f"storm.thrift.tls: {exc}") from None
+    try:
+        log_policy.apply(conf["nimbus.log.levels"], conf["nimbus.log.format"])
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     install_log_redaction(conf)
     return conf
 
@@ -73,9 +77,7 @@ def _fail_cleanly(func: Any) -> Any:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 def main(log_level: str) -> None:
     """Highly-available nimbus: run daemons and manage topologies."""
-    logging.basicConfig(level=log_level,
-                        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
-    logging.getLogger("kazoo").setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
+    log_policy.install(log_level)
 
 
 @main.command()
