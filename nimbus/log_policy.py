@@ -19,8 +19,15 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
-#: Logger names that are nimbus-ha's own (the core, and its plugins' packages).
+#: Logger names that are nimbus-ha's own (the core, and its plugins' packages); the
+#: package of the code distributor in use joins them (:func:`treat_as_own`).
 OWN = ("nimbus", "nimbus_ha")
+_own_packages: set[str] = set()
+
+
+def treat_as_own(module: str) -> None:
+    """Log ``module``'s package like nimbus-ha's own: a plugin's, whatever its name."""
+    _own_packages.add(module.split(".", 1)[0])
 
 
 class LibraryLevels(logging.Filter):
@@ -40,7 +47,8 @@ class LibraryLevels(logging.Filter):
                 configured = (logger, level)
         if configured is not None:
             return record.levelno >= configured[1]
-        if name.split(".", 1)[0].startswith(OWN) or name == "root":
+        top = name.split(".", 1)[0]
+        if top.startswith(OWN) or top in _own_packages or name == "root":
             return True
         return record.levelno >= logging.WARNING
 

@@ -68,3 +68,12 @@ def test_a_command_logs_json_with_secrets_masked(tmp_path):
     lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     assert [(e["logger"], e["message"]) for e in lines] == [
         ("nimbus.t", "payload is ********")], result.stderr
+
+
+def test_the_distributor_in_use_logs_like_our_own():
+    from nimbus.log_policy import treat_as_own
+
+    levels = LibraryLevels()
+    assert not levels.filter(record("acme_store.client", logging.INFO))
+    treat_as_own("acme_store.distributor")
+    assert levels.filter(record("acme_store.client", logging.INFO))

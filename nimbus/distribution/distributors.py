@@ -22,6 +22,7 @@ from typing import Any
 import pluggy
 
 from nimbus.distribution import hookspecs
+from nimbus.log_policy import treat_as_own
 from nimbus.redaction import Secret, mark_secret
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,7 @@ class CodeDistributor:
 
     def __init__(self, plugin_class: type):
         self.name = getattr(plugin_class, "name", plugin_class.__name__)
+        treat_as_own(plugin_class.__module__)   # its INFO lines are the daemon's news
         #: True when the plugin may be prepared on supervisors (docs/hooks.md).
         self.serves_supervisors = getattr(plugin_class, hookspecs.SERVES_SUPERVISORS,
                                           False) is True
