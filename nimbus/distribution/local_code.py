@@ -16,6 +16,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from nimbus.distribution.distributors import DistributorError
+
 TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
 TEMP_PREFIX = ".incoming-"
 CLUSTER_ID_FILE = "cluster-id"
@@ -30,8 +32,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-class UnsafePathError(ValueError):
-    """A name or path would escape the directory it belongs to."""
+class UnsafePathError(DistributorError, ValueError):
+    """A name or path would escape the directory it belongs to (a DistributorError, and
+    still a ValueError as in 0.1)."""
 
 
 def check_topology_id(topology_id: str) -> str:

@@ -11,7 +11,7 @@
   no peer fetches from a supervisor. A supervisor starts at the replica its rank among
   the topology's assigned supervisors picks, so a fleet spreads evenly over the nimbuses
   (anyone else starts at a random one).
-* Registrations are ephemeral; ``nimbus.master.replicas.ReplicaRegistry`` re-creates them after a
+* Registrations are ephemeral; ``nimbus.plugin_api.ReplicaRegistry`` re-creates them after a
   session expiry. At start-up, copies left on disk by an earlier run are verified against
   their metafile and registered again; a copy that fails verification is deleted so that
   the code sync fetches a good one.
@@ -37,7 +37,7 @@ from nimbus.distribution.local_code import (
     sha256_file,
 )
 from nimbus.distribution.transfer_meter import TransferMeter
-from nimbus.master.replicas import ReplicaRegistry
+from nimbus.plugin_api import ReplicaRegistry
 from nimbus.state.cluster_state import StormClusterState
 
 log = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ from nimbus.distribution.local_code import (
     list_files,
 )
 from nimbus.distribution.transfer_meter import TransferMeter
-from nimbus.master.replicas import ReplicaRegistry
+from nimbus.plugin_api import ReplicaRegistry
 from nimbus.state.cluster_state import StormClusterState
 from nimbus_ha_torrent.closed_swarm import same_certificate, swarm_identity
 from nimbus_ha_torrent.members import SwarmMembers
