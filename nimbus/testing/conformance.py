@@ -121,6 +121,9 @@ class DistributorConformance:
     #: shared); ``delete_shared`` (the leader's, after a removal) makes it 0.
     replication_model: str = ""
     store_replication: int = 0
+    #: The size of the sample's largest file: raise it past a multi-part threshold (a
+    #: store's part size) so that the conformance tests cross that path too.
+    bundle_bytes: int = 3 * 1024 * 1024 + 17
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -170,10 +173,11 @@ class DistributorConformance:
     def upload_sample(self, hosts: Callable[[int], list[ConformanceHost]], n: int = 2,
                       **code_args):
         """``n`` hosts, the first having uploaded a sample topology: (hosts, metafile
-        bytes, sha256 of every file)."""
+        bytes, sha256 of every file). Its largest file has :attr:`bundle_bytes`."""
         self.expected_count(1)  # fail at once, and clearly, if no model is declared
         group = hosts(n)
         source = group[0].code_dir / self.topology_id
+        code_args.setdefault("big_bytes", self.bundle_bytes)
         digests = _write_code(source, **code_args)
         metafile = group[0].distributor.upload(source, self.topology_id)
         return group, metafile.read_bytes(), digests

@@ -39,7 +39,12 @@ from typing import Any
 
 import pytest
 
-from nimbus.distribution.distributors import CodeDistributor, resolve_distributor_class
+from nimbus.distribution.distributors import (
+    CodeDistributor,
+    DistributorError,
+    MetafileError,
+    resolve_distributor_class,
+)
 from nimbus.distribution.hookspecs import ENTRY_POINT_GROUP
 from nimbus.testing.conformance import (
     PER_HOST,
@@ -158,6 +163,53 @@ class DistributorKit(DistributorConformance):
         second.distributor.download(other, self.topology_id,
                                     self._metafile(tmp_path, metafile))
         assert _digests(other) == digests
+
+    @pytest.fixture
+    def other_store(self) -> dict[str, Any] | None:
+        """Settings of a second store of the same kind (override as a fixture): a
+        metafile written for one store must be refused by a host of the other."""
+        return None
+
+    @pytest.fixture
+    def bad_settings(self) -> list[tuple[dict[str, Any], str]]:
+        """(settings, the key its error must name) of configurations ``prepare`` must
+        refuse (override as a fixture)."""
+        return []
+
+    def test_a_metafile_of_another_store_is_refused(self, uploaded, other_store,
+                                                    tmp_path: Path, zk_server: Any,
+                                                    zk_root: str) -> None:
+        if other_store is None:
+            pytest.skip("no other_store fixture: give the settings of a second store")
+        group, metafile, _ = uploaded
+        simulated = SimulatedHosts(tmp_path / "other", zk_server.hosts, zk_root,
+                                   self.distributor, other_store,
+                                   topology_ids=(self.topology_id,))
+        try:
+            (host,) = simulated.make(1)
+            dest = host.code_dir / self.topology_id
+            with pytest.raises(MetafileError) as err:
+                host.distributor.download(dest, self.topology_id,
+                                          self._metafile(tmp_path, metafile))
+            assert self.topology_id in str(err.value)
+            assert not dest.exists()
+            self._assert_count(group[0], 1)
+        finally:
+            simulated.close()
+
+    def test_prepare_names_the_setting_it_refuses(self, bad_settings, tmp_path: Path,
+                                                  zk_server: Any, zk_root: str) -> None:
+        if not bad_settings:
+            pytest.skip("no bad_settings fixture: give configurations prepare refuses")
+        for index, (settings, key) in enumerate(bad_settings):
+            simulated = SimulatedHosts(tmp_path / f"bad-{index}", zk_server.hosts, zk_root,
+                                       self.distributor, settings)
+            try:
+                with pytest.raises(DistributorError) as err:
+                    simulated.make(1)
+                assert key in str(err.value), (key, str(err.value))
+            finally:
+                simulated.close()
 
     def test_list_shared_names_what_the_store_holds(self, uploaded) -> None:
         """``list_shared`` (optional, with ``delete_shared``): the uploaded topology is

@@ -53,6 +53,14 @@ class TestHdfsConformance(DistributorKit):
     def settings(self, store_dir) -> dict:
         return {PREFIX + "namenode": f"file://{store_dir}"}
 
+    @pytest.fixture
+    def other_store(self, tmp_path) -> dict:
+        return {PREFIX + "namenode": f"file://{tmp_path / 'other-hdfs'}"}
+
+    @pytest.fixture
+    def bad_settings(self) -> list:
+        return [({PREFIX + "namenode": "ftp://somewhere"}, PREFIX + "namenode")]
+
     def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
         store = Path(host.conf[PREFIX + "namenode"].removeprefix("file://"))
         flip_byte(store / "nimbus-ha" / "code" / topology_id / "stormjar.jar")

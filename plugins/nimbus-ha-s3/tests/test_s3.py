@@ -73,6 +73,17 @@ class TestS3Conformance(DistributorKit):
     distributor = "s3"
     replication_model = STORE
     store_replication = 2  # replication.count in s3_conf
+    # Past two 5 MiB parts (multipart.chunk.mb in s3_conf): uploads and ranged GETs go
+    # through the multi-part path.
+    bundle_bytes = 12 * 1024 * 1024 + 17
+
+    @pytest.fixture
+    def other_store(self, s3) -> dict:
+        return s3_conf(s3)   # the same server, another prefix: another store
+
+    @pytest.fixture
+    def bad_settings(self, s3) -> list:
+        return [(s3_conf(s3, **{PREFIX + "bucket": ""}), PREFIX + "bucket")]
 
     @pytest.fixture
     def settings(self, s3) -> dict:

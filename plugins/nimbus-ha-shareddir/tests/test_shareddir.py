@@ -28,6 +28,19 @@ class TestSharedDir(DistributorKit):
     def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
         flip_byte(Path(host.conf[PREFIX + "path"]) / topology_id / "stormjar.jar")
 
+    @pytest.fixture
+    def other_store(self, tmp_path: Path) -> dict:
+        other = tmp_path / "other-share"
+        other.mkdir()
+        return {PREFIX + "path": str(other), PREFIX + "replication.count": 2}
+
+    @pytest.fixture
+    def bad_settings(self, tmp_path: Path) -> list:
+        return [({PREFIX + "path": ""}, PREFIX + "path"),
+                ({PREFIX + "path": str(tmp_path / "not-mounted")}, PREFIX + "path"),
+                ({PREFIX + "path": str(tmp_path), PREFIX + "replication.count": 0},
+                 PREFIX + "replication.count")]
+
 
 @pytest.fixture
 def share(tmp_path: Path) -> Path:

@@ -51,6 +51,11 @@ class TestTorrentConformance(DistributorKit):
     def settings(self) -> dict:
         return dict(FAST)
 
+    @pytest.fixture
+    def bad_settings(self) -> list:
+        return [({**FAST, PREFIX + "upload.rate.limit.bytes": -1},
+                 PREFIX + "upload.rate.limit.bytes")]
+
     def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
         corrupt_file(host, topology_id)
 
