@@ -5,6 +5,7 @@ what a supervisor reads per assignment change (its own topologies only)."""
 from __future__ import annotations
 
 import posixpath
+import threading
 import time
 
 import pytest
@@ -164,3 +165,44 @@ def test_a_cluster_without_the_index_is_read_whole(make_zk, zk_root, writer):
     writer.zk.create(writer.path("supervisor-assignments"))
     reader = assignment_reader(StormClusterState(make_zk(), zk_root), "me", 0)
     assert isinstance(reader, OwnAssignments)
+
+
+def test_after_a_lost_session_nothing_is_served_until_read_again(
+        make_zk, zk_root, zk_server, writer, fence, view):
+    """Like the whole-directory view: what was held before a lost session is never acted
+    on; the new session's reads are (here, a move made while the session was lost)."""
+    from nimbus.state.cluster_view import ViewNotLoadedError
+    from nimbus.testing.faults import expire_session
+
+    place(writer, fence, tid(1), {"worker-0": ["me", 6700]})
+    index = AssignmentIndex(writer, view)
+    index.sync(fence, fresh=True)
+    zk = make_zk()
+    mine = OwnAssignments(StormClusterState(zk, zk_root), "me")
+    # Hold the re-read back until the test has seen that nothing is served meanwhile.
+    release = threading.Event()
+    read_again = mine._read_again
+    mine._read_again = lambda: (release.wait(30), read_again())
+    mine.start()
+    try:
+        wait_until(lambda: mine.assignment_ids() == [tid(1)])
+        expire_session(zk, zk_server.hosts)
+        place(writer, fence, tid(1), {"worker-0": ["me", 6701]})
+        place(writer, fence, tid(2), {"worker-0": ["me", 6702]})
+        index.sync(fence, fresh=True)
+        with pytest.raises(ViewNotLoadedError):
+            mine.assignment_ids()
+        release.set()
+        wait_until(lambda: _served(mine) == [tid(1), tid(2)])
+        assert mine.assignment(tid(1))[0].executor_node_port == {"worker-0": ["me", 6701]}
+    finally:
+        mine.close()
+
+
+def _served(reader: OwnAssignments) -> list[str] | None:
+    from nimbus.state.cluster_view import ViewNotLoadedError
+
+    try:
+        return reader.assignment_ids()
+    except ViewNotLoadedError:
+        return None

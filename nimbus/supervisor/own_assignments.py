@@ -6,6 +6,10 @@ that node, and a data watch on each assignment it names: an assignment change co
 supervisor a read only if the topology has work here (or had, or is given some), never
 for the rest of the cluster, and no listing of ``/assignments`` at all.
 
+After a lost session nothing is served (:class:`ViewNotLoadedError`, as the
+whole-directory view does) until the index and every assignment it names have been read
+again on the new session: a supervisor never acts on what it held before.
+
 The index is a hint of what to watch; what the supervisor acts on is the Assignment node
 itself, read by its watch: an index that lists a topology whose assignment no longer
 places work here costs one watch and starts nothing, and the leader corrects the index
@@ -24,11 +28,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kazoo.protocol.states import ZnodeStat
+from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.recipe.watchers import DataWatch
 
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.state.cluster_view import ClusterView
+from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, RecordError, SupervisorAssignments
 
 log = logging.getLogger(__name__)
@@ -52,6 +57,7 @@ class OwnAssignments:
         self._listeners: list[Listener] = []
         self._closed = False
         self._index_problem = ""
+        self._lost = False   # a session was lost and not all is read again yet
 
     def listen(self, listener: Listener) -> None:
         """``listener("assignments", topology_id)`` on each change (kazoo's thread)."""
@@ -64,16 +70,61 @@ class OwnAssignments:
             raise LayoutMissingError(
                 f"cannot watch this supervisor's assignments: "
                 f"{self.state.path('supervisor-assignments')} does not exist")
+        zk.add_listener(self._on_state)
         self._index_watch = DataWatch(zk, self._index_path, self._on_index)
 
     def close(self) -> None:
         """Stop following changes (each watch ends at its next event)."""
         with self._lock:
             self._closed = True
+        self.state.zk.remove_listener(self._on_state)
+
+    # -- a lost session --------------------------------------------------------------------
+    def _on_state(self, state: str) -> None:
+        # kazoo's connection thread: only flag, and read again on a thread of kazoo's.
+        if state == KazooState.LOST:
+            with self._lock:
+                self._lost = True
+        elif state == KazooState.CONNECTED and self._lost and not self._closed:
+            self.state.zk.handler.spawn(self._read_again)
+
+    def _read_again(self) -> None:
+        """Read the index and each assignment it names on the new session, then serve."""
+        zk = self.state.zk
+        try:
+            try:
+                data, _ = zk.retry(zk.get, self._index_path)
+            except NoNodeError:
+                data = None
+            listed = frozenset(SupervisorAssignments.decode(
+                data, self._index_path).topologies) if data else frozenset()
+            fresh: dict[str, tuple[bytes, ZnodeStat]] = {}
+            for topology_id in sorted(listed):
+                try:
+                    fresh[topology_id] = zk.retry(
+                        zk.get, self.state.path("assignments", topology_id))
+                except NoNodeError:
+                    continue
+        except (KazooException, RecordError) as exc:
+            log.warning("could not read this supervisor's assignments again after a lost "
+                        "session (%s): the next reconnection tries again", exc)
+            return
+        with self._lock:
+            for topology_id, got in fresh.items():
+                if topology_id in self._listed:
+                    self._held[topology_id] = got
+            for topology_id in set(self._held) - set(fresh):
+                self._held.pop(topology_id, None)
+            self._lost = False
+        self._tell("")
 
     # -- reads ---------------------------------------------------------------------------
     def assignment_ids(self) -> list[str]:
+        """ViewNotLoadedError after a lost session, until all is read again."""
         with self._lock:
+            if self._lost:
+                raise ViewNotLoadedError(
+                    f"{self._index_path}: not read again since the session was lost")
             return sorted(t for t in self._held if t in self._listed)
 
     def assignment(self, topology_id: str) -> tuple[Assignment, int] | None:
