@@ -3,37 +3,15 @@ by another session, the barrier, wiped directories, unreadable nodes, session ex
 
 from __future__ import annotations
 
-import posixpath
 import threading
-import time
 
 import pytest
+from waiting import wait_until
 
 from nimbus.state.cluster_state import Fence, LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import INACTIVE, Assignment, RecordError, StormBase
 from nimbus.testing.faults import expire_session
-
-
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
-@pytest.fixture
-def writer(make_zk, zk_root):
-    state = StormClusterState(make_zk(), zk_root)
-    state.setup()
-    return state
-
-
-@pytest.fixture
-def fence(writer):
-    path = writer.zk.create(posixpath.join(writer.leader_lock_path, "nimbus-w-"),
-                            b"127.0.0.1:6627", ephemeral=True, sequence=True)
-    return Fence(path)
 
 
 def add(writer: StormClusterState, fence: Fence, index: int, name: str = "") -> str:

@@ -4,11 +4,9 @@ fenced, neither touching a live or pending topology."""
 
 from __future__ import annotations
 
-import posixpath
-import time
-
 import pytest
 from nimbus_ha_shareddir.distributor import PREFIX, SharedDirCodeDistributor
+from waiting import wait_until
 
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.hookspecs import DistributorContext
@@ -21,25 +19,7 @@ LIVE, GONE, PENDING, SUBMITTING = ("live-1-1700000000", "gone-1-1700000000",
                                    "pending-1-1700000000", "submitting-1-1700000000")
 
 
-def wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
-
-@pytest.fixture
-def writer(make_zk, zk_root):
-    state = StormClusterState(make_zk(), zk_root)
-    state.setup()
-    return state
-
-
-@pytest.fixture
-def fence(writer):
-    path = writer.zk.create(posixpath.join(writer.leader_lock_path, "nimbus-w-"),
-                            b"127.0.0.1:6627", ephemeral=True, sequence=True)
-    return Fence(path)
 
 
 @pytest.fixture
