@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers import process_bundle
+from helpers import process_bundle, s3_store
 
 from nimbus.devcluster import LocalCluster
 from nimbus.testing.plugins import require_plugin
@@ -53,17 +53,5 @@ def backend(request, tmp_path):
     if name == "torrent":
         yield name, {"storm.codedistributor.class": "torrent"}
         return
-    from nimbus_ha_s3.distributor import PREFIX
-    from nimbus_ha_s3.seaweed import SeaweedS3Server
-
-    server = SeaweedS3Server(tmp_path / "seaweed").start()
-    server.create_bucket("topologies")
-    try:
-        yield name, {"storm.codedistributor.class": "s3",
-                     PREFIX + "endpoint": server.endpoint_url,
-                     PREFIX + "bucket": "topologies",
-                     PREFIX + "access.key": server.access_key,
-                     PREFIX + "secret.key": server.secret_key,
-                     PREFIX + "replication.count": 2}
-    finally:
-        server.stop()
+    with s3_store(tmp_path / "seaweed") as conf:
+        yield name, conf

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
@@ -26,6 +29,24 @@ def process_bundle(directory: Path) -> bytes:
     source = sample_topology(directory, 32 * 1024)
     (source / "topology.yaml").write_text(PROCESS_TOPOLOGY_YAML)
     return pack_directory(source)
+
+
+@contextlib.contextmanager
+def s3_store(work_dir: Path) -> Iterator[dict[str, Any]]:
+    """A real SeaweedFS S3 server with a bucket, for as long as the block runs: the
+    settings that select the s3 distributor on it (replication count 2)."""
+    from nimbus_ha_s3.distributor import PREFIX
+    from nimbus_ha_s3.seaweed import SeaweedS3Server
+
+    server = SeaweedS3Server(work_dir).start()
+    try:
+        server.create_bucket("topologies")
+        yield {"storm.codedistributor.class": "s3",
+               PREFIX + "endpoint": server.endpoint_url, PREFIX + "bucket": "topologies",
+               PREFIX + "access.key": server.access_key,
+               PREFIX + "secret.key": server.secret_key, PREFIX + "replication.count": 2}
+    finally:
+        server.stop()
 
 
 def observer(cluster: LocalCluster) -> StormClusterState:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import observer
+from helpers import observer, s3_store
 
 from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
@@ -79,21 +79,8 @@ def backend(request, tmp_path):
                      "nimbus.codedistributor.shareddir.path": str(share),
                      "nimbus.codedistributor.shareddir.replication.count": 2}
     else:
-        from nimbus_ha_s3.distributor import PREFIX
-        from nimbus_ha_s3.seaweed import SeaweedS3Server
-
-        server = SeaweedS3Server(tmp_path / "seaweed").start()
-        server.create_bucket("topologies")
-        try:
-            yield name, {"storm.codedistributor.class": "s3",
-                         PREFIX + "endpoint": server.endpoint_url,
-                         PREFIX + "bucket": "topologies",
-                         PREFIX + "access.key": server.access_key,
-                         PREFIX + "secret.key": server.secret_key,
-                         PREFIX + "replication.count": 2}
-        finally:
-            server.stop()
-
+        with s3_store(tmp_path / "seaweed") as conf:
+            yield name, conf
 
 @pytest.fixture
 def cluster(tmp_path):

@@ -21,11 +21,43 @@ from nimbus.state.session_renewal import SessionRenewal
 log = logging.getLogger(__name__)
 
 
+class ReplicaReader:
+    """The replica registrations, read only: what a host that holds no registered copy
+    (a supervisor) looks at to find where to fetch from."""
+
+    def __init__(self, zk: KazooClient, zk_root: str):
+        self._state = StormClusterState(zk, zk_root)
+
+    def peers(self, topology_id: str) -> dict[str, str]:
+        """host -> endpoint of every registered replica."""
+        return self._state.replica_endpoints(topology_id)
+
+    def count(self, topology_id: str) -> int:
+        return len(self._state.replica_hosts(topology_id))
+
+
+def supervisor_rank(zk: KazooClient, zk_root: str, supervisor_id: str,
+                    topology_id: str) -> int | None:
+    """``supervisor_id``'s index among the supervisors the topology's Assignment places
+    work on (sorted by id), or None when it is not among them or the Assignment cannot
+    be read: a way for a fleet to spread its downloads evenly over the sources."""
+    try:
+        assignment = StormClusterState(zk, zk_root).assignment_info(topology_id)
+    except Exception as exc:  # a hint only: an unreadable Assignment spreads nothing
+        log.debug("no Assignment of %s to spread by: %s", topology_id, exc)
+        return None
+    if assignment is None:
+        return None
+    nodes = sorted({slot[0] for slot in assignment.executor_node_port.values()})
+    return nodes.index(supervisor_id) if supervisor_id in nodes else None
+
+
 class ReplicaRegistry:
     """This host's replica registrations, kept alive across session expiry."""
 
     def __init__(self, zk: KazooClient, zk_root: str, host: str, name: str = "replicas"):
         self._state = StormClusterState(zk, zk_root)
+        self._reader = ReplicaReader(zk, zk_root)
         self._host = host
         self._held: dict[str, str] = {}   # topology id -> endpoint peers fetch from
         self._lock = threading.Lock()
@@ -45,10 +77,10 @@ class ReplicaRegistry:
 
     def peers(self, topology_id: str) -> dict[str, str]:
         """host -> endpoint of every registered replica, this host included."""
-        return self._state.replica_endpoints(topology_id)
+        return self._reader.peers(topology_id)
 
     def count(self, topology_id: str) -> int:
-        return len(self._state.replica_hosts(topology_id))
+        return self._reader.count(topology_id)
 
     def close(self) -> None:
         """Stop, and withdraw every registration: this host no longer serves its copies."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.state.cluster_state import Fence, StormClusterState
@@ -123,7 +122,3 @@ class LeaderSweeper:
             deleted.append(topology_id)
         self.shared_deleted += len(deleted)
         return deleted
-
-    def describe(self) -> dict[str, Any]:
-        return {"beats_deleted": self.beats_deleted, "shared_deleted": self.shared_deleted,
-                "orphans_waiting": len(self._orphans_since)}

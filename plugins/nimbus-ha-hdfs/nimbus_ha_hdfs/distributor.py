@@ -13,8 +13,11 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-from nimbus.distribution.hookspecs import hookimpl
-from nimbus.distribution.manifest_store import ManifestStoreDistributor, StoreCodeError
+from nimbus.plugin_api import (
+    ManifestStoreDistributor,
+    StoreCodeError,
+    hookimpl,
+)
 
 PREFIX = "nimbus.codedistributor.hdfs."
 

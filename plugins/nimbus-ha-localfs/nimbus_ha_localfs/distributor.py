@@ -25,20 +25,24 @@ import random
 from pathlib import Path
 from typing import Any
 
-from nimbus.distribution.distributors import CodeVerificationError, DistributorError, MetafileError
-from nimbus.distribution.hookspecs import DistributorContext, hookimpl
-from nimbus.distribution.local_code import (
+from nimbus.plugin_api import (
+    CodeVerificationError,
+    DistributorContext,
+    DistributorError,
+    MetafileError,
+    ReplicaReader,
+    ReplicaRegistry,
+    TransferMeter,
     atomic_dir,
     check_relative_path,
     discard_copy,
+    hookimpl,
     leftover_copies,
     list_files,
     safe_join,
     sha256_file,
+    supervisor_rank,
 )
-from nimbus.distribution.transfer_meter import TransferMeter
-from nimbus.plugin_api import ReplicaRegistry
-from nimbus.state.cluster_state import StormClusterState
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +167,7 @@ class LocalFileSystemCodeDistributor:
         ctx = self._require_ctx()
         if ctx.on_supervisor and ctx.zk is not None:
             # Read-only: a supervisor keeps no registry of its own.
-            return sorted(StormClusterState(ctx.zk, ctx.zk_root).replica_endpoints(topology_id))
+            return sorted(ReplicaReader(ctx.zk, ctx.zk_root).peers(topology_id))
         return sorted(self._replicas.peers(topology_id)) if self._replicas is not None else []
 
     def _download_order(self, topology_id: str) -> list[str]:
@@ -185,19 +189,9 @@ class LocalFileSystemCodeDistributor:
         return peers[start:] + peers[:start]
 
     def _supervisor_rank(self, topology_id: str) -> int | None:
-        """This supervisor's index among the topology's assigned supervisors (sorted by
-        id), or None when it is not among them or the Assignment cannot be read."""
         ctx = self._require_ctx()
-        try:
-            assignment = StormClusterState(ctx.zk, ctx.zk_root).assignment_info(topology_id)
-        except Exception as exc:  # a hint only: an unreadable Assignment means random
-            log.debug("no Assignment of %s to spread by: %s", topology_id, exc)
-            return None
-        if assignment is None:
-            return None
-        nodes = sorted({slot[0] for slot in assignment.executor_node_port.values()})
-        me = ctx.address.removeprefix("supervisor-")
-        return nodes.index(me) if me in nodes else None
+        return supervisor_rank(ctx.zk, ctx.zk_root, ctx.address.removeprefix("supervisor-"),
+                               topology_id)
 
     def _register(self, topology_id: str) -> None:
         if self._replicas is not None:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nimbus.distribution.hookspecs import hookimpl
-from nimbus.distribution.manifest_store import (
+from nimbus.plugin_api import (
     ManifestStoreDistributor,
     StoreCodeError,
     StoreVerificationError,
+    TransferMeter,
+    hookimpl,
 )
-from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus_ha_s3.transfer import MIN_PART_SIZE, ObjectMismatch, download_file, upload_file
 
 PREFIX = "nimbus.codedistributor.s3."

@@ -33,16 +33,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nimbus.distribution.distributors import (
+from nimbus.plugin_api import (
     CodeVerificationError,
+    DistributorContext,
     DistributorError,
     MetafileError,
-)
-from nimbus.distribution.hookspecs import DistributorContext, hookimpl
-from nimbus.distribution.local_code import (
     atomic_dir,
     check_relative_path,
     check_topology_id,
+    hookimpl,
     list_files,
     safe_join,
 )

@@ -17,7 +17,9 @@ from typing import Any
 
 from cryptography import x509
 
-from nimbus.distribution.distributors import DistributorError
+from nimbus.plugin_api import (
+    DistributorError,
+)
 from nimbus_ha_torrent.swarm import SslIdentity
 
 TRANSPORT_KEY = "storm.thrift.transport"

@@ -43,19 +43,22 @@ from typing import Any
 
 import libtorrent as lt
 
-from nimbus.distribution.distributors import CodeVerificationError, DistributorError, MetafileError
-from nimbus.distribution.hookspecs import DistributorContext, hookimpl
-from nimbus.distribution.local_code import (
+from nimbus.plugin_api import (
+    CodeVerificationError,
+    DistributorContext,
+    DistributorError,
+    MetafileError,
+    ReplicaReader,
+    ReplicaRegistry,
+    TransferMeter,
     atomic_dir,
     check_relative_path,
     check_topology_id,
     discard_copy,
+    hookimpl,
     leftover_copies,
     list_files,
 )
-from nimbus.distribution.transfer_meter import TransferMeter
-from nimbus.plugin_api import ReplicaRegistry
-from nimbus.state.cluster_state import StormClusterState
 from nimbus_ha_torrent.closed_swarm import same_certificate, swarm_identity
 from nimbus_ha_torrent.members import SwarmMembers
 from nimbus_ha_torrent.swarm import Swarm
@@ -175,7 +178,7 @@ class TorrentCodeDistributor:
         # from hook threads and from the swarm's alert thread (_on_corrupt_seed).
         self._seeding_lock = threading.Lock()
         # On a supervisor: the replicas are read, never registered.
-        self._readonly_state: StormClusterState | None = None
+        self._readonly_replicas: ReplicaReader | None = None
         self._root_cert = ""   # the cluster CA's PEM with TLS on: what .torrents carry
 
     @hookimpl
@@ -206,7 +209,7 @@ class TorrentCodeDistributor:
                             ssl=identity)
         if context.zk is not None:
             if context.on_supervisor:
-                self._readonly_state = StormClusterState(context.zk, context.zk_root)
+                self._readonly_replicas = ReplicaReader(context.zk, context.zk_root)
             else:
                 self._replicas = ReplicaRegistry(context.zk, context.zk_root,
                                                  context.address, name="torrent")
@@ -366,8 +369,8 @@ class TorrentCodeDistributor:
             peers.update(self._members.endpoints(topology_id))
         if self._replicas is not None:
             peers.update(self._replicas.peers(topology_id))
-        elif self._readonly_state is not None:
-            peers.update(self._readonly_state.replica_endpoints(topology_id))
+        elif self._readonly_replicas is not None:
+            peers.update(self._readonly_replicas.peers(topology_id))
         peers.pop(self._ctx.address, None)
         return sorted(set(peers.values()))
 
