@@ -345,13 +345,17 @@ def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, .
 @contextlib.contextmanager
 def _cluster_state(conf: Config) -> Iterator[Any]:
     """A StormClusterState on a ZooKeeper client of its own, for reads only; closed on
-    exit. Nothing is created: a missing layout is reported, not set up."""
+    exit. Nothing is created: a missing layout is reported, not set up; a cluster that
+    no nimbus has set up yet is waited for (``nimbus.client.wait.secs``)."""
     from nimbus.state.cluster_state import StormClusterState
     from nimbus.state.zk_client import make_zk_client
 
     zk = make_zk_client(conf)
     try:
-        yield StormClusterState(zk, conf.zk_root)
+        state = StormClusterState(zk, conf.zk_root)
+        # Started before any nimbus: wait (bounded, said once) rather than fail at once.
+        state.wait_set_up(conf.client_wait_s, waiting=log.warning)
+        yield state
     finally:
         zk.stop()
         zk.close()

@@ -262,6 +262,11 @@ class Config(Mapping[str, Any]):
         return HostPort(self["nimbus.host"], self["nimbus.thrift.port"])
 
     @property
+    def client_wait_s(self) -> float:
+        """How long a client command waits for the cluster (``nimbus.client.wait.secs``)."""
+        return float(self["nimbus.client.wait.secs"])
+
+    @property
     def seeds(self) -> list[HostPort]:
         return [HostPort.parse(s, self["nimbus.thrift.port"]) for s in self["nimbus.seeds"]]
 
@@ -408,6 +413,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
                 "nimbus.code.sync.freq.secs", "nimbus.monitor.freq.secs"):
         if values[key] <= 0:
             raise ConfigError(f"key {key!r} must be positive, got {values[key]}")
+    if values["nimbus.client.wait.secs"] < 0:
+        raise ConfigError("key 'nimbus.client.wait.secs' must be 0 (try once) or more, got "
+                          f"{values['nimbus.client.wait.secs']}")
     for key in ("nimbus.view.audit.nodes.per.sec", "supervisor.view.audit.nodes.per.sec"):
         if values[key] < 0:
             raise ConfigError(f"key {key!r} must be 0 (no audit) or more, got {values[key]}")

@@ -307,7 +307,7 @@ class LocalCluster:
     def leader_address(self) -> str | None:
         """The leader as the nimbuses report it (None if they do not agree on one)."""
         try:
-            info = self.client(deadline_s=5).cluster_info()
+            info = self.client(deadline_s=0).cluster_info()  # one look: callers poll
         except Exception:
             return None
         leaders = [f"{n.host}:{n.port}" for n in info.nimbuses if n.isLeader]

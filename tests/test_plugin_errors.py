@@ -206,7 +206,7 @@ def test_list_reads_a_yaml_with_the_keys_of_a_plugin_that_fails_to_import(
     conf_file.write_text(yaml.safe_dump({
         "storm.codedistributor.class": "brokenimport",
         "nimbus.codedistributor.brokenimport.path": "/srv/code",
-        "nimbus.seeds": [f"127.0.0.1:{port}"]}))
+        "nimbus.seeds": [f"127.0.0.1:{port}"], "nimbus.client.wait.secs": 0}))
     result = CliRunner().invoke(main, ["list", "--config", str(conf_file)])
     assert result.exit_code == 1
     [line] = error_lines(result.output)

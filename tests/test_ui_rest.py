@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from ui_fixtures import Harness, conf_for, write_cluster
+from ui_fixtures import FakeLeader, Harness, conf_for, write_cluster
+from waiting import wait_until
+from werkzeug.test import Client
 
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.ui.app import URLS
+from nimbus.ui.app import URLS, UIApp
 from nimbus.ui.openapi import openapi_document
 from nimbus.ui.pretty import pretty_uptime
+from nimbus.ui.view import ClusterView
 
 pytestmark = pytest.mark.integration
 
@@ -174,3 +177,34 @@ def test_supervisor_summary_shows_warm_workers(ui):
     (sup,) = ui.client.get("/api/v1/supervisor/summary").json["supervisors"]
     assert (sup["warmReady"], sup["warmStarting"], sup["warmMemoryBytes"]) == (
         1, 1, 420 * 2**20)
+
+
+def test_a_ui_started_before_any_nimbus_names_the_root_then_shows_the_cluster(
+        make_zk, zk_server, zk_root):
+    """Never an empty cluster: until a nimbus sets the root up, every read says why (503,
+    naming the root); its watch then brings the cluster in without a restart."""
+    view = ClusterView(conf_for(zk_server, zk_root), make_zk(), fetch_conf=lambda t: "{}")
+    view.start()
+    try:
+        client = Client(UIApp(conf_for(zk_server, zk_root), view, FakeLeader()))
+        assert view.wait_ready(10) is False  # returns once it knows why: no snapshot
+        response = client.get("/api/v1/cluster/summary")
+        assert response.status_code == 503
+        assert response.json["errorMessage"] == (
+            f"no nimbus has set the cluster up under {zk_root} yet (start a nimbus, or "
+            "check storm.zookeeper.root and storm.zookeeper.servers): the UI is waiting "
+            "for one")
+        state = StormClusterState(make_zk(), zk_root)
+        state.setup()
+        write_cluster(state, topologies=1)
+        wait_until(lambda: client.get("/api/v1/cluster/summary").status_code == 200, 15)
+        assert client.get("/api/v1/cluster/summary").json["topologies"] == 1
+        # A layout directory gone later (a wiped ZooKeeper) is an error, never "empty".
+        state.zk.delete(state.path("supervisors"), recursive=True)
+        view.refresh_now()
+        response = client.get("/api/v1/supervisor/summary")
+        assert response.status_code == 503
+        assert response.json["errorMessage"].startswith(
+            f"{zk_root}/supervisors does not exist: ZooKeeper was wiped")
+    finally:
+        view.stop()

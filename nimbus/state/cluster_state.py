@@ -111,6 +111,18 @@ class LayoutMissingError(RuntimeError):
     """
 
 
+class ClusterNotSetUpError(LayoutMissingError):
+    """No nimbus has set the cluster up under the root yet: the root is missing, or holds
+    no cluster id (a nimbus writes the id last, once every directory exists). Readers
+    started before any nimbus wait for this to change; see
+    :meth:`StormClusterState.wait_set_up`."""
+
+
+def _setter(event: threading.Event) -> Callable[[Any], None]:
+    """A ZooKeeper watch that sets ``event``."""
+    return lambda _watched: event.set()
+
+
 class _UnreadableLog:
     """Logs the nodes this release cannot read: each problem of a node once, again after
     UNREADABLE_RELOG_S if it persists (heartbeats rewrite their nodes every few seconds),
@@ -257,6 +269,59 @@ class StormClusterState:
                 "storm.zookeeper.root")
         return current
 
+    def set_up_id(self, watch: Watch = None) -> str | None:
+        """The cluster's id once a nimbus has set the layout up; None while none has (the
+        root missing or still without its id). Creates nothing. ``watch`` fires when the
+        root is created or its data is set (the id is written after every directory).
+
+        Raises LayoutMissingError when the root holds something that is not an id."""
+        try:
+            data, _ = self.zk.retry(self.zk.get, self.root, watch=watch)
+        except NoNodeError:
+            if self.zk.retry(self.zk.exists, self.root, watch=watch) is None:
+                return None
+            return self.set_up_id(watch)  # created between the two calls: read it
+        if not data:
+            return None
+        current = data.decode("utf-8", "replace")
+        if not CLUSTER_ID_RE.fullmatch(current):
+            raise LayoutMissingError(
+                f"ZooKeeper root {self.root} holds {data[:40]!r} ({len(data)} bytes) where "
+                "nimbus-ha keeps its cluster id: not a nimbus-ha root, or damaged; check "
+                "storm.zookeeper.root")
+        return current
+
+    def not_set_up_message(self) -> str:
+        return (f"no nimbus has set the cluster up under {self.root} yet (start a nimbus, "
+                "or check storm.zookeeper.root and storm.zookeeper.servers)")
+
+    def wait_set_up(self, timeout_s: float,
+                    waiting: Callable[[str], None] = lambda message: None) -> str:
+        """The cluster's id, waiting up to ``timeout_s`` for a nimbus to set the layout up
+        (a reader started before any nimbus). ``waiting(message)`` is called once, when
+        the first look finds nothing yet.
+
+        Raises ClusterNotSetUpError at the deadline, and LayoutMissingError at once for a
+        root that holds something else."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        told = False
+        while True:
+            changed = threading.Event()
+            found = self.set_up_id(watch=_setter(changed))
+            if found is not None:
+                return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ClusterNotSetUpError(
+                    f"{self.not_set_up_message()}; gave up after {timeout_s:.0f}s "
+                    "(nimbus.client.wait.secs)")
+            if not told:
+                waiting(f"{self.not_set_up_message()}: waiting up to {timeout_s:.0f}s "
+                        "(nimbus.client.wait.secs)")
+                told = True
+            # The watch wakes this at once; the bound covers a watch lost with a session.
+            changed.wait(min(remaining, 2.0))
+
     # -- low-level helpers ---------------------------------------------------------------
     def _children(self, path: str, watch: Watch = None, layout: bool = False) -> list[str]:
         """Children of ``path``; an absent node has none, unless it is a ``layout``
@@ -307,6 +372,19 @@ class StormClusterState:
             raise
         self._unreadable.readable(path)
         return record
+
+    def read_with_stat(self, cls: type[R], path: str) -> tuple[R | None, ZnodeStat] | None:
+        """The record at ``path`` with its node's stat (its ``mtime`` is the ZooKeeper
+        server's clock: what worker liveness is judged by, nimbus/master/worker_state.py);
+        None if there is no node, and (None, stat) if it holds nothing this release can
+        read (logged once, as :meth:`decode_record` does)."""
+        got = self._get(path)
+        if got is None:
+            return None
+        try:
+            return self.decode_record(cls, path, got), got[1]
+        except RecordError:
+            return None, got[1]
 
     def forget_unreadable(self) -> None:
         """Forget which unreadable nodes were logged: each is logged again when next

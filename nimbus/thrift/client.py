@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import socket
 import time
 import uuid
@@ -33,7 +34,20 @@ from nimbus.topology_paths import resolve_path_keys
 CHUNK_BYTES = UPLOAD_CHUNK_BYTES
 # How long a submit with topology.max.replication.wait.time.sec = -1 may wait for replies.
 REPLICATION_FOREVER_S = 24 * 3600.0
+log = logging.getLogger(__name__)
+
 CONNECTION_ERRORS = (TTransportException, ConnectionError, OSError, EOFError)
+
+
+def _one_line(problem: object) -> str:
+    """A connection problem in a few words: thriftpy2's transport errors print their
+    type code and repr; their message says it."""
+    if isinstance(problem, TTransportException) and problem.message:
+        return str(problem.message)
+    if isinstance(problem, TApplicationException) and problem.message:
+        return str(problem.message)
+    text = str(problem) or type(problem).__name__
+    return " ".join(text.split())
 
 
 class NimbusUnavailableError(RuntimeError):
@@ -138,11 +152,23 @@ class NimbusClient:
     """Talk to the cluster: find the leader, send leader-only calls there, retry."""
 
     def __init__(self, conf: Config, deadline_s: float | None = None):
+        """``deadline_s``: how long calls wait for the cluster (a nimbus, a leader);
+        default ``nimbus.client.wait.secs``. Every call makes at least one attempt."""
         self.conf = conf
         self.seeds = conf.seeds
         self.timeout_s = max(5.0, conf.session_timeout_s * 2)
-        self.deadline_s = deadline_s if deadline_s is not None else max(
-            30.0, 3 * conf.session_timeout_s)
+        self.deadline_s = deadline_s if deadline_s is not None else conf.client_wait_s
+        self._told_waiting = False
+
+    def _waiting(self, what: str, problem: object) -> None:
+        """Say once per client that it waits (a client started before any nimbus, or
+        during a failover): a command that later succeeds has then said one line."""
+        if self._told_waiting or self.deadline_s <= 0:
+            return
+        self._told_waiting = True
+        log.warning("%s via nimbus.seeds (%s): waiting up to %.0fs (nimbus.client.wait.secs)",
+                    what, ", ".join(map(str, self.seeds)), self.deadline_s)
+        log.debug("the first attempt failed: %s", _one_line(problem))
 
     def find_leader(self) -> HostPort:
         """Ask each seed in turn who leads; raises NimbusUnavailableError if none knows."""
@@ -153,35 +179,59 @@ class NimbusClient:
                     leader = client.getLeader()
                 return HostPort(leader.host, leader.port)
             except CONNECTION_ERRORS as exc:
-                errors.append(f"{seed}: {exc or type(exc).__name__}")
+                errors.append(f"{seed}: {_one_line(exc)}")
             except TApplicationException as exc:
                 errors.append(f"{seed}: {exc.message}")
         raise NimbusUnavailableError("no leader found via nimbus.seeds (" + "; ".join(errors) + ")")
 
-    def any_nimbus(self, call: Callable[[Any], Any]) -> Any:
-        """Run ``call(client)`` on the first seed that answers (for read-only calls)."""
+    def _try_any(self, call: Callable[[Any], Any]) -> Any:
         errors = []
         for seed in self.seeds:
             try:
                 with connect(seed, self.timeout_s) as client:
                     return call(client)
             except CONNECTION_ERRORS as exc:
-                errors.append(f"{seed}: {exc or type(exc).__name__}")
+                errors.append(f"{seed}: {_one_line(exc)}")
         raise NimbusUnavailableError(
             "no nimbus reachable via nimbus.seeds (" + "; ".join(errors) + ")")
+
+    def any_nimbus(self, call: Callable[[Any], Any]) -> Any:
+        """Run ``call(client)`` on the first seed that answers (for read-only calls),
+        waiting up to the client's deadline for one to answer."""
+        return self._until_deadline(lambda: self._try_any(call), "no nimbus answers yet",
+                                    "no nimbus answered")
+
+    def _until_deadline(self, attempt: Callable[[], Any], waiting: str, gave_up: str) -> Any:
+        """``attempt()`` until it does not raise NimbusUnavailableError or the deadline
+        passes (at least once); then NimbusUnavailableError saying how long it waited."""
+        deadline = time.monotonic() + self.deadline_s
+        pause = 0.1
+        while True:
+            try:
+                return attempt()
+            except NimbusUnavailableError as exc:
+                if time.monotonic() + pause >= deadline:
+                    if self.deadline_s <= 0:
+                        raise
+                    raise NimbusUnavailableError(
+                        f"{gave_up} within {self.deadline_s:.0f}s "
+                        f"(nimbus.client.wait.secs): {exc}") from None
+                self._waiting(waiting, exc)
+            time.sleep(pause)  # back off before asking the cluster again
+            pause = min(2.0, pause * 2)
 
     def on_leader(self, call: Callable[[Any], Any], deadline_s: float | None = None) -> Any:
         """Run ``call(client)`` on the leader, following redirects and failovers.
 
         No new attempt starts after ``deadline_s`` (default: the client's); one that is
-        under way is not cut short.
+        under way is not cut short. At least one attempt is made.
         """
-        deadline_s = deadline_s or self.deadline_s
+        deadline_s = self.deadline_s if deadline_s is None else deadline_s
         deadline = time.monotonic() + deadline_s
         target: HostPort | None = None
         last: Exception | None = None
         pause = 0.1
-        while time.monotonic() < deadline:
+        while True:
             try:
                 target = target or self.find_leader()
                 with connect(target, self.timeout_s) as client:
@@ -198,29 +248,30 @@ class NimbusClient:
                 last = exc
             except (NimbusUnavailableError, *CONNECTION_ERRORS) as exc:
                 target, last = None, exc
+            if time.monotonic() + pause >= deadline:
+                break
+            self._waiting("no leader answers yet", last)
             time.sleep(pause)  # back off before asking the cluster again
             pause = min(2.0, pause * 2)
-        raise NimbusUnavailableError(f"no leader answered within {deadline_s:.0f}s: {last}")
+        raise NimbusUnavailableError(f"no leader answered within {deadline_s:.0f}s "
+                                     f"(nimbus.client.wait.secs): {_one_line(last)}")
 
     # -- commands -------------------------------------------------------------------------
     def cluster_info(self) -> Any:
         """The ClusterSummary, from the leader (it sees its own writes at once) or, while
-        there is no leader, from any nimbus."""
-        try:
-            with connect(self.find_leader(), self.timeout_s) as client:
-                return client.getClusterInfo()
-        except (NimbusUnavailableError, *CONNECTION_ERRORS):
-            return self.any_nimbus(lambda c: c.getClusterInfo())
+        there is no leader, from any nimbus; waits for one to answer."""
+        def attempt() -> Any:
+            try:
+                with connect(self.find_leader(), self.timeout_s) as client:
+                    return client.getClusterInfo()
+            except (NimbusUnavailableError, *CONNECTION_ERRORS):
+                return self._try_any(lambda c: c.getClusterInfo())
+
+        return self._until_deadline(attempt, "no nimbus answers yet", "no nimbus answered")
 
     def leader(self) -> HostPort:
-        deadline = time.monotonic() + self.deadline_s
-        while True:
-            try:
-                return self.find_leader()
-            except NimbusUnavailableError:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.2)
+        return self._until_deadline(self.find_leader, "no leader is known yet",
+                                    "no leader was found")
 
     def upload_bundle(self, data_source: Path | bytes, progress: Callable[[int], None],
                       client: Any) -> str:

@@ -36,7 +36,7 @@ from kazoo.protocol.states import KazooState
 from nimbus.background_loop import BackgroundLoop
 from nimbus.config import Config
 from nimbus.redaction import redact
-from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import (
     KILLED,
     Assignment,
@@ -122,6 +122,9 @@ class ClusterView:
         self._fetch_replicas = fetch_replicas
         self._reported: dict[str, int] = {}
         self._snapshot: Snapshot | None = None
+        # Why there is no snapshot: no nimbus has set the cluster up under the root yet,
+        # or the layout is gone (a wrong root, a wiped ZooKeeper); "" once it is read.
+        self._layout_error = ""
         self._live: dict[str, Live] = {}
         self._topology_conf: dict[str, dict[str, Any]] = {}
         self._conf_failed: dict[str, float] = {}   # id -> monotonic time of last failure
@@ -168,6 +171,8 @@ class ClusterView:
     def snapshot(self) -> Snapshot:
         """The newest snapshot; ViewUnavailableError if none or ZooKeeper is gone."""
         snap = self._snapshot
+        if snap is None and self._layout_error:
+            raise ViewUnavailableError(self._layout_error)
         if snap is None or not self.connected:
             raise ViewUnavailableError("ZooKeeper is unreachable from the UI process"
                                        if snap is not None else
@@ -188,7 +193,8 @@ class ClusterView:
 
     def wait_ready(self, timeout_s: float = 15.0) -> bool:
         deadline = time.monotonic() + timeout_s
-        while self._snapshot is None and time.monotonic() < deadline:
+        while self._snapshot is None and not self._layout_error and \
+                time.monotonic() < deadline:
             time.sleep(0.02)
         return self._snapshot is not None
 
@@ -266,6 +272,17 @@ class ClusterView:
             generation = self._requested
         try:
             snap = self._load()
+        except LayoutMissingError as exc:
+            # Never shown as an empty cluster: every request answers with the reason
+            # until a nimbus sets the root up (its watch wakes this loop) or it is back.
+            if str(exc) != self._layout_error:
+                log.warning("the UI shows no cluster: %s", exc)
+            with self._fresh:
+                self._snapshot, self._layout_error = None, str(exc)
+                self._loaded = generation
+                self._fresh.notify_all()
+            self._loop.sleep(2.0)  # bounds the wait should a watch be lost
+            return
         except KazooException as exc:
             log.debug("UI reload failed: %s", exc)
             if not self._loop.sleep(0.5):
@@ -277,8 +294,10 @@ class ClusterView:
             return
         old = self._snapshot
         diff(self.timeline, old, snap)
+        if self._layout_error:
+            log.info("the cluster's layout is there under %s: the UI shows it", self.state.root)
         with self._fresh:
-            self._snapshot = snap
+            self._snapshot, self._layout_error = snap, ""
             self._loaded = generation
             self._fresh.notify_all()
 
@@ -293,22 +312,38 @@ class ClusterView:
                 out.append(None)
         return out
 
-    def _gather_children(self, paths: list[str], watch: bool) -> list[list[str]]:
+    def _gather_children(self, paths: list[str], watch: bool,
+                         missing: Callable[[str], None] | None = None) -> list[list[str]]:
+        """Children of each path, sorted; a missing path reads as none, or is passed to
+        ``missing`` (which raises) for directories of the layout."""
         results = [self.zk.get_children_async(p, watch=self._changed if watch else None)
                    for p in paths]
         out: list[list[str]] = []
-        for res in results:
+        for path, res in zip(paths, results, strict=True):
             try:
                 out.append(sorted(res.get(timeout=10)))
             except NoNodeError:
+                if missing is not None:
+                    missing(path)
                 out.append([])
         return out
 
+    def _layout_gone(self, path: str) -> None:
+        # The root holds an id, so a nimbus set it up: a directory gone since is a wiped
+        # or partly restored ZooKeeper, never an empty cluster.
+        self.zk.exists(path, watch=self._changed)  # wakes the loop if it comes back
+        raise LayoutMissingError(
+            f"{path} does not exist: ZooKeeper was wiped or partly restored, or "
+            f"storm.zookeeper.root ({self.state.root}) is wrong")
+
     def _load(self) -> Snapshot:
         st = self.state
-        top = self._gather_children(
-            [st.path("nimbuses"), st.path("leader-lock"), st.path("storms"),
-             st.path("supervisors"), st.path("code-distributor")], watch=True)
+        if st.set_up_id(watch=self._changed) is None:
+            raise LayoutMissingError(
+                f"{st.not_set_up_message()}: the UI is waiting for one")
+        top_paths = [st.path("nimbuses"), st.path("leader-lock"), st.path("storms"),
+                     st.path("supervisors"), st.path("code-distributor")]
+        top = self._gather_children(top_paths, watch=True, missing=self._layout_gone)
         nimbus_names, lock_nodes, storm_ids, supervisor_ids, _code = top
         nimbus_data = self._gather_get([st.path("nimbuses", n) for n in nimbus_names], False)
         queue = sorted(lock_nodes, key=lambda n: n.rsplit("-", 1)[-1])
