@@ -5,17 +5,25 @@ module supplies the settings and the connection: ``pyarrow.fs.HadoopFileSystem``
 user, Kerberos ticket cache, replication) behind fsspec's Arrow wrapper. A namenode of
 ``file:///dir`` uses ``pyarrow.fs.LocalFileSystem`` instead: the same pyarrow calls on a
 local directory, for tests and for a single host without HDFS.
+
+``prepare`` creates the root directory (``namenode`` + ``path``); every later upload and
+download checks that it is still there before it writes or reads a file, so that a
+namenode that is down, or a ``file://`` directory that is gone (an unmounted disk), fails
+with an error naming ``nimbus.codedistributor.hdfs.namenode`` instead of creating the root
+again on whatever is there now.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from nimbus.plugin_api import (
     ManifestStoreDistributor,
     StoreCodeError,
+    TransferMeter,
     hookimpl,
 )
 
@@ -80,6 +88,27 @@ class HDFSCodeDistributor(ManifestStoreDistributor):
             raise self.explain(exc, "connect") from None
         return fs, root
 
+    def _check_root(self, key: str) -> None:
+        """The root that ``prepare`` created is still there (before ``key`` is written or
+        read): raise a StoreCodeError naming the settings otherwise."""
+        try:
+            present = self.fs.isdir(self.root)
+        except Exception as exc:
+            raise self.explain(exc, key) from None
+        if not present:
+            raise StoreCodeError(
+                f"{key}: {self.root} is gone from {self.setting('namenode')}: check "
+                f"{PREFIX}namenode (is HDFS up, the directory mounted?) and {PREFIX}path")
+
+    def _store_file(self, local: Path, key: str, meter: TransferMeter) -> tuple[int, str]:
+        self._check_root(key)
+        return super()._store_file(local, key, meter)
+
+    def _fetch_file(self, key: str, target: Path, size: int,
+                    meter: TransferMeter) -> tuple[int, str]:
+        self._check_root(key)
+        return super()._fetch_file(key, target, size, meter)
+
     def replication(self) -> int:
         # A local directory holds one copy. For HDFS it is the replication the files were
         # written with, which HDFS maintains; pyarrow cannot read the live block count.
@@ -99,5 +128,6 @@ class HDFSCodeDistributor(ManifestStoreDistributor):
         elif what == "connect":
             hint = f"cannot use HDFS at {namenode}: check {PREFIX}namenode and {PREFIX}path"
         else:
-            hint = f"HDFS error during {what}"
+            hint = (f"HDFS error during {what} at {namenode}: check {PREFIX}namenode (is "
+                    f"HDFS up?) and {PREFIX}path")
         return StoreCodeError(f"{hint} ({text})")

@@ -48,6 +48,13 @@ class TestHdfsConformance(DistributorKit):
     distributor = "hdfs"
     replication_model = STORE
     store_replication = 1  # a file:// namenode: one local copy
+    store_setting = PREFIX + "namenode"
+
+    @pytest.fixture
+    def stop_store(self, store_dir):
+        # No HDFS here (module docstring): the file:// namenode's directory moves away,
+        # as an unmounted disk would, which is the local stand-in for a namenode that is down.
+        return lambda: store_dir.rename(store_dir.with_name("hdfs-gone"))
 
     @pytest.fixture
     def settings(self, store_dir) -> dict:

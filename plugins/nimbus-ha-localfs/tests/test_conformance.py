@@ -36,6 +36,8 @@ def corrupt_jar(host: ConformanceHost, topology_id: str) -> None:
 class TestLocalfsConformance(DistributorKit):
     distributor = "localfs"
     replication_model = PER_HOST  # one registration per host holding a verified copy
+    no_store_reason = ("localfs has no central store to stop: each nimbus keeps its own "
+                       "copy and serves it to the others over Thrift")
 
     def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
         corrupt_jar(host, topology_id)

@@ -5,6 +5,13 @@ module supplies the settings, the s3fs connection, error messages that name the 
 check, and the data path of :mod:`nimbus_ha_s3.transfer`: multipart uploads and ranged GETs,
 ``transfer.concurrency`` at a time, ``multipart.chunk.mb`` each, hashed with sha256 as
 they go (memory about ``transfer.concurrency × multipart.chunk.mb``, whatever the size).
+
+Every S3 request is bounded in time: botocore tries it at most ``max.attempts`` times,
+each attempt waiting at most ``connect.timeout.secs`` for a connection and
+``read.timeout.secs`` for each read; s3fs's own retry loop is off, so that it does not
+multiply them. A store that is down fails a call within about
+``max.attempts × (connect.timeout.secs + read.timeout.secs)``; one that refuses
+connections, at once.
 """
 
 from __future__ import annotations
@@ -45,7 +52,9 @@ class S3CodeDistributor(ManifestStoreDistributor):
             PREFIX + "multipart.chunk.mb": 8,     # part size of uploads and ranged GETs
             PREFIX + "transfer.concurrency": 4,   # parts / ranges of one file in flight
             PREFIX + "replication.count": 3,
-            PREFIX + "connect.timeout.secs": 5,
+            PREFIX + "connect.timeout.secs": 5,   # per attempt, to connect
+            PREFIX + "read.timeout.secs": 30,     # per attempt, for each read
+            PREFIX + "max.attempts": 3,           # tries of one request (1: no retry)
         }
 
     def connect(self, conf: dict[str, Any]) -> tuple[Any, str]:
@@ -65,11 +74,14 @@ class S3CodeDistributor(ManifestStoreDistributor):
             secret=self.setting("secret.key") or None,
             client_kwargs=client_kwargs,
             config_kwargs={"connect_timeout": self.setting("connect.timeout.secs"),
-                           "read_timeout": 60, "retries": {"max_attempts": 2},
+                           "read_timeout": self.setting("read.timeout.secs"),
+                           "retries": {"total_max_attempts": self.setting("max.attempts")},
                            "max_pool_connections": max(10, self.concurrency())},
             default_block_size=self.setting("multipart.chunk.mb") * 1024 * 1024,
             skip_instance_cache=True, use_listings_cache=False)
-        fs.retries = 2  # s3fs's own retry count (not a constructor argument)
+        # s3fs's own retry loop (not a constructor argument) around botocore's: one pass,
+        # so that a dead endpoint fails within max.attempts × the timeouts.
+        fs.retries = 1
         try:
             fs.ls(bucket, refresh=True)  # fail fast: endpoint, credentials, bucket
         except Exception as exc:
@@ -86,7 +98,10 @@ class S3CodeDistributor(ManifestStoreDistributor):
 
     def _check_transfer_settings(self) -> None:
         for key, low, high in (("multipart.chunk.mb", MIN_PART_SIZE // MB, 5 * 1024),
-                               ("transfer.concurrency", 1, MAX_CONCURRENCY)):
+                               ("transfer.concurrency", 1, MAX_CONCURRENCY),
+                               ("connect.timeout.secs", 1, 3600),
+                               ("read.timeout.secs", 1, 3600),
+                               ("max.attempts", 1, 20)):
             value = self.setting(key)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise StoreCodeError(f"{PREFIX}{key} must be an integer from {low} to {high}, "
@@ -109,6 +124,8 @@ class S3CodeDistributor(ManifestStoreDistributor):
         return result.size, result.sha256
 
     def explain(self, exc: BaseException, what: str) -> StoreCodeError:
+        """An error naming the setting to check: the credentials, the bucket, or (when the
+        store cannot be reached, or for anything else) the endpoint and the bucket."""
         endpoint = self.setting("endpoint") or "AWS default endpoint"
         text = f"{type(exc).__name__}: {exc}"
         if isinstance(exc, PermissionError) or any(
@@ -120,7 +137,8 @@ class S3CodeDistributor(ManifestStoreDistributor):
             hint = (f"bucket {self.setting('bucket')!r} does not exist at {endpoint}: "
                     f"create it or fix {PREFIX}bucket")
         elif "Connect" in text or "Endpoint" in text or isinstance(exc, OSError):
-            hint = f"cannot reach {endpoint}: check {PREFIX}endpoint"
+            hint = f"cannot reach {endpoint}: check {PREFIX}endpoint (is the store up?)"
         else:
-            hint = f"S3 error during {what}"
+            hint = (f"S3 error during {what} at {endpoint}, bucket "
+                    f"{self.setting('bucket')!r}: check {PREFIX}endpoint and {PREFIX}bucket")
         return StoreCodeError(f"{hint} ({text})")

@@ -76,6 +76,22 @@ class TestS3Conformance(DistributorKit):
     # Past two 5 MiB parts (multipart.chunk.mb in s3_conf): uploads and ranged GETs go
     # through the multi-part path.
     bundle_bytes = 12 * 1024 * 1024 + 17
+    store_setting = PREFIX + "endpoint"
+
+    @pytest.fixture
+    def server(self, request, tmp_path):
+        """The module's server; the test that stops the store gets one of its own, so
+        that stopping it leaves the module's to the other tests."""
+        if "stop_store" not in request.fixturenames:
+            return request.getfixturevalue("s3")
+        own = SeaweedS3Server(tmp_path / "seaweed").start()
+        request.addfinalizer(own.stop)
+        own.create_bucket(BUCKET)
+        return own
+
+    @pytest.fixture
+    def stop_store(self, server):
+        return server.stop   # terminates weed: the endpoint refuses connections
 
     @pytest.fixture
     def other_store(self, s3) -> dict:
@@ -86,9 +102,9 @@ class TestS3Conformance(DistributorKit):
         return [(s3_conf(s3, **{PREFIX + "bucket": ""}), PREFIX + "bucket")]
 
     @pytest.fixture
-    def settings(self, s3) -> dict:
-        self._server = s3
-        return s3_conf(s3)
+    def settings(self, server) -> dict:
+        self._server = server
+        return s3_conf(server)
 
     def corrupt(self, host: ConformanceHost, topology_id: str) -> None:
         fs = self._server.filesystem()
@@ -336,7 +352,46 @@ def test_failed_upload_aborts_its_multipart_upload(s3, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("key, value", [("transfer.concurrency", 0),
                                         ("transfer.concurrency", "4"),
-                                        ("multipart.chunk.mb", 4)])
+                                        ("multipart.chunk.mb", 4),
+                                        ("read.timeout.secs", 0),
+                                        ("max.attempts", 0)])
 def test_bad_transfer_settings_fail_at_prepare_naming_the_setting(s3, tmp_path, key, value):
     with pytest.raises(DistributorError, match=f"{PREFIX}{key} must be an integer"):
         make_distributor(s3_conf(s3, **{PREFIX + key: value}), tmp_path)
+
+
+def test_a_silent_endpoint_fails_within_the_timeouts(tmp_path):
+    """A store that accepts connections but never answers (its process stopped with
+    SIGSTOP): every request gives up after max.attempts × read.timeout.secs, and the
+    error says which setting to check; nothing hangs on s3fs's or botocore's retries."""
+    import os
+    import signal
+    import time
+
+    from nimbus.devcluster import wait_for
+
+    server = SeaweedS3Server(tmp_path / "seaweed").start()
+    try:
+        server.create_bucket(BUCKET)
+        conf = s3_conf(server, **{PREFIX + "read.timeout.secs": 1, PREFIX + "max.attempts": 2})
+        source = make_distributor(conf, tmp_path / "a")
+        code = tmp_path / "a" / "code" / "t-1-1"
+        _write_code(code, big_bytes=1000)
+        metafile = source.upload(code, "t-1-1")
+        os.kill(server.process.pid, signal.SIGSTOP)
+        stat = Path(f"/proc/{server.process.pid}/stat")
+        wait_for(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", 10,
+                 "weed to stop")
+        dest = tmp_path / "a" / "code" / "copy" / "t-1-1"
+        dest.parent.mkdir()
+        start = time.monotonic()
+        with pytest.raises(S3CodeError, match=f"download of t-1-1.*check {PREFIX}endpoint"):
+            source.download(dest, "t-1-1", metafile)
+        # Two attempts of one second each, plus botocore's backoff (under a second):
+        # without the bounds, botocore and s3fs would retry for minutes.
+        assert time.monotonic() - start < 10
+        assert list(dest.parent.iterdir()) == []
+    finally:
+        if server.process is not None:
+            os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()

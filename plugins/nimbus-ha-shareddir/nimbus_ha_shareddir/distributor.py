@@ -21,6 +21,10 @@ CephFS, Lustre, or any file system mounted at the same place on each of them. La
   fenced removal of the topology) renames the bundle away, then deletes it;
   ``list_shared`` lists the bundles, so that the leader sweeps those whose removal did
   not finish.
+* ``upload`` and ``download`` first read ``<path>/.store-id`` back: a share that is no
+  longer mounted (an empty mount point, or no directory at all) or that another share
+  replaced fails with an error naming ``nimbus.codedistributor.shareddir.path``, instead
+  of writing the code to the local disk under the mount point or calling it removed.
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ class SharedDirCodeDistributor:
     @hookimpl
     def upload(self, dir_path: Path, topology_id: str) -> Path:
         bundle = self._bundle(topology_id)
+        self._check_share(f"upload of {topology_id}")
         staging = self.root / f".incoming-{topology_id}-{uuid.uuid4().hex[:8]}"
         try:
             entries = []
@@ -161,7 +166,8 @@ class SharedDirCodeDistributor:
             raise
         except OSError as exc:
             raise DistributorError(
-                f"upload of {topology_id} to {self.root} failed: {exc}") from None
+                f"upload of {topology_id} to {self.root} failed: {exc}; check the share at "
+                f"{PREFIX}path (mounted, writable, not full?)") from None
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
@@ -173,6 +179,7 @@ class SharedDirCodeDistributor:
     def download(self, dest_dir: Path, topology_id: str, metafile: Path) -> list[Path]:
         entries = self._read_metafile(metafile, topology_id)
         bundle = self._bundle(topology_id)
+        self._check_share(f"download of {topology_id}")
         if not (bundle / MANIFEST).is_file():
             raise DistributorError(
                 f"download of {topology_id}: its code is not in {self.root} (the topology "
@@ -192,7 +199,8 @@ class SharedDirCodeDistributor:
             raise
         except OSError as exc:
             raise DistributorError(
-                f"download of {topology_id} from {self.root} failed: {exc}") from None
+                f"download of {topology_id} from {self.root} failed: {exc}; check the share "
+                f"at {PREFIX}path (mounted, readable?)") from None
         return [dest_dir / e["path"] for e in entries]
 
     @hookimpl
@@ -241,6 +249,21 @@ class SharedDirCodeDistributor:
         with os.fdopen(fd, "w") as handle:
             handle.write(uuid.uuid4().hex + "\n")
         return path.read_text(encoding="utf-8").strip()
+
+    def _check_share(self, what: str) -> None:
+        """The share ``prepare`` found is still mounted at ``path``: its ``.store-id`` reads
+        back the same. Raises a DistributorError naming the setting otherwise."""
+        try:
+            found = (self.root / STORE_ID).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise DistributorError(
+                f"{what}: the share at {PREFIX}path {self.root} is unreachable: its "
+                f"{STORE_ID} cannot be read ({exc.strerror or exc}); is the share still "
+                "mounted there?") from None
+        if found != self.store_id:
+            raise DistributorError(
+                f"{what}: {PREFIX}path {self.root} holds another share now (store {found}, "
+                f"not {self.store_id}); is the right share mounted there?")
 
     def _read_store_id(self) -> str:
         """The share's id, as a supervisor reads it (it never creates it)."""

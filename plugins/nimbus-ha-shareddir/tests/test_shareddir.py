@@ -14,10 +14,22 @@ from nimbus.distribution.distributors import DistributorError, MetafileError
 from nimbus.testing.kit import STORE, ConformanceHost, DistributorKit, flip_byte
 
 
+def unmount(share: Path) -> None:
+    """What unmounting ``share`` leaves (no umount in a test, and chmod stops no root): its
+    contents move away, and an empty mount point stays at the path."""
+    share.rename(share.with_name(share.name + "-unmounted"))
+    share.mkdir()
+
+
 class TestSharedDir(DistributorKit):
     distributor = "shareddir"
     replication_model = STORE
     store_replication = 2
+    store_setting = PREFIX + "path"
+
+    @pytest.fixture
+    def stop_store(self, settings: dict):
+        return lambda: unmount(Path(settings[PREFIX + "path"]))
 
     @pytest.fixture
     def settings(self, tmp_path: Path) -> dict:
@@ -101,3 +113,33 @@ def test_selected_by_entry_point_name():
     from nimbus.distribution.distributors import resolve_distributor_class
 
     assert resolve_distributor_class("shareddir") is SharedDirCodeDistributor
+
+
+@pytest.mark.parametrize("change", ["gone", "another share"])
+def test_a_share_gone_or_replaced_fails_naming_the_path(distributor_hosts, share, tmp_path,
+                                                        change):
+    """The directory itself is gone (renamed away, nothing left), or another share is
+    mounted in its place: uploads and downloads fail naming the setting, and the code is
+    not written under the path."""
+    [source, target] = distributor_hosts("shareddir", {PREFIX + "path": str(share)}).make(2)
+    code = source.code_dir / "t-1-1"
+    code.mkdir()
+    (code / "stormjar.jar").write_bytes(b"jar")
+    metafile = source.distributor.upload(code, "t-1-1")
+    share.rename(tmp_path / "moved")
+    if change == "another share":
+        share.mkdir()
+        (share / ".store-id").write_text("0" * 32 + "\n")
+    other = source.code_dir / "u-1-1"
+    other.mkdir()
+    (other / "stormjar.jar").write_bytes(b"jar")
+    with pytest.raises(DistributorError, match=f"upload of u-1-1: .*{PREFIX}path"):
+        source.distributor.upload(other, "u-1-1")
+    with pytest.raises(DistributorError, match=f"download of t-1-1: .*{PREFIX}path"):
+        target.distributor.download(target.code_dir / "t-1-1", "t-1-1", metafile)
+    assert list(target.code_dir.iterdir()) == []
+    if change == "gone":
+        assert not share.exists()   # not created again by the upload
+    else:
+        assert sorted(p.name for p in share.iterdir()) == [".store-id"]  # nothing written
+    assert target.distributor.get_replication_count("t-1-1") == 0

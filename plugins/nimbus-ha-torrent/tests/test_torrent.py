@@ -46,6 +46,8 @@ def corrupt_file(host: ConformanceHost, topology_id: str) -> None:
 class TestTorrentConformance(DistributorKit):
     distributor = "torrent"
     replication_model = PER_HOST  # one registration per host seeding a verified copy
+    no_store_reason = ("torrent has no central store to stop: each nimbus seeds its own "
+                       "copy to the others' swarm")
 
     @pytest.fixture
     def settings(self) -> dict:
@@ -290,6 +292,7 @@ class TestTorrentTlsConformance(DistributorKit):
 
     distributor = "torrent"
     replication_model = PER_HOST
+    no_store_reason = TestTorrentConformance.no_store_reason
 
     @pytest.fixture
     def settings(self, cluster_ca) -> dict:
