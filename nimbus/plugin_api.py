@@ -44,13 +44,15 @@ from nimbus.distribution.manifest_store import (
 from nimbus.distribution.replicas import ReplicaReader, ReplicaRegistry, supervisor_rank
 from nimbus.distribution.transfer_meter import TransferMeter
 from nimbus.redaction import Secret
+from nimbus.state.session_renewal import SessionRenewal
 
 _KIT = ("DistributorKit", "PER_HOST", "STORE", "ConformanceHost", "flip_byte")
 
 __all__ = [
     "ENTRY_POINT_GROUP", "ROLE_NIMBUS", "ROLE_SUPERVISOR", "CodeVerificationError",
     "DistributorContext", "DistributorError", "ManifestStoreDistributor", "MetafileError",
-    "ReplicaReader", "ReplicaRegistry", "Secret", "StoreCodeError", "StoreMetafileError",
+    "ReplicaReader", "ReplicaRegistry", "Secret", "SessionRenewal", "StoreCodeError",
+    "StoreMetafileError",
     "StoreVerificationError", "TransferMeter", "UnsafePathError", "atomic_dir",
     "check_relative_path", "check_topology_id", "discard_copy", "hookimpl",
     "leftover_copies", "list_files", "safe_join", "sha256_file", "supervisor_rank", *_KIT]

@@ -304,6 +304,8 @@ class TorrentCodeDistributor:
 
     @hookimpl
     def close(self, conf: dict[str, Any]) -> None:
+        if self._members is not None:
+            self._members.close()
         if self._replicas is not None:
             self._replicas.close()
         if self._swarm is not None:

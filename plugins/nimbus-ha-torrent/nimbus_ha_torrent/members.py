@@ -9,16 +9,21 @@ downloads, a host also announces its BitTorrent endpoint with an ephemeral node
 (the host is then a registered replica, or it failed).
 
 This is a hint for finding peers, never a replica: a failure to write or read it is logged
-and the download goes on with the registered replicas.
+and the download goes on with the registered replicas. A supervisor stays announced while
+it seeds; after a session expiry its announcements are made again on the new session
+(``SessionRenewal``), or it would seed to no one until its next download.
 """
 
 from __future__ import annotations
 
 import logging
 import posixpath
+import threading
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+
+from nimbus.plugin_api import SessionRenewal
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +37,35 @@ class SwarmMembers:
         self._zk = zk
         self._root = posixpath.join("/" + zk_root.strip("/"), SUBTREE)
         self._host = host
+        self._lock = threading.Lock()
+        self._announced: dict[str, str] = {}  # topology id -> endpoint, until left
+        self._renewal = SessionRenewal(zk, "torrent-swarm", self._announce_again)
+
+    def close(self) -> None:
+        """Stop making announcements again after a session expiry (the ephemeral nodes go
+        with the session)."""
+        self._renewal.close()
+
+    def _announce_again(self) -> None:
+        with self._lock:
+            announced = dict(self._announced)
+        for topology_id, endpoint in announced.items():
+            self._create(topology_id, endpoint)
+        if announced:
+            log.info("announced %d downloads and seeds again on the new ZooKeeper session",
+                     len(announced))
 
     def _dir(self, topology_id: str) -> str:
         return posixpath.join(self._root, topology_id)
 
     def join(self, topology_id: str, endpoint: str) -> None:
-        """Announce that this host is downloading ``topology_id`` at ``endpoint``."""
+        """Announce that this host is downloading (or seeding) ``topology_id`` at
+        ``endpoint``, until :meth:`leave`, across session expiries."""
+        with self._lock:
+            self._announced[topology_id] = endpoint
+        self._create(topology_id, endpoint)
+
+    def _create(self, topology_id: str, endpoint: str) -> None:
         path = posixpath.join(self._dir(topology_id), self._host)
         reason = "its directory kept disappearing"
         for _ in range(3):  # another host may remove the empty directory in between
@@ -57,6 +85,8 @@ class SwarmMembers:
 
     def leave(self, topology_id: str) -> None:
         """Withdraw this host's announcement, and the topology's directory once empty."""
+        with self._lock:
+            self._announced.pop(topology_id, None)
         self._remove(posixpath.join(self._dir(topology_id), self._host))
         self.forget(topology_id)
 

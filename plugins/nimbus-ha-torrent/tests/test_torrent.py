@@ -342,3 +342,37 @@ def test_plain_and_ssl_torrents_do_not_mix(hosts, cluster_ca, tmp_path):
     with pytest.raises(MetafileError, match="a plain torrent, but this host's swarm runs "
                                             "with TLS"):
         secure.distributor.download(secure.code_dir / TOPOLOGY, TOPOLOGY, plain_meta)
+
+
+def test_a_seeding_supervisor_is_announced_again_after_its_session_expired(
+        zk_server, zk_root, make_zk):
+    """Issue 27: a supervisor stays announced while it seeds; after a session expiry the
+    announcement comes back on the new session (a left one does not)."""
+    from kazoo.client import KazooClient
+    from nimbus_ha_torrent.members import SwarmMembers
+
+    from nimbus.testing.faults import expire_session
+
+    zk = KazooClient(hosts=zk_server.hosts, timeout=4)
+    zk.start(timeout=15)
+    members = SwarmMembers(zk, zk_root, "supervisor-a")
+    observer = SwarmMembers(make_zk(), zk_root, "observer")
+    try:
+        members.join("seeding-1-1", "127.0.0.1:7001")
+        members.join("done-1-1", "127.0.0.1:7001")
+        members.leave("done-1-1")
+        assert observer.endpoints("seeding-1-1") == {"supervisor-a": "127.0.0.1:7001"}
+        expire_session(zk, zk_server.hosts)
+        deadline = time.monotonic() + 30
+        while observer.endpoints("seeding-1-1") != {"supervisor-a": "127.0.0.1:7001"}:
+            assert time.monotonic() < deadline, "not announced again"
+            time.sleep(0.05)
+        assert observer.endpoints("done-1-1") == {}
+        assert any(t.name == "torrent-swarm-renewal" for t in threading.enumerate())
+    finally:
+        members.close()
+        observer.close()
+        zk.stop()
+        zk.close()
+    assert not any(t.name == "torrent-swarm-renewal" and t.is_alive()
+                   for t in threading.enumerate())
