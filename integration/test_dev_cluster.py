@@ -13,10 +13,12 @@ import sys
 import threading
 
 import pytest
+from helpers import process_bundle
 
 from nimbus.config import load_config
 from nimbus.devcluster import wait_for
 from nimbus.state.zkserver import free_port, port_open
+from nimbus.testing.pipelines import WORKER_MODULE, frozen, processes_with_arg, running
 from nimbus.thrift.client import NimbusClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -60,7 +62,10 @@ class Lines:
         return wait_for(found, timeout_s, f"a line matching {pattern!r}")
 
     def join(self) -> None:
+        """Wait for the end of the output, and keep every line of it in :attr:`seen`."""
         self._thread.join(timeout=30)
+        while not self._queue.empty():
+            self.seen.append(self._queue.get_nowait())
 
 
 @pytest.mark.parametrize("restart", [False, True])
@@ -77,13 +82,26 @@ def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
         lines.until(r"^Ctrl-C \(or SIGTERM\) stops the cluster")
         nimbus_pid = int(lines.until(rf"127\.0\.0\.1:{base} \(pid (\d+)\)").group(1))
         supervisor_pid = int(lines.until(r"^supervisor \S+ \(pid (\d+)\)").group(1))
+        if not restart:
+            # A worker on the supervisor about to be killed: it freezes at its lease's end,
+            # waiting for a supervisor that never comes; stopping the cluster ends it.
+            client = NimbusClient(load_config(work / "client.yaml"), deadline_s=60)
+            topology_id = client.submit("sleeper", process_bundle(tmp_path / "sleeper"), {})
+            [worker] = wait_for(lambda: processes_with_arg(WORKER_MODULE, topology_id) or None,
+                                60, "the worker")
         os.kill(nimbus_pid, signal.SIGKILL)
         os.kill(supervisor_pid, signal.SIGKILL)
         lines.until(rf"^nimbus 0 127\.0\.0\.1:{base} \(pid {nimbus_pid}\) killed by "
                     r"SIGKILL \(signal 9\)")
         lines.until(rf"^supervisor 0 \(pid {supervisor_pid}\) killed by SIGKILL")
         assert proc.poll() is None, "dev-cluster goes on"
-        client = NimbusClient(load_config(work / "nimbus-1.yaml"), deadline_s=60)
+        # The file it says to use for clients: owner-only, without the daemons' keys.
+        client_file = work / "client.yaml"
+        assert lines.until(r"^try: nimbus-ha cluster-info --config (\S+)").group(1) == \
+            str(client_file)
+        assert client_file.stat().st_mode & 0o777 == 0o600
+        assert "storm.local.dir" not in client_file.read_text()
+        client = NimbusClient(load_config(client_file), deadline_s=60)
         survivor = f"127.0.0.1:{base + 1}"
         wait_for(lambda: [f"{n.host}:{n.port}" for n in client.cluster_info().nimbuses
                           if n.isLeader] == [survivor], 60, "the other nimbus to lead")
@@ -94,8 +112,13 @@ def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
                      "the restarted nimbus to join")
         else:
             lines.until(r"the rest of the cluster goes on")
+            wait_for(lambda: frozen(worker), 60, "the worker to freeze at its lease's end")
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=90)
         lines.join()
     assert code == 0, "".join(lines.seen)
+    if not restart:
+        assert "ended 1 workers left frozen by supervisors that were killed and not started " \
+            "again\n" in lines.seen, "".join(lines.seen)
+        assert not running(worker)

@@ -24,12 +24,14 @@ from helpers import observer
 from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
+from nimbus.supervisor.cgroups import unified_root
 from nimbus.testing.pipelines import acting, frozen
 from nimbus.timing import WORKER_LEASE_FRACTION
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SESSION_MS = 4000
+ORPHAN_S = 4   # supervisor.worker.orphan.timeout.secs where a frozen orphan is awaited
 LEASE_S = WORKER_LEASE_FRACTION * SESSION_MS / 1000
 CONF = {
     "storm.zookeeper.session.timeout": SESSION_MS,
@@ -193,7 +195,7 @@ def test_worker_runs_on_its_slot_restarts_and_follows_the_topology(cluster, tmp_
 
 def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         cluster, tmp_path):
-    c = cluster(2)
+    c = cluster(2, **{"supervisor.worker.orphan.timeout.secs": ORPHAN_S})
     state = observer(c)
     out = tmp_path / "writes.txt"
     client = c.client()
@@ -210,6 +212,7 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         # own) stops at the end of its lease: it freezes in its cgroup, its command with
         # it, for a later process of its supervisor to find; after the session expires
         # the leader moves the work to the other supervisor.
+        worker = _parent(pid)
         killed_at = time.monotonic()
         first.kill9_group()
         wait_for(lambda: not acting(pid), 10, "the orphaned command to stop")
@@ -220,12 +223,24 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
         assert max(t for _, p, t in _lines(out) if p == pid) < \
             min(t for _, p, t in _lines(out) if p == pid2)
 
+        # Issue 29: nothing takes the frozen orphan over (its supervisor stays dead): its
+        # reaper ends it, its cgroup and command with it, once it has been frozen
+        # supervisor.worker.orphan.timeout.secs.
+        wait_for(lambda: not _alive(pid) and not _alive(worker), 30,
+                 "the frozen orphan's reaper to end it")
+        orphan_cgroup = unified_root() / "nimbus-ha" / first.id / f"{topology_id}-{port}"
+        wait_for(lambda: not orphan_cgroup.exists(), 10, "its cgroup to go")
+        log_text = (first.worker_dir(topology_id, port) / "worker.log").read_text()
+        assert f"frozen for at most {ORPHAN_S} s (supervisor.worker.orphan.timeout.secs)" \
+            in log_text
+        assert f"ended frozen worker cgroup {orphan_cgroup}: nothing thawed it" in log_text
+
         # The dead supervisor comes back with its id; it runs nothing that moved, and
-        # ends the frozen worker it finds (its assignment was rewritten by the move).
+        # finds nothing left to take over.
         old_id = first.id
         c.start_supervisor(first)
         assert first.id == old_id
-        wait_for(lambda: not _alive(pid), 20, "the frozen orphan to be ended")
+        assert "took over worker" not in first.log_text()
 
         # SIGSTOP the supervisor that runs the work for longer than the session timeout:
         # its worker stops within its lease (2/3 of the session timeout), before the

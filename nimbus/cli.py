@@ -259,18 +259,24 @@ def kill(name: str, wait_secs: int | None, config_path: str | None,
 @click.option("--workers", "-n", "num_workers", type=int, required=True,
               help="The number of workers the topology gets (>= 1).")
 @click.option("--wait", "-w", "wait_secs", type=int, default=None,
-              help="Accepted for Storm's rebalance; workers change at the next "
-                   "scheduling pass anyway.")
+              help="Seconds the topology stays REBALANCING (deactivated: its workers "
+                   "stop) before the new count applies and it returns to its previous "
+                   "status (Storm's -w). Default 0: the count changes at once.")
 @config_option
 @set_option
 @_fail_cleanly
 def rebalance(name: str, num_workers: int, wait_secs: int | None, config_path: str | None,
               overrides: tuple[str, ...]) -> None:
-    """Give topology NAME a new number of workers (Storm's `storm rebalance -n`)."""
+    """Give topology NAME a new number of workers (Storm's `storm rebalance -n -w`)."""
     from nimbus.thrift.client import NimbusClient
 
     NimbusClient(_conf(config_path, overrides)).rebalance(name, num_workers, wait_secs)
-    click.echo(f"rebalanced {name} to {num_workers} worker{'s' if num_workers != 1 else ''}")
+    workers = f"{num_workers} worker{'s' if num_workers != 1 else ''}"
+    if wait_secs:
+        click.echo(f"rebalancing {name} to {workers} in {wait_secs}s (REBALANCING, "
+                   "deactivated, until then)")
+    else:
+        click.echo(f"rebalanced {name} to {workers}")
 
 
 @main.command()
@@ -310,9 +316,9 @@ def list_(config_path: str | None, overrides: tuple[str, ...]) -> None:
     if not info.topologies:
         click.echo("No topologies running.")
         return
-    click.echo(f"{'Topology_name':<24} {'Status':<10} {'Replicas':>8}  Id")
+    click.echo(f"{'Topology_name':<24} {'Status':<11} {'Replicas':>8}  Id")  # REBALANCING
     for t in sorted(info.topologies, key=lambda t: t.name):
-        click.echo(f"{t.name:<24} {t.status:<10} {t.replication_count or 0:>8}  {t.id}")
+        click.echo(f"{t.name:<24} {t.status:<11} {t.replication_count or 0:>8}  {t.id}")
 
 
 @main.command("cluster-info")
@@ -417,23 +423,31 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
     """Show topology NAME's workers, components and newest errors (read from ZooKeeper)."""
     from rich.table import Table
 
-    from nimbus.master import runtime_view
+    from nimbus.master import runtime_view, worker_state
 
-    info = _read_view(_conf(config_path, overrides), name, runtime_view.topology_info)
+    conf = _conf(config_path, overrides)
+    # A worker is running only while its beat is fresh (nimbus/master/worker_state.py).
+    timeout_s = float(conf["nimbus.task.timeout.secs"])
+    info = _read_view(conf, name, lambda state, topology_id: runtime_view.topology_info(
+        state, topology_id, timeout_s=timeout_s))
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True))
         return
     console = _console()
+    running = sum(1 for w in info["workers"] if w["alive"])
     console.print(f"[bold]{info['name']}[/bold] {info['id']}  {info['status']}  "
                   f"up {info['uptime_secs']}s  workers {len(info['workers'])}/"
-                  f"{info['num_workers']}", highlight=False)
-    workers = Table("worker", "host:port", "supervisor", "uptime", "alive", "restarts",
-                    "start", "memory", "components", title="Workers", title_justify="left")
+                  f"{info['num_workers']} ({running} running)", highlight=False)
+    workers = Table("worker", "host:port", "supervisor", "state", "uptime", "restarts",
+                    "start", "memory", "components", "last error", title="Workers",
+                    title_justify="left")
     for w in info["workers"]:
         workers.add_row(w["worker"], f"{w['host']}:{w['port']}", w["supervisor_id"],
-                        f"{w['uptime_secs']}s", "yes" if w["alive"] else "no",
-                        str(w["restarts"]), "warm" if w["warm_start"] else "cold",
-                        _mib(w["memory_bytes"]), ", ".join(w["components"]) or "-")
+                        worker_state.describe(w["state"], w["backoff_secs"]),
+                        f"{w['uptime_secs']}s", str(w["restarts"]),
+                        "warm" if w["warm_start"] else "cold", _mib(w["memory_bytes"]),
+                        ", ".join(w["components"]) or "-",
+                        _first_line(w["last_error"], 80) or "-")
     console.print(workers)
     if any(w["ready"] or w["starting"] for w in info["warm_workers"].values()):
         warm = Table("supervisor", "host", "ready", "starting", "memory",
@@ -505,9 +519,11 @@ def top(interval_s: float, once: bool, config_path: str | None,
     from nimbus import top as top_view
     from nimbus.state.cluster_state import LayoutMissingError
 
-    with _cluster_state(_conf(config_path, overrides)) as state:
+    conf = _conf(config_path, overrides)
+    with _cluster_state(conf) as state:
         try:
-            top_view.run(state, _console(), interval_s, once)
+            top_view.run(state, _console(), interval_s, once,
+                         timeout_s=float(conf["nimbus.task.timeout.secs"]))
         except LayoutMissingError as exc:
             raise click.ClickException(str(exc)) from None
 
@@ -632,11 +648,18 @@ def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
     the keys that place the cluster on loopback (ZooKeeper, ports, seeds, local dirs).
     """
     from nimbus.devcluster import dev_cluster_conf, run_dev_cluster
+    from nimbus.redaction import is_secret_key
 
     conf = _conf(config_path, overrides)
     chosen, ignored = dev_cluster_conf(conf)
     for key in ignored:
         click.echo(f"dev-cluster sets {key} itself: the configured value is ignored", err=True)
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if is_secret_key(key) and not key.endswith((".env", ".file")):
+            click.echo(f"warning: {key} is a secret and its value is on this command line, "
+                       f"which ps shows to every user of the host: pass {key}.env=VARIABLE "
+                       f"or {key}.file=PATH instead (docs/security.md)", err=True)
     run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors, conf=chosen,
                     warm_workers=warm_workers, restart=restart)
 

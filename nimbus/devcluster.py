@@ -393,6 +393,22 @@ def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
     return chosen, ignored
 
 
+#: Keys a client command never needs: the code distributor's (its secrets included) and
+#: a daemon's own directories.
+_DAEMON_ONLY_PREFIXES = ("nimbus.codedistributor.", "storm.local.dir")
+
+
+def write_client_conf(cluster: LocalCluster) -> Path:
+    """Write ``client.yaml`` (mode 0600) for client commands: the cluster's settings
+    without the distributor's keys, so a secret the daemons read from a variable or a
+    file (``<key>.env``, ``<key>.file``) need not be there for ``list`` or ``submit``."""
+    path = cluster.work_dir / "client.yaml"
+    values = {key: value for key, value in cluster.conf_values.items()
+              if not key.startswith(_DAEMON_ONLY_PREFIXES)}
+    write_private(path, yaml.safe_dump(values))
+    return path
+
+
 def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
                     supervisors: int = 0, conf: dict[str, Any] | None = None,
                     warm_workers: int = 0, restart: bool = False) -> None:
@@ -413,6 +429,45 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
     # way to stop a dev cluster started in the background of a script, whose shell
     # makes it ignore SIGINT.
     signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        _run(cluster, work_dir, demo, restart)
+    finally:
+        ended = end_left_workers(cluster)
+        if ended:
+            click.echo(f"ended {ended} workers left frozen by supervisors that were killed "
+                       "and not started again")
+
+
+def end_left_workers(cluster: LocalCluster) -> int:
+    """End what the cluster's supervisors left in their cgroups once they are stopped: the
+    workers of a supervisor killed and never started again stay frozen, waiting for a
+    supervisor to take them over (docs/runtime.md), and the dev cluster is going away.
+    Returns how many worker cgroups were ended."""
+    from nimbus.supervisor.cgroups import unified_root
+    from nimbus.supervisor.orphans import TREE
+    from nimbus.worker.frozen import REAPERS_CGROUP, end_cgroup
+
+    root = unified_root()
+    if root is None:
+        return 0
+    ended = 0
+    for supervisor in cluster.supervisors:
+        if supervisor.alive() or supervisor.id is None:
+            continue
+        base = root / TREE / supervisor.id
+        try:
+            left = [d for d in base.iterdir() if d.is_dir() and not d.name.startswith(".")]
+        except OSError:
+            continue
+        for cgroup in left:  # the frozen workers' reapers too: nothing is left to reap
+            if end_cgroup(cgroup) and cgroup.name != REAPERS_CGROUP:
+                ended += 1
+    return ended
+
+
+def _run(cluster: LocalCluster, work_dir: Path, demo: bool, restart: bool) -> None:
+    import click
+
     with cluster:
         leader = cluster.wait_for_leader()
         click.echo(f"ZooKeeper at {cluster.zk.hosts}; nimbuses: "
@@ -422,8 +477,10 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
             pid = supervisor.process.pid if supervisor.process else "?"
             click.echo(f"supervisor {supervisor.id} (pid {pid}): slots "
                        + ",".join(map(str, supervisor.ports)))
-        click.echo(f"leader: {leader.address}")
-        click.echo(f"try: nimbus-ha cluster-info --config {cluster.config_file}")
+        leader_pid = leader.process.pid if leader.process else "?"
+        click.echo(f"leader: {leader.address} (pid {leader_pid})")
+        client_file = write_client_conf(cluster)
+        click.echo(f"try: nimbus-ha cluster-info --config {client_file}")
         if demo:
             _demo(cluster, work_dir)
             if len(cluster.supervisors) >= 2:

@@ -20,6 +20,7 @@ nimbus (``NimbusMetrics``)
 
 supervisor (``SupervisorMetrics``)
     ``supervisor_workers``, ``supervisor_worker_restarts_total{topology_id,port}``,
+    ``supervisor_worker_state{topology_id,port,state}``, ``supervisor_frozen_orphans``,
     ``supervisor_component_input_rows_per_second{topology_id,port,component}``,
     ``supervisor_component_processed_rows_per_second{...}``,
     ``supervisor_component_batch_id{...}``, ``supervisor_component_batch_age_seconds{...}``.
@@ -45,6 +46,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from nimbus.config import Config, ConfigError
+from nimbus.master.worker_state import RUNNING
+from nimbus.master.worker_state import STATES as WORKER_STATES
 from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
 from nimbus.thrift.tls import FILE_KEYS, tls_enabled
@@ -56,7 +59,7 @@ log = logging.getLogger(__name__)
 
 # Every status a StormBase can have: each is reported, 0 when no topology has it, so a
 # dashboard's series do not come and go.
-TOPOLOGY_STATUSES = (ACTIVE, INACTIVE, KILLED)
+TOPOLOGY_STATUSES = (ACTIVE, INACTIVE, KILLED, "REBALANCING")  # records.REBALANCING
 # The outcome label of a Thrift call Storm clients follow to the leader (not a failure).
 NOT_LEADER_OUTCOME = "not_leader"
 # Scrapes are small GET requests: a head of 16 KiB at most, within 5 s of connecting.
@@ -154,11 +157,13 @@ class _NimbusCollector(Collector):
 
     def __init__(self, is_leader: Callable[[], bool], snapshot: Callable[[], Any],
                  min_replication: Callable[[str], int | None],
-                 served_bytes: Callable[[], int] = lambda: 0):
+                 served_bytes: Callable[[], int] = lambda: 0,
+                 code_missing: Callable[[], int] = lambda: 0):
         self._is_leader = is_leader
         self._snapshot = snapshot
         self._min_replication = min_replication
         self._served_bytes = served_bytes
+        self._code_missing = code_missing
 
     def collect(self) -> Iterable[Metric]:
         yield GaugeMetricFamily("nimbus_is_leader",
@@ -169,7 +174,15 @@ class _NimbusCollector(Collector):
             "Bytes of topology code this nimbus sent over Thrift to peers and supervisors "
             "(its code egress; a distributor's own traffic, BitTorrent's, is not counted)",
             value=self._served_bytes())
+        yield GaugeMetricFamily(
+            "nimbus_code_missing_topologies",
+            "Live topologies whose code this nimbus does not hold, as of its last code sync "
+            "pass (a nimbus leads only when this is 0)", value=self._code_missing())
         snap = self._snapshot()
+        yield GaugeMetricFamily(
+            "nimbus_supervisors",
+            "Supervisors registered in ZooKeeper (live sessions), as this nimbus's view "
+            "holds them", value=len(snap.supervisors))
         by_status = GaugeMetricFamily("nimbus_topologies", "Live topologies by status",
                                       labels=["status"])
         counts = dict.fromkeys(TOPOLOGY_STATUSES, 0)
@@ -208,7 +221,9 @@ class NimbusMetrics:
                  snapshot: Callable[[], Any],
                  min_replication: Callable[[str], int | None] = lambda _id: None,
                  clock: Callable[[], float] = time.monotonic,
-                 served_bytes: Callable[[], int] = lambda: 0):
+                 served_bytes: Callable[[], int] = lambda: 0,
+                 code_missing: Callable[[], int] = lambda: 0):
+        """``code_missing()``: how many live topologies' code this nimbus lacks."""
         self.registry = CollectorRegistry()
         self.distributor = distributor
         self._clock = clock
@@ -254,7 +269,7 @@ class NimbusMetrics:
         for directory in NIMBUS_DIRECTORIES:
             self.stale_view_nodes.labels(directory)   # exported as 0 until one is found
         self.registry.register(_NimbusCollector(is_leader, snapshot, min_replication,
-                                                served_bytes))
+                                                served_bytes, code_missing))
 
     # -- hooks --------------------------------------------------------------------------
     def on_queued(self) -> None:
@@ -426,19 +441,24 @@ def _progress(raw: Any) -> dict[str, Any]:
     return {"batch_id": batch if isinstance(batch, int) and not isinstance(batch, bool)
             else None,
             "input_rows_per_second": number(raw.get("input_rows_per_second")),
-            "processed_rows_per_second": number(raw.get("processed_rows_per_second"))}
+            "processed_rows_per_second": number(raw.get("processed_rows_per_second")),
+            "input_waiting": raw.get("input_waiting") is True}
 
 
 class _SupervisorCollector(Collector):
     def __init__(self, workers: Callable[[], list[Any]],
                  restarts: Callable[[], Mapping[tuple[str, int], int]],
                  progress: ComponentProgress, warm: Callable[[], Any],
-                 code_fetches: Callable[[], Mapping[str, int]] = dict):
+                 code_fetches: Callable[[], Mapping[str, int]] = dict,
+                 states: Callable[[], Mapping[tuple[str, int], str]] | None = None,
+                 frozen_orphans: Callable[[], int] = lambda: 0):
         self._workers = workers
         self._restarts = restarts
         self._progress = progress
         self._warm = warm
         self._code_fetches = code_fetches
+        self._states = states
+        self._frozen_orphans = frozen_orphans
 
     def collect(self) -> Iterable[Metric]:
         fetches = CounterMetricFamily(
@@ -457,6 +477,11 @@ class _SupervisorCollector(Collector):
             "supervisor_workers_frozen",
             "Workers frozen because their lease ran out, waiting for a renewal to thaw them",
             value=sum(1 for handle in handles if handle.is_frozen()))
+        yield GaugeMetricFamily(
+            "supervisor_frozen_orphans",
+            "Frozen workers on this host whose supervisor process is gone (any "
+            "supervisor's): waiting to be taken over, or ended after "
+            "supervisor.worker.orphan.timeout.secs", value=self._frozen_orphans())
         memory = GaugeMetricFamily(
             "supervisor_worker_memory_bytes",
             "Resident bytes of a worker's processes (Python, its JVM, its command)",
@@ -483,6 +508,16 @@ class _SupervisorCollector(Collector):
         for (topology_id, port), count in sorted(self._restarts().items()):
             restarts.add_metric([topology_id, str(port)], count)
         yield restarts
+        states = self._states() if self._states is not None else None
+        state = GaugeMetricFamily(
+            "supervisor_worker_state",
+            "1 for the state the worker of an assigned slot is in (starting, running, "
+            "frozen, restarting, dead), 0 for the others; running only while its last "
+            "beat is within nimbus.task.timeout.secs", labels=["topology_id", "port", "state"])
+        for (topology_id, port), current in sorted((states or {}).items()):
+            for name in WORKER_STATES:
+                state.add_metric([topology_id, str(port), name], int(name == current))
+        yield state
         labels = ["topology_id", "port", "component"]
         families = {
             "input_rows_per_second": GaugeMetricFamily(
@@ -494,21 +529,31 @@ class _SupervisorCollector(Collector):
         }
         batch_id = GaugeMetricFamily("supervisor_component_batch_id",
                                      "Id of the component's last batch", labels=labels)
+        waiting = GaugeMetricFamily(
+            "supervisor_component_input_waiting",
+            "1 while Spark says input is available for the component's query (a batch "
+            "is due), else 0; with a batch age that grows, the pipeline is stalled",
+            labels=labels)
         age = GaugeMetricFamily(
             "supervisor_component_batch_age_seconds",
             "Seconds since the component's batch id last changed (absent before its "
             "first batch)", labels=labels)
         for handle in sorted(handles, key=lambda h: (h.topology_id, h.port)):
+            if states is not None and \
+                    states.get((handle.topology_id, handle.port)) != RUNNING:
+                continue  # its last numbers are history, not what it does now
             for component, stats, batch_age in self._progress.of(handle):
                 values = [handle.topology_id, str(handle.port), component]
                 for key, family in families.items():
                     family.add_metric(values, stats[key])
+                waiting.add_metric(values, 1 if stats["input_waiting"] else 0)
                 if stats["batch_id"] is not None:
                     batch_id.add_metric(values, stats["batch_id"])
                 if batch_age is not None:
                     age.add_metric(values, batch_age)
         yield from families.values()
         yield batch_id
+        yield waiting
         yield age
 
 
@@ -522,14 +567,21 @@ class SupervisorMetrics:
                  restarts: Callable[[], Mapping[tuple[str, int], int]],
                  clock: Callable[[], float] = time.monotonic,
                  warm: Callable[[], Any] = lambda: None,
-                 code_fetches: Callable[[], Mapping[str, int]] = dict):
+                 code_fetches: Callable[[], Mapping[str, int]] = dict,
+                 states: Callable[[], Mapping[tuple[str, int], str]] | None = None,
+                 frozen_orphans: Callable[[], int] = lambda: 0):
         """``warm()``: the supervisor's warm workers (a
         :class:`~nimbus.supervisor.warm_pool.WarmSummary`), or None when it keeps none;
-        ``code_fetches()``: {"distributor" | "nimbus": topologies fetched that way}."""
+        ``code_fetches()``: {"distributor" | "nimbus": topologies fetched that way};
+        ``states()``: {(topology_id, port): state} of every assigned slot's worker
+        (nimbus/master/worker_state.py), whose components' numbers are then exported
+        only while it is running (None: every worker's are); ``frozen_orphans()``: the
+        frozen workers of the host whose supervisor is gone
+        (nimbus/supervisor/orphans.py)."""
         self.registry = CollectorRegistry()
         self.progress = ComponentProgress(clock)
         self.registry.register(_SupervisorCollector(workers, restarts, self.progress, warm,
-                                                    code_fetches))
+                                                    code_fetches, states, frozen_orphans))
 
 
 # Sample names of a family by its type: what a PromQL expression may name.

@@ -17,6 +17,9 @@ command -v pk12util >/dev/null 2>&1 || need_apt+=(libnss3-tools)  # client certi
 # iptables: the partition lab (integration/partition/) drops packets inside its namespaces.
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# A real Prometheus and promtool: the alert rules (tests/test_alert_rules.py,
+# integration/test_alerts.py). Debian's package does not start a server by itself here.
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 # slf4j's simple binding: the lab's ZooKeeper logs negotiated timeouts and session expiries.
 [ -f /usr/share/java/slf4j-simple.jar ] || need_apt+=(libslf4j-java)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -57,3 +57,51 @@ def test_the_daemons_config_files_are_private(tmp_path):
     assert len(files) == 3
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_a_secret_on_the_command_line_is_warned_about_and_a_reference_is_not(
+        tmp_path, monkeypatch):
+    """`ps` shows dev-cluster's own command line: a secret given in clear with --set gets
+    a warning that says how to pass it instead; a `.env` reference does not."""
+    import nimbus.devcluster
+
+    started = []
+    monkeypatch.setattr(nimbus.devcluster, "run_dev_cluster",
+                        lambda *args, **kwargs: started.append(kwargs["conf"]))
+    monkeypatch.setenv("ZK_DIGEST", "ops:hunter2")
+    result = CliRunner().invoke(main, [
+        "dev-cluster", "--dir", str(tmp_path / "dev"),
+        "--set", "storm.zookeeper.auth.payload=ops:hunter2",
+        "--set", "storm.zookeeper.auth.scheme=digest"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "warning: storm.zookeeper.auth.payload is a secret and its value is on this "
+        "command line, which ps shows to every user of the host: pass "
+        "storm.zookeeper.auth.payload.env=VARIABLE or storm.zookeeper.auth.payload.file="
+        "PATH instead (docs/security.md)"]
+    result = CliRunner().invoke(main, [
+        "dev-cluster", "--dir", str(tmp_path / "dev"),
+        "--set", "storm.zookeeper.auth.payload.env=ZK_DIGEST",
+        "--set", "storm.zookeeper.auth.scheme=digest"])
+    assert (result.exit_code, result.output) == (0, "")
+    # The daemons get the reference, never the value.
+    assert started[1]["storm.zookeeper.auth.payload.env"] == "ZK_DIGEST"
+    assert "storm.zookeeper.auth.payload" not in started[1]
+
+
+def test_the_client_file_holds_no_distributor_key(tmp_path):
+    import stat
+
+    import yaml
+
+    from nimbus.devcluster import LocalCluster, write_client_conf
+
+    cluster = LocalCluster(tmp_path / "dev", 2, conf={
+        "storm.codedistributor.class": "s3",
+        "nimbus.codedistributor.s3.replication.count": 2})
+    path = write_client_conf(cluster)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    values = yaml.safe_load(path.read_text())
+    assert not [k for k in values if k.startswith("nimbus.codedistributor.")]
+    assert values["nimbus.seeds"] == cluster.conf_values["nimbus.seeds"]
+    assert load_config(path).seeds == load_config(cluster.config_file).seeds

@@ -24,6 +24,7 @@ from nimbus.supervisor.cgroups import WorkerCgroups, is_frozen, unified_root
 from nimbus.supervisor.lease_record import LeaseRecord, load_record
 from nimbus.supervisor.takeover import find_orphans
 from nimbus.supervisor.worker_handle import WorkerHandle
+from nimbus.worker.frozen import ORPHAN_TIMEOUT_KEY, REAPERS_CGROUP, read_mark
 from nimbus.worker.lease import Lease
 from nimbus.worker.spec import WorkerSpec
 
@@ -248,9 +249,10 @@ def _cgroups() -> WorkerCgroups:
 
 
 @pytest.fixture
-def frozen_worker(tmp_path):
+def frozen_worker(request, tmp_path):
     """A process-topology worker started by WorkerHandle in a cgroup of its own; yields
-    (handle, state_dir); kills it and removes its cgroups afterwards."""
+    (handle, state_dir); kills it and removes its cgroups afterwards. Indirect
+    parameters: keys added to its configuration."""
     cgroups = _cgroups()
     code = tmp_path / "code"
     code.mkdir()
@@ -261,7 +263,8 @@ def frozen_worker(tmp_path):
     handle = WorkerHandle(TOPOLOGY_ID, PORT, worker_dir, session_id=1, restarts=0,
                           on_status=lambda _h, status: statuses.append(status))
     handle.cgroups, handle.cgroup = cgroups, cgroups.make(f"{TOPOLOGY_ID}-{PORT}")
-    conf = {"storm.local.dir": str(tmp_path / "local"), "worker.heartbeat.frequency.secs": 1}
+    conf = {"storm.local.dir": str(tmp_path / "local"), "worker.heartbeat.frequency.secs": 1,
+            **getattr(request, "param", {})}
 
     def write_spec(lease_fd: int, status_fd: int) -> None:
         WorkerSpec(topology_id=TOPOLOGY_ID, port=PORT, supervisor_id="sup-test",
@@ -275,7 +278,21 @@ def frozen_worker(tmp_path):
     finally:
         handle.kill("stop")
         handle.release()
+        # Each freeze started a reaper beside the worker's cgroup; it leaves once the
+        # worker is gone (nimbus/worker/frozen.py).
+        wait_until(lambda: _removed(cgroups.base / REAPERS_CGROUP), TIMEOUT,
+                   "the reapers to leave")
         cgroups.base.rmdir()
+
+
+def _removed(cgroup: Path) -> bool:
+    try:
+        cgroup.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:  # EBUSY while a process is in it
+        return False
+    return True
 
 
 def _log(handle: WorkerHandle) -> str:
@@ -405,6 +422,27 @@ def orphaned_frozen(frozen_worker, tmp_path):
     assert (orphan.frozen, orphan.pid, orphan.assignment_version, orphan.worker_index,
             orphan.num_workers) == (True, handle.pid, ASSIGNMENT_VERSION, 0, 1)
     yield orphan, state, handle
+
+
+@pytest.mark.parametrize("frozen_worker", [{ORPHAN_TIMEOUT_KEY: 2}], indirect=True)
+def test_an_orphan_nobody_takes_over_is_ended_whole_cgroup_included(frozen_worker):
+    """Issue 29: a worker whose supervisor died froze at its lease's end and stayed so for
+    ever. Its reaper (started before the freeze, outside the cgroup) ends it, its command
+    with it, once it has been frozen supervisor.worker.orphan.timeout.secs."""
+    handle, state = frozen_worker
+    assert handle.renew(time.monotonic() + 2.0, ASSIGNMENT_VERSION)
+    wait_until(lambda: (state / "child.pid").exists(), TIMEOUT, "the command")
+    child = int((state / "child.pid").read_text())
+    _kill_supervisor_of(handle)
+    wait_until(lambda: is_frozen(handle.cgroup), TIMEOUT, "the orphan to freeze")
+    mark = read_mark(handle.cgroup)
+    assert mark is not None and mark.deadline - mark.frozen_at == 2.0
+    wait_until(lambda: not process_alive(child) and not process_alive(handle.pid),
+               TIMEOUT, "its reaper to end it")
+    wait_until(lambda: not handle.cgroup.exists(), TIMEOUT, "its cgroup to go")
+    log_text = _log(handle)
+    assert "frozen for at most 2 s (supervisor.worker.orphan.timeout.secs)" in log_text
+    assert f"ended frozen worker cgroup {handle.cgroup}: nothing thawed it" in log_text
 
 
 def _successor(orphan, handle: WorkerHandle, statuses: list[dict]) -> WorkerHandle:

@@ -255,6 +255,34 @@ def test_supervisor_metrics_report_restarts_rates_and_batch_age(serve):
     assert sample(got, "supervisor_component_batch_age_seconds", **count) == 1.0
 
 
+def test_supervisor_metrics_follow_the_worker_states(serve):
+    """supervisor_worker_state has a series per state of every assigned slot; a worker
+    that is not running exports no component numbers (its last ones are history)."""
+    running = FakeWorker("wc-1-1", 6700)
+    stale = FakeWorker("wc-1-1", 6701)
+    states = {("wc-1-1", 6700): "running", ("wc-1-1", 6701): "dead",
+              ("wc-2-1", 6702): "restarting"}
+    metrics = SupervisorMetrics(lambda: [running, stale], dict, states=lambda: states,
+                                frozen_orphans=lambda: 2)
+    beat = {"count": {"batch_id": 4, "input_rows_per_second": 12.5,
+                      "processed_rows_per_second": 10.0}}
+    metrics.progress.observe(running, beat)
+    metrics.progress.observe(stale, beat)
+    got = scrape(serve(metrics.registry).url)
+    exported = {(labels["topology_id"], labels["port"], labels["state"]): value
+                for (name, frozen), value in got.items()
+                if name == "supervisor_worker_state" for labels in [dict(frozen)]}
+    assert exported == {
+        (topology, str(port), state): float(state == current)
+        for (topology, port), current in states.items()
+        for state in ("starting", "running", "frozen", "restarting", "dead")}
+    assert sample(got, "supervisor_component_batch_id", topology_id="wc-1-1", port="6700",
+                  component="count") == 4
+    assert not any(name.startswith("supervisor_component") and dict(labels).get("port")
+                   == "6701" for name, labels in got)
+    assert sample(got, "supervisor_frozen_orphans") == 2
+
+
 # -- the server --------------------------------------------------------------------------------
 def test_server_thread_is_named_and_joined_and_its_port_freed():
     metrics = SupervisorMetrics(list, dict)
@@ -364,7 +392,7 @@ def test_a_nimbus_serves_its_metrics_and_stops_them(zk_server, zk_root, tmp_path
 def test_top_once_lists_every_topology(make_zk, zk_root, zk_server, tmp_path):
     from nimbus.cli import main
     from nimbus.state.cluster_state import StormClusterState
-    from nimbus.state.records import Assignment, ErrorInfo, WorkerBeat
+    from nimbus.state.records import Assignment, ErrorInfo, SupervisorInfo, WorkerBeat
 
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
@@ -385,6 +413,11 @@ def test_top_once_lists_every_topology(make_zk, zk_root, zk_server, tmp_path):
             port=port, restarts=restarts, components={"count": {
                 "batch_id": port - 6690, "input_rows_per_second": rate,
                 "processed_rows_per_second": rate * 2}}).encode())
+    # Said after the beats: the worker on 6701 crashed since its last one (restarting).
+    state.supervisor_heartbeat("sup-a", SupervisorInfo(
+        time_secs=1995, hostname="host-a", meta=[6700, 6701], workers={"6701": {
+            "topology_id": topology_id, "state": "restarting", "restarts": 4,
+            "backoff_secs": 8, "last_error": "boom"}}))
     state.report_error(topology_id, "count", ErrorInfo(
         error="ValueError: bad row\n  at line 3", error_time_secs=1995, host="host-a",
         port=6700))
@@ -399,8 +432,9 @@ def test_top_once_lists_every_topology(make_zk, zk_root, zk_server, tmp_path):
     lines = {line.split()[1]: line for line in result.output.splitlines()
              if line.strip().startswith("│") and len(line.split()) > 2}
     row = [cell.strip() for cell in lines["wordcount"].strip("│ ").split("│")]
-    assert row == ["wordcount", topology_id, ACTIVE, "2/2", "3", "15.5", "31.0", "11",
-                   "count: ValueError: bad row"]
+    # Running workers only in the rates; restarts as the supervisor counts them.
+    assert row == ["wordcount", topology_id, ACTIVE, "1/2 (1 restarting)", "5", "10.0",
+                   "20.0", "11", "count: ValueError: bad row"]
     idle = [cell.strip() for cell in lines["idle"].strip("│ ").split("│")]
     assert idle == ["idle", "idle-8-1000", INACTIVE, "0/1", "0", "0.0", "0.0", "-", "-"]
 

@@ -217,6 +217,8 @@ def test_topology_info_over_thrift_and_cli(cluster):
     assert (info.id, info.name, info.status, info.owner, info.replication_count) == (
         topology_id, "wc", "ACTIVE", "bob", 1)
     assert all(0 <= e.uptime_secs <= 60 for e in info.executors)
+    # worker-1 is not running (no beat yet): no uptime, as topology-info shows it.
+    assert [e.uptime_secs for e in info.executors if e.host == "host-b"] == [0]
     assert [(e.component_id, e.host, e.port, e.executor_info.task_start,
              e.executor_info.task_end) for e in info.executors] == [
         ("counts", "host-a", 6700, 1, 1), ("lines", "host-a", 6700, 1, 1),
@@ -230,19 +232,30 @@ def test_topology_info_over_thrift_and_cli(cluster):
     view = json.loads(done.output)
     uptimes = [w.pop("uptime_secs") for w in view["workers"]]
     assert all(0 <= u <= 60 for u in uptimes) and 0 <= view.pop("uptime_secs") <= 60
+    # The beat's age by ZooKeeper's clock: the newest mtime of the nodes read, less its.
+    st = daemon.state
+    mtimes = {path: sup_zk.exists(path).mtime for path in (
+        st.path("assignments", topology_id), st.path("supervisors", "sup-a"),
+        st.path("supervisors", "sup-b"), st.path("workerbeats", topology_id, "sup-a-6700"))}
+    age = (max(mtimes.values()) - mtimes[st.path("workerbeats", topology_id,
+                                                 "sup-a-6700")]) // 1000
     assert view == {
         "id": topology_id, "name": "wc", "status": "ACTIVE", "owner": "bob",
         "num_workers": 2,
         "workers": [
             {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
-             "port": 6700, "alive": True, "restarts": 3, "memory_bytes": 0,
+             "port": 6700, "state": "running", "alive": True, "beat_age_secs": age,
+             "backoff_secs": 0, "last_error": "", "restarts": 3, "memory_bytes": 0,
              "warm_start": False, "components": {
                  "counts": {"batch_id": 9, "num_input_rows": 30,
                             "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25},
                  "lines": {"batch_id": 4, "num_input_rows": 0, "input_rows_per_second": 0.0,
                            "processed_rows_per_second": 0.0}}},
+            # Its supervisor (of an earlier release) said nothing of it, and it has not
+            # beaten: starting.
             {"worker": "worker-1", "index": 1, "supervisor_id": "sup-b", "host": "host-b",
-             "port": 6700, "alive": False, "restarts": 0, "memory_bytes": 0,
+             "port": 6700, "state": "starting", "alive": False, "beat_age_secs": None,
+             "backoff_secs": 0, "last_error": "", "restarts": 0, "memory_bytes": 0,
              "warm_start": False, "components": {}}],
         "warm_workers": {
             "sup-a": {"host": "host-a", "ready": 0, "starting": 0, "memory_bytes": 0},
@@ -260,7 +273,8 @@ def test_topology_info_over_thrift_and_cli(cluster):
     done = cli(conf_file, "topology-info", "wc")
     assert done.exit_code == 0, done.output
     for shown in ("Workers", "Components", "Errors (10 newest per component)", "host-a:6700",
-                  "boom 10", "2023-11-14 22:13:30Z"):
+                  "boom 10", "2023-11-14 22:13:30Z", "workers 2/2 (1 running)", " running ",
+                  " starting "):
         assert shown in done.output
 
     done = cli(conf_file, "errors", "wc")

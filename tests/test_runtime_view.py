@@ -7,8 +7,9 @@ them (docs/runtime.md); the view's dicts are compared whole.
 from __future__ import annotations
 
 import pytest
+from waiting import wait_until
 
-from nimbus.master import runtime_view
+from nimbus.master import runtime_view, worker_state
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import (
     ACTIVE,
@@ -84,9 +85,20 @@ def test_supervisors_count_used_slots_from_assignments(state):
     ]
 
 
+def mtime(state: StormClusterState, *parts: str) -> int:
+    """A node's mtime (ms, ZooKeeper's clock): what worker states are judged by."""
+    return state.zk.exists(state.path(*parts)).mtime
+
+
+def reference(state: StormClusterState, *nodes: tuple[str, ...]) -> int:
+    """The newest mtime of ``nodes``: the "now" topology_info judges beats against."""
+    return max(mtime(state, *node) for node in nodes)
+
+
 def test_topology_info_workers_components_and_errors(state):
     write_topology(state, assignment=ASSIGNMENT)
-    # sup-a keeps warm workers; sup-b has no heartbeat node (gone): left out.
+    # sup-a keeps warm workers; sup-b has no heartbeat node (gone): left out, and its
+    # worker is dead whatever its last beat said.
     state.supervisor_heartbeat("sup-a", SupervisorInfo(
         time_secs=1990, hostname="host-a", meta=[6700, 6701], warm_ready=1, warm_starting=1,
         warm_memory_bytes=700 * 2**20))
@@ -100,12 +112,12 @@ def test_topology_info_workers_components_and_errors(state):
                       "processed_rows_per_second": 0.25, "timestamp": "t"}}).encode())
     write_beat(state, "sup-b", 6700, WorkerBeat(
         time_secs=1995, topology_id=TOPOLOGY, supervisor_id="sup-b", host="host-b",
-        port=6700, components={
+        port=6700, memory_bytes=10, components={
             "counts": {"batch_id": 44, "num_input_rows": 1, "input_rows_per_second": 1.5,
                        "processed_rows_per_second": 1.0},
             # a process topology's component: a pid, no batch yet
             "main": {"pid": 4242, "batch_id": None}}).encode())
-    # worker-10's beat node exists but holds nothing readable: alive, no numbers
+    # worker-10's beat node exists but holds nothing readable: running, no numbers
     write_beat(state, "sup-a", 6701, b"{garbage")
     for i in range(12):
         state.report_error(TOPOLOGY, "counts", ErrorInfo(
@@ -114,14 +126,21 @@ def test_topology_info_workers_components_and_errors(state):
 
     info = runtime_view.topology_info(state, TOPOLOGY, now=NOW)
 
+    beats = [("workerbeats", TOPOLOGY, node) for node in ("sup-a-6700", "sup-b-6700",
+                                                          "sup-a-6701")]
+    now_ms = reference(state, ("assignments", TOPOLOGY), ("supervisors", "sup-a"), *beats)
+    ages = [(now_ms - mtime(state, *node)) // 1000 for node in beats]
     counts = [{"error": f"boom {i}", "time_secs": 1000 + i, "host": "host-a", "port": 6700}
               for i in range(11, 1, -1)]
+    zero = {"num_input_rows": 0, "input_rows_per_second": 0.0,
+            "processed_rows_per_second": 0.0}
     assert info == {
         "id": TOPOLOGY, "name": "wordcount", "status": "ACTIVE", "owner": "alice",
         "uptime_secs": 1000, "num_workers": 3,
         "workers": [
             {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
-             "port": 6700, "uptime_secs": 500, "alive": True, "restarts": 2,
+             "port": 6700, "uptime_secs": 500, "state": "running", "alive": True,
+             "beat_age_secs": ages[0], "backoff_secs": 0, "last_error": "", "restarts": 2,
              "memory_bytes": 350 * 2**20, "warm_start": True,
              "components": {
                  "counts": {"batch_id": 41, "num_input_rows": 100,
@@ -129,28 +148,28 @@ def test_topology_info_workers_components_and_errors(state):
                  "lines": {"batch_id": 7, "num_input_rows": 10,
                            "input_rows_per_second": 0.5,
                            "processed_rows_per_second": 0.25}}},
+            # Its supervisor is gone: its last numbers are history, not rates.
             {"worker": "worker-2", "index": 2, "supervisor_id": "sup-b", "host": "host-b",
-             "port": 6700, "uptime_secs": 100, "alive": True, "restarts": 0,
+             "port": 6700, "uptime_secs": 0, "state": "dead", "alive": False,
+             "beat_age_secs": ages[1], "backoff_secs": 0,
+             "last_error": "its supervisor sup-b is gone", "restarts": 0,
              "memory_bytes": 0, "warm_start": False,
-             "components": {
-                 "counts": {"batch_id": 44, "num_input_rows": 1,
-                            "input_rows_per_second": 1.5, "processed_rows_per_second": 1.0},
-                 "main": {"batch_id": None, "num_input_rows": 0,
-                          "input_rows_per_second": 0.0, "processed_rows_per_second": 0.0}}},
+             "components": {"counts": {"batch_id": 44, **zero},
+                            "main": {"batch_id": None, **zero}}},
             {"worker": "worker-10", "index": 10, "supervisor_id": "sup-a", "host": "host-a",
-             "port": 6701, "uptime_secs": 10, "alive": True, "restarts": 0,
+             "port": 6701, "uptime_secs": 10, "state": "running", "alive": True,
+             "beat_age_secs": ages[2], "backoff_secs": 0, "last_error": "", "restarts": 0,
              "memory_bytes": 0, "warm_start": False, "components": {}},
         ],
         "warm_workers": {"sup-a": {"host": "host-a", "ready": 1, "starting": 1,
                                    "memory_bytes": 700 * 2**20}},
         "components": {
             "counts": {"host_ports": ["host-a:6700", "host-b:6700"], "batch_id": 44,
-                       "num_input_rows": 101, "input_rows_per_second": 4.0,
-                       "processed_rows_per_second": 3.0},
+                       "num_input_rows": 100, "input_rows_per_second": 2.5,
+                       "processed_rows_per_second": 2.0},
             "lines": {"host_ports": ["host-a:6700"], "batch_id": 7, "num_input_rows": 10,
                       "input_rows_per_second": 0.5, "processed_rows_per_second": 0.25},
-            "main": {"host_ports": ["host-b:6700"], "batch_id": None, "num_input_rows": 0,
-                     "input_rows_per_second": 0.0, "processed_rows_per_second": 0.0},
+            "main": {"host_ports": ["host-b:6700"], "batch_id": None, **zero},
         },
         "errors": {
             "counts": counts,
@@ -160,17 +179,152 @@ def test_topology_info_workers_components_and_errors(state):
     assert runtime_view.errors(state, TOPOLOGY) == info["errors"]
 
 
-def test_worker_without_a_beat_is_not_alive(state):
-    write_topology(state, assignment=Assignment(
-        master_code_dir="/code", node_host={"sup-a": "host-a"},
-        executor_node_port={"worker-0": ["sup-a", 6700]}))
+ONE_WORKER = Assignment(master_code_dir="/code", node_host={"sup-a": "host-a"},
+                        executor_node_port={"worker-0": ["sup-a", 6700]},
+                        executor_start_time_secs={"worker-0": 1500})
+BEAT = WorkerBeat(time_secs=1995, topology_id=TOPOLOGY, supervisor_id="sup-a",
+                  host="host-a", port=6700, restarts=1, components={
+                      "main": {"batch_id": 3, "num_input_rows": 5,
+                               "input_rows_per_second": 1.0,
+                               "processed_rows_per_second": 1.0}})
+
+
+def say(cluster: StormClusterState, /, **slot: object) -> None:
+    """sup-a's heartbeat, saying ``slot`` of its port 6700 (nothing if empty)."""
+    workers = {"6700": {"topology_id": TOPOLOGY, **slot}} if slot else {}
+    cluster.supervisor_heartbeat("sup-a", SupervisorInfo(
+        time_secs=1990, hostname="host-a", meta=[6700], workers=workers))
+
+
+def worker(state: StormClusterState, timeout_s: float = 30.0) -> dict:
+    info = runtime_view.topology_info(state, TOPOLOGY, now=NOW, timeout_s=timeout_s)
+    (only,) = info["workers"]
+    return {k: only[k] for k in ("state", "alive", "backoff_secs", "last_error",
+                                 "restarts", "uptime_secs", "components")}
+
+
+def test_worker_without_a_beat_is_starting_and_without_a_supervisor_dead(state):
+    write_topology(state, assignment=ONE_WORKER)
     info = runtime_view.topology_info(state, TOPOLOGY, now=NOW)
-    # no start time recorded: uptime 0
     assert info["workers"] == [
         {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
-         "port": 6700, "uptime_secs": 0, "alive": False, "restarts": 0, "memory_bytes": 0,
+         "port": 6700, "uptime_secs": 0, "state": "dead", "alive": False,
+         "beat_age_secs": None, "backoff_secs": 0,
+         "last_error": "its supervisor sup-a is gone", "restarts": 0, "memory_bytes": 0,
          "warm_start": False, "components": {}}]
     assert (info["components"], info["errors"]) == ({}, {})
+    # Its supervisor is there and says nothing of it (it has not read the assignment
+    # yet, or is of an earlier release): on its way.
+    say(state)
+    assert worker(state)["state"] == "starting"
+
+
+def test_a_beat_older_than_the_task_timeout_by_zookeepers_clock_is_dead(state):
+    write_topology(state, assignment=ONE_WORKER)
+    say(state, state="running", restarts=1)
+    write_beat(state, "sup-a", 6700, BEAT.encode())
+    beat_ms = mtime(state, "workerbeats", TOPOLOGY, "sup-a-6700")
+    assert worker(state, timeout_s=0.5)["state"] == "running"
+    # Its supervisor's heartbeats go on (their mtimes are "now"); the beat does not.
+    wait_until(lambda: say(state, state="running", restarts=1) or
+               mtime(state, "supervisors", "sup-a") - beat_ms > 1000)
+    age = (mtime(state, "supervisors", "sup-a") - beat_ms) // 1000
+    assert worker(state, timeout_s=0.5) == {
+        "state": "dead", "alive": False, "backoff_secs": 0,
+        "last_error": f"no beat for {age}s (nimbus.task.timeout.secs 0.5)", "restarts": 1,
+        "uptime_secs": 0, "components": {"main": {
+            "batch_id": 3, "num_input_rows": 0, "input_rows_per_second": 0.0,
+            "processed_rows_per_second": 0.0}}}
+    assert worker(state, timeout_s=30.0)["state"] == "running"
+
+
+def test_what_the_supervisor_says_after_the_last_beat_wins(state):
+    write_topology(state, assignment=ONE_WORKER)
+    write_beat(state, "sup-a", 6700, BEAT.encode())
+    # Written after the beat: the worker crashed since it last beat.
+    say(state, state="restarting", restarts=6, backoff_secs=16,
+        last_error="command exited with code 7")
+    assert worker(state) == {
+        "state": "restarting", "alive": False, "backoff_secs": 16,
+        "last_error": "command exited with code 7", "restarts": 6, "uptime_secs": 0,
+        "components": {"main": {"batch_id": 3, "num_input_rows": 0,
+                                "input_rows_per_second": 0.0,
+                                "processed_rows_per_second": 0.0}}}
+    say(state, state="frozen", restarts=6)
+    assert (worker(state)["state"], worker(state)["restarts"]) == ("frozen", 6)
+    say(state, state="starting", restarts=6, last_error="command exited with code 7")
+    assert (worker(state)["state"], worker(state)["last_error"]) == (
+        "starting", "command exited with code 7")
+    # A beat written after the statement: it runs (again).
+    wait_until(lambda: write_beat(state, "sup-a", 6700, BEAT.encode()) or
+               mtime(state, "workerbeats", TOPOLOGY, "sup-a-6700")
+               > mtime(state, "supervisors", "sup-a"))
+    assert worker(state) == {
+        "state": "running", "alive": True, "backoff_secs": 0, "last_error": "",
+        "restarts": 6, "uptime_secs": 500, "components": {"main": {
+            "batch_id": 3, "num_input_rows": 5, "input_rows_per_second": 1.0,
+            "processed_rows_per_second": 1.0}}}
+
+
+@pytest.mark.parametrize("entry", [
+    {"state": "exploded"}, {"state": "restarting", "restarts": -1},
+    {"state": "restarting", "backoff_secs": "soon"}, {"state": "dead"},
+    {"state": "restarting", "last_error": 7}])
+def test_a_statement_this_release_cannot_use_counts_as_none(state, entry):
+    write_topology(state, assignment=ONE_WORKER)
+    write_beat(state, "sup-a", 6700, BEAT.encode())
+    say(state, **entry)
+    assert (worker(state)["state"], worker(state)["restarts"]) == ("running", 1)
+
+
+def judged(said: worker_state.Statement | None = None, beat_ms: int | None = 1000,
+           supervisor_ms: int | None = 2000, assignment_ms: int = 0,
+           now_ms: int = 2000) -> tuple[str, int | None, str]:
+    """(state, beat age, last error) of a worker of sup-a (None: no node) at ``now_ms``,
+    with a task timeout of 30 s; every time a ZooKeeper mtime."""
+    got = worker_state.judge(
+        supervisor_id="sup-a",
+        supervisor=None if supervisor_ms is None else (None, supervisor_ms), said=said,
+        beat_mtime_ms=beat_ms, assignment_mtime_ms=assignment_ms, reference_ms=now_ms,
+        timeout_s=30.0)
+    return got.state, got.beat_age_secs, got.last_error
+
+
+def said(state: str, error: str = "") -> worker_state.Statement:
+    return worker_state.Statement(TOPOLOGY, state, 2, 4, error)
+
+
+def test_the_rule_by_zookeepers_clock():
+    # Fresh up to and including the timeout; the age is whole seconds.
+    assert judged(beat_ms=1000, now_ms=31_000) == ("running", 30, "")
+    assert judged(beat_ms=1000, now_ms=31_001, supervisor_ms=31_001) == (
+        "dead", 30, "no beat for 30s (nimbus.task.timeout.secs 30)")
+    # Its supervisor said nothing of it since the leader placed it: on its way, even
+    # with a stale beat of the slot's earlier worker.
+    assert judged(beat_ms=1000, supervisor_ms=40_000, assignment_ms=50_000,
+                  now_ms=50_000) == ("starting", 49, "")
+    # A supervisor whose node holds nothing readable is there, and says nothing.
+    assert judged(beat_ms=None) == ("starting", None, "")
+    assert judged(supervisor_ms=None) == ("dead", 1, "its supervisor sup-a is gone")
+    # Said after the beat: the statement; before it: the (fresh) beat.
+    assert judged(said("restarting", "boom"), beat_ms=1000, supervisor_ms=1000) == (
+        "restarting", 1, "boom")
+    assert judged(said("restarting", "boom"), beat_ms=1500, supervisor_ms=1000) == (
+        "running", 0, "")
+    # "running" said, but no fresh beat: dead, with the error it last knew of.
+    assert judged(said("running", "old"), beat_ms=None) == ("dead", None, "old")
+    assert judged(said("running"), beat_ms=None) == ("dead", None, "no beat")
+
+
+def test_a_statement_names_its_topology_and_port():
+    info = SupervisorInfo(time_secs=1, hostname="h", workers={
+        "6700": {"topology_id": TOPOLOGY, "state": "restarting", "restarts": 3,
+                 "backoff_secs": 8, "last_error": "first line\nsecond"}})
+    assert worker_state.statement(info, TOPOLOGY, 6700) == worker_state.Statement(
+        TOPOLOGY, "restarting", 3, 8, "first line")
+    assert worker_state.statement(info, "other-1-1", 6700) is None
+    assert worker_state.statement(info, TOPOLOGY, 6701) is None
+    assert worker_state.statement(None, TOPOLOGY, 6700) is None
 
 
 def test_unknown_topology_has_no_info(state):

@@ -165,6 +165,7 @@ def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
             name=f"{TOPOLOGY}:{port}", session_id=sup.zk.client_id[0], ended_by="",
             errors_reported=0, started_at=0.0, restarts=0, committed=False,
             kind="pipeline", warm="", topology_components=None, memory_bytes=lambda: 0,
+            last_beat_at=None, last_error="",
             error_budget=status_input.ErrorBudget(per_minute=10**9))
         monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
         rng = random.Random(19)

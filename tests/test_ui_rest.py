@@ -39,7 +39,9 @@ DETAIL_KEYS = {"id", "name", "uptime", "uptimeSeconds", "status", "tasksTotal",
                "components", "errors"}
 WORKER_KEYS = {"supervisorId", "host", "port", "topologyId", "topologyName",
                "executorsTotal", "assignedMemOnHeap", "assignedMemOffHeap", "assignedCpu",
-               "componentNumTasks", "uptime", "uptimeSeconds", "workerLogLink"}
+               "componentNumTasks", "uptime", "uptimeSeconds", "workerLogLink",
+               # nimbus-ha's additions (nimbus/master/worker_state.py)
+               "state", "alive", "beatAgeSecs", "backoffSecs", "lastError", "restarts"}
 
 
 @pytest.fixture
@@ -144,6 +146,46 @@ def test_dashboard_data(ui):
     assert held == {"127.0.0.1:1": (2, 2), "127.0.0.1:2": (0, 2)}
     assert [t["replicationMin"] for t in data["topologies"]] == [1, 1]
     assert data["timeline"][-1]["kind"] == "leader"
+
+
+def test_dashboard_and_topology_page_show_each_workers_state(ui):
+    """Issue 29: a crashed worker showed as alive on the dashboard. The dashboard and
+    /api/v1/topology/:id judge workers as topology-info does (worker_state)."""
+    from nimbus.state.records import SupervisorInfo, WorkerBeat
+
+    tid = ui.ids[0]
+    beat = WorkerBeat(time_secs=1, topology_id=tid, supervisor_id="sup-a", host="host-a",
+                      port=6700, restarts=1, components={"main": {
+                          "batch_id": 2, "processed_rows_per_second": 7.5}})
+
+    def say(state: str, **slot: object) -> None:
+        ui.state.supervisor_heartbeat("sup-a", SupervisorInfo(
+            time_secs=1, hostname="host-a", meta=[6700, 6701, 6702, 6703], workers={
+                "6700": {"topology_id": tid, "state": state, **slot}}))
+
+    def shown() -> tuple:
+        entry = next(t for t in ui.client.get("/api/v1/ui/dashboard").json["topologies"]
+                     if t["id"] == tid)
+        return (entry["workersAlive"], entry["workerStates"], entry["restarts"],
+                entry["recordsPerSecond"])
+
+    def states(**counts: int) -> dict[str, int]:
+        return {s: counts.get(s, 0) for s in ("starting", "running", "frozen", "restarting",
+                                              "dead")}
+
+    ui.state.worker_heartbeat(tid, "sup-a", 6700, beat.encode())
+    wait_until(lambda: shown() == (1, states(running=1), 1, 7.5), 15)
+    # The supervisor says, after the beat, that it crashed: not alive, no rate.
+    say("restarting", restarts=3, backoff_secs=2, last_error="boom")
+    wait_until(lambda: shown() == (0, states(restarting=1), 3, 0.0), 15)
+    (worker,) = ui.client.get(f"/api/v1/topology/{tid}").json["workers"]
+    assert {k: worker[k] for k in ("state", "alive", "backoffSecs", "lastError",
+                                   "restarts", "uptimeSeconds")} == {
+        "state": "restarting", "alive": False, "backoffSecs": 2, "lastError": "boom",
+        "restarts": 3, "uptimeSeconds": 0}
+    # Its supervisor gone: dead.
+    ui.state.zk.delete(ui.state.path("supervisors", "sup-a"))
+    wait_until(lambda: shown() == (0, states(dead=1), 1, 0.0), 15)
 
 
 def test_openapi_covers_every_route():

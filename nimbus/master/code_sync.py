@@ -120,6 +120,8 @@ class CodeSync:
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._complete: bool | None = None
+        #: Live topologies whose code this host lacked after the last pass (a metric).
+        self.missing_count = 0
         self._layout_error = ""  # logged once per distinct problem, not every retry
         # Set by kazoo's event thread, taken by the sync thread: a lock makes the
         # test-and-clear atomic, so a flag raised in between is never lost.
@@ -308,6 +310,7 @@ class CodeSync:
         # Logged when it changes, and after a pass that fetched missing code, so that an
         # operator (or a test) sees the moment this host became able to lead.
         missing = sorted(live - self._store.topologies())
+        self.missing_count = len(missing)
         if missing:
             if self._complete is not False:
                 log.info("code incomplete: missing %d of %d live topologies [%s]",

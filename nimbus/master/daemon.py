@@ -83,7 +83,9 @@ class NimbusDaemon:
                 lambda topology_id: self.store.path(topology_id) / CONF_FILE,
                 conf["topology.min.replication.count"]),
             served_bytes=lambda: self.transfers.served_bytes
-            if getattr(self, "transfers", None) is not None else 0)
+            if getattr(self, "transfers", None) is not None else 0,
+            code_missing=lambda: self.sync.missing_count
+            if getattr(self, "sync", None) is not None else 0)
         self.metrics_server = None  # bound in _wire when nimbus.metrics.port is set
         self.zk = make_zk_client(conf, "nimbus")
         self._prepared = False

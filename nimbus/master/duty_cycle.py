@@ -1,13 +1,16 @@
 """The leader's duties as one cycle, read top to bottom (patroni's ``run_cycle``).
 
 Every ``nimbus.monitor.freq.secs`` (sooner when a worker held back by the scheduler's
-release quarantine may go, and at once when woken) the ``leader-duties`` loop runs
-:meth:`LeaderDutyCycle.run_cycle`:
+release quarantine may go or a rebalance's wait ends, and at once when woken) the
+``leader-duties`` loop runs :meth:`LeaderDutyCycle.run_cycle`:
 
 1. leadership: lead only on a lock whose lease holds (``elector.leadership()``); a
    follower's cycle ends here. The first cycle of a new leadership resets the
    scheduler's heartbeat clocks, so that ages are measured afresh by the new leader;
-2. remove the KILLED topologies whose wait has passed;
+2. remove the KILLED topologies whose wait has passed; complete the rebalances whose
+   wait has passed (REBALANCING back to the previous status with the new count; the
+   deadline is in ZooKeeper, so this is whoever leads by then:
+   :mod:`nimbus.master.rebalancing`);
 3. remove the code of submissions that never completed;
 4. schedule, fenced by the lock node of *this* leadership;
 5. when that moved work, refresh the cluster summary (read-your-writes); then bring each
@@ -18,7 +21,7 @@ release quarantine may go, and at once when woken) the ``leader-duties`` loop ru
    (:mod:`nimbus.master.leader_watchdog`), leader or not.
 
 Others only wake the cycle: the elector when leadership changes, the daemon when it
-stops. Nothing is decided in their callbacks.
+stops, a rebalance that set a deadline. Nothing is decided in their callbacks.
 
 ZooKeeper unreachable: the elector already reports no leadership (SUSPENDED or LOST, or
 a lease that ran out) and every leader write is fenced, so a cycle then does nothing
@@ -77,6 +80,7 @@ class LeaderDutyCycle:
         self.cycles = 0   # cycles completed (tests wait on it)
         self._loop = BackgroundLoop("leader-duties", self.run_cycle, period=self._wait_s,
                                     wait_first=True)
+        lifecycle.add_timer_listener(self.wake)  # a new deadline: compute the wait again
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -91,10 +95,12 @@ class LeaderDutyCycle:
         self._loop.wake()
 
     def _wait_s(self) -> float:
-        release = self._scheduler.next_release_s()  # a held-back worker may go then
-        if release is None:
-            return self._period_s
-        return min(self._period_s, release + RELEASE_MARGIN_S)
+        wait = self._period_s
+        # A held-back worker may go then; a rebalance's wait ends then.
+        for due in (self._scheduler.next_release_s(), self._lifecycle.next_rebalance_s()):
+            if due is not None:
+                wait = min(wait, due + RELEASE_MARGIN_S)
+        return wait
 
     # -- the cycle ----------------------------------------------------------------------
     def run_cycle(self) -> None:
@@ -120,10 +126,11 @@ class LeaderDutyCycle:
             self._node = leadership.node
         try:
             self._lifecycle.remove_due_kills()
+            rebalanced = self._lifecycle.complete_due_rebalances()
             self._lifecycle.remove_orphan_code()
             fence = self._fence(leadership)
             wrote = self._scheduler.schedule(fence)
-            if wrote:
+            if wrote or rebalanced:
                 # Read-your-writes: once a pass has moved work, the summary getClusterInfo
                 # serves shows it (one barrier, only after passes that wrote).
                 self._cache.refresh_now()

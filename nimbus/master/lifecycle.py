@@ -28,6 +28,7 @@ from nimbus.config import Config
 from nimbus.distribution.archive import bundle_kind
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore, atomic_dir, sha256_file
+from nimbus.master import rebalancing
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import ConcurrentChangeError, Fence, StormClusterState
 from nimbus.state.cluster_view import ClusterView
@@ -92,10 +93,15 @@ class TopologyLifecycle:
     def __init__(self, conf: Config, state: StormClusterState, store: LocalCodeStore,
                  distributor: CodeDistributor, elector: LeaderElector, address: str,
                  code_lost: Callable[[], frozenset[str]] = frozenset,
-                 view: ClusterView | None = None):
+                 view: ClusterView | None = None, clock: Callable[[], float] = time.time):
         """``view``: where names and due kills are looked up (every action that does so
-        needs one)."""
+        needs one). ``clock``: epoch seconds, for rebalance deadlines (tests pass a
+        fake)."""
         self.conf = conf
+        self.clock = clock
+        # Called after a rebalance deadline was set (the duty cycle's wake-up, so that it
+        # runs when the deadline passes): see add_timer_listener.
+        self._timer_listeners: list[Callable[[], None]] = []
         self._view = view
         # Live topologies whose code is lost everywhere (CodeSync.lost_topologies): a
         # leader that leads without them accepts no submissions (STORM-3664).
@@ -373,7 +379,9 @@ class TopologyLifecycle:
         def change(_topology_id: str, base: StormBase) -> StormBase | None:
             if base.status == KILLED:
                 return None
-            return replace(base, status=KILLED, kill_at_secs=int(time.time()) + wait)
+            # A rebalance under way ends here (Storm allows kill in REBALANCING).
+            return rebalancing.cleared(replace(base, status=KILLED,
+                                               kill_at_secs=int(time.time()) + wait))
 
         self._change(name, change)
         if wait == 0:
@@ -383,18 +391,26 @@ class TopologyLifecycle:
                 # KILLED is recorded; the duty cycle finishes the removal.
                 log.info("removal of %s deferred to the next duty cycle: %s", name, exc)
 
+    def _refuse_transition(self, name: str, base: StormBase, action: str) -> None:
+        """InvalidTopologyError unless ``action`` may change ``base``: not while it is
+        being killed, nor while it is REBALANCING (Storm's state machine allows only
+        kill then)."""
+        if base.status == KILLED:
+            raise InvalidTopologyError(f"topology {name!r} is being killed")
+        refused = rebalancing.refusal(name, base, action, self.clock())
+        if refused:
+            raise InvalidTopologyError(refused)
+
     def activate(self, name: str) -> None:
         def change(_topology_id: str, base: StormBase) -> StormBase | None:
-            if base.status == KILLED:
-                raise InvalidTopologyError(f"topology {name!r} is being killed")
+            self._refuse_transition(name, base, "activate")
             return None if base.status == ACTIVE else replace(base, status=ACTIVE)
 
         self._change(name, change)
 
     def deactivate(self, name: str) -> None:
         def change(_topology_id: str, base: StormBase) -> StormBase | None:
-            if base.status == KILLED:
-                raise InvalidTopologyError(f"topology {name!r} is being killed")
+            self._refuse_transition(name, base, "deactivate")
             return None if base.status == INACTIVE else replace(base, status=INACTIVE)
 
         self._change(name, change)
@@ -402,15 +418,16 @@ class TopologyLifecycle:
     def rebalance(self, name: str, wait_secs: int | None = None,
                   num_workers: int | None = None,
                   num_executors: dict[str, int] | None = None) -> None:
-        """Change a topology's number of workers (Storm's ``rebalance -n``).
+        """Change a topology's number of workers (Storm's ``rebalance -n N -w S``).
 
-        Only StormBase.num_workers changes here (fenced, like the status changes); the
-        scheduler's next pass grows or shrinks the assignment to it. ``wait_secs`` is
-        accepted for Storm's RebalanceOptions but there is nothing to wait for: workers
-        are added or stopped by the scheduler at once. ``num_executors`` (per-component
-        parallelism) has no meaning for pipeline or process topologies and is refused.
-        Raises InvalidTopologyError for a bad value or a KILLED topology and
-        TopologyNotFoundError for an unknown name.
+        Without a wait (None or 0) only StormBase.num_workers changes here (fenced, like
+        the status changes); the scheduler's next pass grows or shrinks the assignment
+        to it. With a wait of S seconds the topology goes REBALANCING (deactivated: its
+        workers stop) and the leader's duty cycle applies the count and restores the
+        status once S seconds have passed (:mod:`nimbus.master.rebalancing`).
+        ``num_executors`` (per-component parallelism) has no meaning for pipeline or
+        process topologies and is refused. Raises InvalidTopologyError for a bad value
+        or a KILLED or REBALANCING topology and TopologyNotFoundError for an unknown name.
         """
         if num_executors:
             raise InvalidTopologyError(
@@ -426,15 +443,25 @@ class TopologyLifecycle:
             raise InvalidTopologyError(
                 f"rebalance: num_workers must be an integer >= 1, not {num_workers!r}")
 
+        wait = wait_secs or 0
+
         def change(_topology_id: str, base: StormBase) -> StormBase | None:
-            if base.status == KILLED:
-                raise InvalidTopologyError(f"topology {name!r} is being killed")
-            if base.num_workers == num_workers:
-                return None
-            return replace(base, num_workers=num_workers)
+            self._refuse_transition(name, base, "rebalance")
+            return rebalancing.begin(base, num_workers, wait, self.clock())
 
         self._change(name, change)
-        log.info("rebalanced %s to %d workers", name, num_workers)
+        if wait:
+            log.info("rebalancing %s to %d workers after %ds (REBALANCING until then)",
+                     name, num_workers, wait)
+            for listener in list(self._timer_listeners):
+                listener()
+        else:
+            log.info("rebalanced %s to %d workers", name, num_workers)
+
+    def add_timer_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after each rebalance that set a deadline (the duty
+        cycle's wake-up: it then computes its next wait with that deadline)."""
+        self._timer_listeners.append(listener)
 
     # -- duties (called periodically on the leader) ---------------------------------------
     def remove_due_kills(self) -> None:
@@ -449,6 +476,45 @@ class TopologyLifecycle:
                 log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
                 self.state.remove_storm(fence, topology_id)
                 self._delete_shared(topology_id)
+
+    def complete_due_rebalances(self) -> int:
+        """Complete every rebalance whose deadline has passed, whichever leader set it;
+        returns how many were completed. Each is a fenced write that checks the version
+        read, so a kill (or anything else) that came first wins; what was not
+        completed is tried again by the next cycle."""
+        fence = self.elector.fence()
+        if self._view is None:
+            raise RuntimeError("TopologyLifecycle needs a ClusterView for its duties")
+        now = self.clock()
+        done = 0
+        for topology_id, base in self._view.storms().items():
+            if not rebalancing.is_due(base, now):
+                continue
+            got = self.state.storm_base_versioned(topology_id)  # the view may lag
+            if got is None or not rebalancing.is_due(got[0], now):
+                continue
+            finished = rebalancing.finish(got[0])
+            try:
+                self.state.update_storm(fence, topology_id, finished, got[1])
+            except ConcurrentChangeError:
+                log.info("completing the rebalance of %s deferred: it changed meanwhile",
+                         topology_id)
+                continue
+            done += 1
+            log.info("rebalance of %s (%s) completed: %d workers, %s", got[0].storm_name,
+                     topology_id, finished.num_workers, finished.status)
+        return done
+
+    def next_rebalance_s(self) -> float | None:
+        """Seconds until the earliest rebalance deadline still to come (None: none),
+        from the view's memory; None too while the view cannot answer."""
+        if self._view is None:
+            return None
+        try:
+            storms = self._view.storms()
+        except Exception:  # not loaded yet, say: the duty cycle's period applies
+            return None
+        return rebalancing.seconds_until_next(storms.values(), self.clock())
 
     def remove_orphan_code(self) -> None:
         """Remove code nodes of submissions that never completed (their leader died)."""

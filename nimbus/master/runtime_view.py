@@ -15,17 +15,28 @@ Shapes (all keys always present):
     {"id": str, "host": str, "slots": int, "used_slots": int, "ports": [int],
      "used_ports": [int], "uptime_secs": int, "version": str}
 
-``topology_info(state, topology_id)`` (None for an unknown id)::
+``topology_info(state, topology_id, timeout_s=...)`` (None for an unknown id)::
 
     {"id": str, "name": str, "status": str, "owner": str, "uptime_secs": int,
      "num_workers": int,                      # wanted (StormBase), not necessarily placed
      "workers": [{"worker": "worker-<i>", "index": int, "supervisor_id": str, "host": str,
-                  "port": int, "uptime_secs": int, "alive": bool, "restarts": int,
+                  "port": int, "uptime_secs": int, "state": str, "alive": bool,
+                  "beat_age_secs": int | None, "backoff_secs": int, "last_error": str,
+                  "restarts": int, "memory_bytes": int, "warm_start": bool,
                   "components": {name: COMPONENT}}],           # sorted by index
+     "warm_workers": {supervisor_id: {"host", "ready", "starting", "memory_bytes"}},
      "components": {name: {"host_ports": ["host:port"], "batch_id": int | None,
                            "num_input_rows": int, "input_rows_per_second": float,
                            "processed_rows_per_second": float}},
      "errors": ERRORS}
+
+A worker's ``state`` (starting, running, frozen, restarting or dead) is judged by
+:func:`nimbus.master.worker_state.judge` on ZooKeeper's clock; ``alive`` is ``state ==
+"running"``: its beat is fresh, within ``timeout_s`` (``nimbus.task.timeout.secs``). A
+worker that is not running has an ``uptime_secs`` and ``memory_bytes`` of 0 and its
+components keep their last batch id with 0 rows and rates: its last numbers are history,
+not what it does now. ``restarts`` is its supervisor's count when the supervisor says
+one, else its beat's.
 
     COMPONENT = {"batch_id": int | None, "num_input_rows": int,
                  "input_rows_per_second": float, "processed_rows_per_second": float}
@@ -40,8 +51,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from nimbus.master import worker_state
 from nimbus.state.cluster_state import MAX_ERRORS_PER_COMPONENT, StormClusterState
-from nimbus.state.records import Assignment, RecordError, WorkerBeat
+from nimbus.state.records import Assignment, RecordError, SupervisorInfo, WorkerBeat
 
 WORKER_PREFIX = "worker-"  # the scheduler's executor keys: worker-<i>
 # What decoding a record written by another release may raise (TypeError: a required
@@ -143,6 +155,12 @@ def _worker_index(worker: str) -> int:
         return -1
 
 
+def _warm_entry(info: SupervisorInfo) -> dict[str, Any]:
+    return {"host": info.hostname, "ready": _number(info.warm_ready, int),
+            "starting": _number(info.warm_starting, int),
+            "memory_bytes": _number(info.warm_memory_bytes, int)}
+
+
 def warm_workers(state: StormClusterState,
                  supervisor_ids: list[str]) -> dict[str, dict[str, Any]]:
     """supervisor id -> its warm workers (``ready``, ``starting``, ``memory_bytes``), from
@@ -154,50 +172,71 @@ def warm_workers(state: StormClusterState,
         except UNREADABLE:
             continue
         if info is not None:
-            out[supervisor_id] = {"host": info.hostname,
-                                  "ready": _number(info.warm_ready, int),
-                                  "starting": _number(info.warm_starting, int),
-                                  "memory_bytes": _number(info.warm_memory_bytes, int)}
+            out[supervisor_id] = _warm_entry(info)
     return out
 
 
-def topology_info(state: StormClusterState, topology_id: str,
-                  now: float | None = None) -> dict[str, Any] | None:
+def topology_info(state: StormClusterState, topology_id: str, now: float | None = None,
+                  timeout_s: float = worker_state.DEFAULT_TIMEOUT_S) -> dict[str, Any] | None:
     """The topology's workers, components and errors; None if no topology has that id.
 
-    ``now`` (default: this host's clock) is what uptimes are measured against.
+    ``now`` (default: this host's clock) is what uptimes are measured against;
+    ``timeout_s`` (``nimbus.task.timeout.secs``) is how old a worker's beat may be, by
+    ZooKeeper's clock, for the worker to count as running.
     """
     base = state.storm_base(topology_id)
     if base is None:
         return None
     now = time.time() if now is None else now
-    try:
-        assignment = state.assignment_info(topology_id)
-    except UNREADABLE:
-        assignment = None
-    assignment = assignment or Assignment(master_code_dir="")
+    found = state.read_with_stat(Assignment, state.path("assignments", topology_id))
+    assignment = (found[0] if found is not None else None) or Assignment(master_code_dir="")
+    assignment_ms = found[1].mtime if found is not None else 0
+    slots = sorted(((str(w), str(sp[0]), int(sp[1]))
+                    for w, sp in assignment.executor_node_port.items()),
+                   key=lambda slot: _worker_index(slot[0]))
+    # Every node whose mtime is judged is read before the first judgement: the newest
+    # of their mtimes is the reference "now" (worker_state's module docstring).
+    supervisors = {sid: state.read_with_stat(SupervisorInfo, state.path("supervisors", sid))
+                   for sid in sorted({sid for _w, sid, _p in slots})}
+    beats = {(sid, port): state.read_with_stat(
+        WorkerBeat, state.path("workerbeats", topology_id, f"{sid}-{port}"))
+        for _w, sid, port in slots}
+    reference_ms = max([assignment_ms, *(got[1].mtime for got in
+                                         [*supervisors.values(), *beats.values()]
+                                         if got is not None)])
     workers = []
-    for worker, (supervisor_id, port) in sorted(
-            assignment.executor_node_port.items(), key=lambda kv: _worker_index(kv[0])):
-        supervisor_id, port = str(supervisor_id), int(port)
-        try:
-            beat: WorkerBeat | None = state.worker_beat(topology_id, supervisor_id, port)
-            beating = beat is not None
-        except UNREADABLE:
-            beat, beating = None, True  # present (so alive) but unreadable: no numbers
+    for worker, supervisor_id, port in slots:
+        sup = supervisors[supervisor_id]
+        got = beats[(supervisor_id, port)]
+        beat = got[0] if got is not None else None
+        judged = worker_state.judge(
+            supervisor_id=supervisor_id,
+            supervisor=(sup[0], sup[1].mtime) if sup is not None else None,
+            said=worker_state.statement(sup[0] if sup else None, topology_id, port),
+            beat_mtime_ms=got[1].mtime if got is not None else None,
+            assignment_mtime_ms=assignment_ms, reference_ms=reference_ms,
+            timeout_s=timeout_s)
         started = assignment.executor_start_time_secs.get(worker)
         reported = beat.components if beat and isinstance(beat.components, dict) else {}
+        components = {str(name): _component_stats(stats)
+                      for name, stats in sorted(reported.items())}
+        if not judged.alive:  # its last numbers are history, not what it does now
+            components = {name: {**_component_stats({}), "batch_id": stats["batch_id"]}
+                          for name, stats in components.items()}
+        restarts = judged.restarts if judged.restarts is not None else (
+            _number(beat.restarts, int) if beat else 0)
         workers.append({
             "worker": worker, "index": _worker_index(worker),
             "supervisor_id": supervisor_id,
             "host": assignment.node_host.get(supervisor_id, supervisor_id), "port": port,
-            "uptime_secs": max(0, int(now - started)) if started is not None else 0,
-            "alive": beating,
-            "restarts": _number(beat.restarts, int) if beat else 0,
-            "memory_bytes": _number(beat.memory_bytes, int) if beat else 0,
+            "uptime_secs": max(0, int(now - started)) if started is not None
+            and judged.alive else 0,
+            "state": judged.state, "alive": judged.alive,
+            "beat_age_secs": judged.beat_age_secs, "backoff_secs": judged.backoff_secs,
+            "last_error": judged.last_error, "restarts": restarts,
+            "memory_bytes": _number(beat.memory_bytes, int) if beat and judged.alive else 0,
             "warm_start": beat.warm_start is True if beat else False,
-            "components": {str(name): _component_stats(stats)
-                           for name, stats in sorted(reported.items())}})
+            "components": components})
     components: dict[str, dict[str, Any]] = {}
     for w in workers:
         for name, stats in w["components"].items():
@@ -214,6 +253,7 @@ def topology_info(state: StormClusterState, topology_id: str,
     return {"id": topology_id, "name": base.storm_name, "status": base.status,
             "owner": base.owner, "uptime_secs": max(0, int(now - base.launch_time_secs)),
             "num_workers": base.num_workers, "workers": workers,
-            "warm_workers": warm_workers(state, sorted({w["supervisor_id"] for w in workers})),
+            "warm_workers": {sid: _warm_entry(got[0]) for sid, got in supervisors.items()
+                             if got is not None and got[0] is not None},
             "components": dict(sorted(components.items())),
             "errors": errors(state, topology_id)}

@@ -220,6 +220,7 @@ class Scheduler:
         # Every topology gives back what it no longer needs before any grows, so that a
         # slot freed by a deactivate or a rebalance is used in the same pass.
         # Only active topologies run: deactivate frees the slots, checkpoints stay.
+        # A REBALANCING topology is deactivated the same way for its wait.
         for topology_id, workers in kept.items():
             self._trim(workers, wanted[topology_id], free, used)
         for topology_id, base in topologies.items():

@@ -31,8 +31,10 @@ FORMAT_VERSION = 1
 # The executor keys of an Assignment (the scheduler's workers).
 WORKER_KEY_RE = re.compile(r"^worker-[0-9]{1,9}$")
 
-# Storm's topology statuses as TopologySummary.status reports them.
+# Storm's topology statuses as TopologySummary.status reports them. REBALANCING: a
+# rebalance with a wait (``rebalance --wait S``) is under way; see StormBase.
 ACTIVE, INACTIVE, KILLED = "ACTIVE", "INACTIVE", "KILLED"
+REBALANCING = "REBALANCING"
 
 R = TypeVar("R", bound="Record")
 
@@ -190,6 +192,14 @@ class StormBase(Record):
     kill_at_secs: int = 0
     # The client's token for this submission, so that a retried submit is recognised.
     submission_token: str = ""
+    # Set while status is REBALANCING (Storm's prev_status and the RebalanceOptions of
+    # its topology_action_options): the status to return to (ACTIVE or INACTIVE), the
+    # number of workers to apply, and when, in epoch seconds. The leader completes the
+    # rebalance once that time has passed (nimbus.master.rebalancing). All three are
+    # absent (the defaults) in records of earlier releases, and when not rebalancing.
+    prev_status: str = ""
+    rebalance_num_workers: int = 0
+    rebalance_at_secs: int = 0
 
 
 @dataclass
@@ -241,6 +251,12 @@ class SupervisorInfo(Record):
     warm_ready: int = 0
     warm_starting: int = 0
     warm_memory_bytes: int = 0
+    # What it knows of the worker of each slot it is assigned, by port (a string: JSON
+    # keys are): {"topology_id", "state" (starting, running, frozen or restarting),
+    # "restarts", "backoff_secs", "last_error"}. Written by supervisors; read by
+    # nimbus.master.worker_state, which takes a malformed entry for none. Empty in
+    # records of earlier releases, which said nothing of their workers.
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -21,6 +21,8 @@ import os
 import time
 from pathlib import Path
 
+from nimbus.worker.frozen import clear_mark
+
 log = logging.getLogger(__name__)
 
 #: Names the worker's cgroup in its environment (the worker kills it on lease loss).
@@ -65,17 +67,20 @@ def thaw(path: Path) -> bool:
     to every worker in it: a worker thawed without one must not run on."""
     try:
         (path / "cgroup.freeze").write_text("0")
-        return True
     except OSError as exc:
         log.warning("cgroup %s not thawed: %s", path, exc)
         return False
+    clear_mark(path)  # its reaper leaves (nimbus/worker/frozen.py)
+    return True
 
 
 def in_cgroup(path: Path, command: list[str]) -> list[str]:
     """``command`` run so that it joins the cgroup ``path`` before it executes: a shell
     writes its own pid into ``cgroup.procs`` and execs the command (no ``preexec_fn``,
-    which is unsafe in a threaded process)."""
-    return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(path), *command]
+    which is unsafe in a threaded process). The shell calls itself ``nimbus-ha`` (its
+    ``$0``), which is how it signs what it prints if the command cannot be run."""
+    return ["/bin/sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"',
+            "nimbus-ha", str(path), *command]
 
 
 class WorkerCgroups:

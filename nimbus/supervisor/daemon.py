@@ -48,7 +48,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 import signal
 import socket
@@ -74,6 +73,7 @@ from kazoo.protocol.states import KazooState
 import nimbus
 from nimbus import __version__
 from nimbus.config import Config, ConfigError
+from nimbus.master import worker_state
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
@@ -98,6 +98,7 @@ from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.distributor_source import DistributorSource
 from nimbus.supervisor.lease import LeaseKeeper, session_id
 from nimbus.supervisor.lease_record import RECORDS_DIR, clear_records, record_path
+from nimbus.supervisor.orphans import claim, count_orphans, end_overdue
 from nimbus.supervisor.own_assignments import OwnAssignments, assignment_reader
 from nimbus.supervisor.policy import (
     DesiredWorker,
@@ -122,7 +123,9 @@ from nimbus.supervisor.status_input import (
 from nimbus.supervisor.takeover import Orphan, cgroup_of, find_orphans, find_warm_orphans
 from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
 from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, move_log
+from nimbus.supervisor.worker_env import worker_env
 from nimbus.supervisor.worker_handle import (
+    LOG_FILE,
     WORKER_COMMAND,
     WorkerHandle,
     stop_all,
@@ -131,6 +134,7 @@ from nimbus.supervisor.worker_handle import (
 from nimbus.thrift.tls import configure_clients
 from nimbus.timing import WORKER_LEASE_FRACTION, check_timing
 from nimbus.worker.exits import EXIT_WARM_REFUSED
+from nimbus.worker.frozen import ORPHAN_TIMEOUT_KEY, REAPERS_CGROUP
 from nimbus.worker.pipeline import assigned
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
 
@@ -140,10 +144,7 @@ log = logging.getLogger(__name__)
 WORKER_KEY_PREFIXES = ("topology.", "worker.")
 #: ... and these (docs/runtime.md, "Configuration of a worker").
 WORKER_KEYS = ("storm.local.dir", "supervisor.worker.start.timeout.secs",
-               "java.library.path")
-# Environment variables that hold credentials by their names: kept from workers.
-_SECRET_ENV = re.compile(r"(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_?KEY|"
-                         r"PRIVATE_?KEY|PASSPHRASE|SESSION_?KEY)", re.IGNORECASE)
+               "supervisor.worker.orphan.timeout.secs", "java.library.path")
 
 ID_FILE = "id"
 LOCK_FILE = "supervisor.lock"
@@ -154,6 +155,20 @@ CODE_RETRY_S = 5.0
 # under them (an earlier session's node expiring meanwhile, a connection lost mid-commit).
 _REGISTER_ATTEMPTS = 5
 CODE_RETRY_MAX_S = 300.0
+# The supervisor records an error of a slot's worker in /errors once; the same error of
+# that slot again (a crash loop's, a refused fetch retried) only after this long. The
+# slot's state (SupervisorInfo.workers) says meanwhile that it is restarting, and why.
+ERROR_REPEAT_S = 600.0
+RECORDED_KEYS = 16   # errors remembered per slot for that (a worker's two, alternating)
+# Bytes of a worker's log read for the lines quoted when it exits without saying why.
+LOG_TAIL_BYTES = 4096
+LOG_TAIL_LINES = 3
+# The shortest time between two heartbeats written early because a worker's state
+# changed (a crash loop must not rewrite the node at its own pace).
+EARLY_HEARTBEAT_GAP_S = 0.25
+# How often a supervisor ends the frozen workers of this host that are past their end
+# (nimbus/supervisor/orphans.py): their reapers' fallback.
+FROZEN_SWEEP_S = 60.0
 
 
 class SupervisorDirInUseError(OSError):
@@ -171,13 +186,19 @@ class _SlotRecord:
     code_error: str = ""          # the last one's message, recorded once
     cold_reason: str = ""         # why its next start must be cold (a warm one refused)
     waiting_for_warm: bool = False  # its start waits for a warm worker to be ready
+    start_failures: int = 0       # starts in a row whose worker command could not run
+    # Set when its worker exited as a crash or could not be started, until the next
+    # start: it is restarting, after backoff_s, because of last_error.
+    failed: bool = False
+    backoff_s: float = 0.0
+    last_error: str = ""
 
 
 def check_supervisor_conf(conf: Config) -> None:
     """Raise ConfigError for supervisor keys the loop cannot work with."""
     for key in ("supervisor.heartbeat.frequency.secs", "supervisor.worker.timeout.secs",
                 "supervisor.worker.start.timeout.secs", "supervisor.monitor.frequency.secs",
-                "supervisor.code.fetch.timeout.secs"):
+                "supervisor.code.fetch.timeout.secs", ORPHAN_TIMEOUT_KEY):
         if conf[key] <= 0:
             raise ConfigError(f"key {key!r} must be positive, got {conf[key]}")
     if conf["supervisor.worker.shutdown.sleep.secs"] < 0:
@@ -264,11 +285,24 @@ class Supervisor:
         self._start_timeout_s = float(conf["supervisor.worker.start.timeout.secs"])
         self._monitor_s = float(conf["supervisor.monitor.frequency.secs"])
         self._heartbeat_s = float(conf["supervisor.heartbeat.frequency.secs"])
+        # How old a worker's last beat may be for it to count as running (the readers'
+        # rule, nimbus/master/worker_state.py; here on this host's monotonic clock).
+        self._task_timeout_s = float(conf["nimbus.task.timeout.secs"])
         self.started_at = time.time()
 
         self._lock = threading.Lock()           # guards _workers; never held while blocking
         self._workers: dict[int, WorkerHandle] = {}
         self._slots: dict[tuple[str, int], _SlotRecord] = {}   # monitor thread only
+        # The slots the last pass found assigned here (replaced whole by the monitor
+        # thread, read by the heartbeat and metrics threads): what SupervisorInfo.workers
+        # speaks of.
+        self._desired: dict[int, DesiredWorker] = {}
+        # (topology, port) -> {what was recorded in /errors for the slot's worker: when}
+        # (see ERROR_REPEAT_S; at most RECORDED_KEYS each). Written by the monitor and
+        # the status reader threads.
+        self._recorded: dict[tuple[str, int], dict[str, float]] = {}
+        self._recorded_lock = threading.Lock()
+        self._heartbeat_now = threading.Event()  # a worker's state changed: say so now
         self._registered_session: int | None = None
         self._connected = threading.Event()
         self._stop = threading.Event()
@@ -323,7 +357,9 @@ class Supervisor:
             self._running_handles,
             lambda: {key: r.restarts for key, r in list(self._slots.items())},
             warm=lambda: self.warm.summary() if self.warm is not None else None,
-            code_fetches=lambda: dict(self.code.fetched_from))
+            code_fetches=lambda: dict(self.code.fetched_from),
+            states=self.slot_states, frozen_orphans=self._frozen_orphans)
+        self._next_frozen_sweep = 0.0   # time.monotonic(); monitor thread only
         self.metrics_server: MetricsServer | None = None
 
     def _make_warm_pool(self) -> WarmPool | None:
@@ -345,7 +381,8 @@ class Supervisor:
         assert self._warm_command is not None
         pool = WarmPool(
             size, self.supervisor_dir / "warm", self._warm_command, self._warm_spec,
-            _worker_env, self.cgroups, self._start_timeout_s, wake=self._wake.set)
+            lambda: worker_env(self.conf), self.cgroups, self._start_timeout_s,
+            wake=self._wake.set)
         cgroup_root = unified_root() if self.cgroups is not None else None
         kept = pool.adopt(find_warm_orphans(pool.root, cgroup_root), cgroup_root)
         pool.clear_leftovers({d for orphan in self._orphans.values()
@@ -419,6 +456,10 @@ class Supervisor:
         self.cgroups, why = worker_cgroups(self.id)
         if self.cgroups is not None:
             log.info("workers run in cgroups of their own under %s", self.cgroups.base)
+            claim(self.cgroups.base)
+            # Before anything is taken over: a worker frozen past its end is ended, not
+            # thawed (supervisor.worker.orphan.timeout.secs).
+            self._sweep_frozen()
         else:
             log.warning("workers run without cgroups (%s): a command that leaves its "
                         "process group (setsid, a daemon) can outlive its worker; see "
@@ -480,12 +521,15 @@ class Supervisor:
         if self.code.distributor is not None:
             self.code.distributor.close()
         self._lease.stop()
+        self._heartbeat_now.set()
         if self._heartbeat.is_alive():
             self._heartbeat.join(timeout=10)
         if self.view is not None:
             self.view.close()
         if self.cgroups is not None:
-            with contextlib.suppress(OSError):  # empty by now; left if not
+            with contextlib.suppress(OSError):  # empty by now; left if not (a reaper
+                (self.cgroups.base / REAPERS_CGROUP).rmdir()  # of a frozen worker waits)
+            with contextlib.suppress(OSError):
                 self.cgroups.base.rmdir()
         if self.metrics_server is not None:
             self.metrics_server.stop()
@@ -588,7 +632,56 @@ class Supervisor:
                               version=__version__,
                               warm_ready=warm.ready if warm else 0,
                               warm_starting=warm.starting if warm else 0,
-                              warm_memory_bytes=warm.memory_bytes if warm else 0)
+                              warm_memory_bytes=warm.memory_bytes if warm else 0,
+                              workers={str(port): said.as_record()
+                                       for port, said, _ in self._statements()})
+
+    def _statements(self) -> list[tuple[int, worker_state.Statement, float | None]]:
+        """(port, what this supervisor says of its worker, when its beat was last
+        written (time.monotonic(); None: never)) of every slot the last pass found
+        assigned here. Called from the heartbeat and metrics threads: it reads the
+        monitor's records without a lock, each field whole."""
+        handles = {h.port: h for h in self._running_handles()}
+        out = []
+        for port, want in sorted(self._desired.items()):
+            record = self._slots.get((want.topology_id, port))
+            handle = handles.get(port)
+            beat_at = None
+            restarts = record.restarts if record is not None else 0
+            if handle is not None and handle.topology_id == want.topology_id and \
+                    not handle.ended_by:
+                beat_at = handle.last_beat_at
+                state = worker_state.FROZEN if handle.is_frozen() else (
+                    worker_state.STARTING if beat_at is None else worker_state.RUNNING)
+                # A new process of a crash loop: the error that ended the last one.
+                error = handle.last_error or (record.last_error if record and
+                                              state == worker_state.STARTING else "")
+                backoff = 0
+            elif record is not None and record.failed:
+                state, error = worker_state.RESTARTING, record.last_error
+                backoff = int(round(record.backoff_s))
+            else:  # fetching its code, waiting for a warm worker or its turn to start
+                state, backoff = worker_state.STARTING, 0
+                error = record.last_error if record is not None else ""
+            out.append((port, worker_state.Statement(
+                want.topology_id, state, restarts, backoff, worker_state.first_line(error)),
+                beat_at))
+        return out
+
+    def slot_states(self) -> dict[tuple[str, int], str]:
+        """(topology, port) -> the state of the worker of every slot assigned here, by
+        the readers' rule (nimbus/master/worker_state.py) on this host's clock: what
+        ``supervisor_worker_state`` exports. A worker whose beat is older than
+        ``nimbus.task.timeout.secs`` is not running but dead, as the readers show it."""
+        now = time.monotonic()
+        out = {}
+        for port, said, beat_at in self._statements():
+            state = said.state
+            if state == worker_state.RUNNING and (
+                    beat_at is None or now - beat_at > self._task_timeout_s):
+                state = worker_state.DEAD
+            out[(said.topology_id, port)] = state
+        return out
 
     def _register(self, session: int) -> None:
         """Create this session's ephemeral ``/supervisors/<id>``; a node left by an earlier
@@ -642,7 +735,14 @@ class Supervisor:
         log.info("registered supervisor %s (session %s)", self.id, _hex(session))
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self._heartbeat_s):
+        # Every supervisor.heartbeat.frequency.secs, and early (at most every
+        # EARLY_HEARTBEAT_GAP_S) when a worker's state changed: readers judge workers by
+        # what this node says and by when ZooKeeper wrote it (nimbus/master/worker_state).
+        while not self._stop.is_set():
+            self._heartbeat_now.wait(self._heartbeat_s)
+            self._heartbeat_now.clear()
+            if self._stop.is_set():
+                return
             session = session_id(self.zk)
             if session is None or session != self._registered_session:
                 continue  # the monitor registers a new session first
@@ -653,6 +753,7 @@ class Supervisor:
                 self._wake.set()
             except KazooException as exc:
                 log.debug("supervisor heartbeat failed: %s", exc)
+            self._stop.wait(EARLY_HEARTBEAT_GAP_S)
 
     # -- the reconcile loop ---------------------------------------------------------------
     def _monitor_loop(self) -> None:
@@ -663,6 +764,7 @@ class Supervisor:
                     log.info("the cluster's layout is there: reconciling")
                     self._layout_problem = ""
                 self._fill_warm()
+                self._sweep_frozen()
             except LayoutMissingError as exc:
                 if str(exc) != self._layout_problem:   # once, not at every pass
                     log.error("nothing started or stopped: %s", exc)
@@ -675,6 +777,23 @@ class Supervisor:
                 self.passes += 1
             self._wake.wait(self._next_wait())
             self._wake.clear()
+
+    def _sweep_frozen(self) -> None:
+        """End the frozen workers of this host past their end (any supervisor's: the
+        deadline is each worker's own), every FROZEN_SWEEP_S; see nimbus/supervisor/
+        orphans.py. Monitor thread (and start)."""
+        root = unified_root() if self.cgroups is not None else None
+        if root is None or time.monotonic() < self._next_frozen_sweep:
+            return
+        self._next_frozen_sweep = time.monotonic() + FROZEN_SWEEP_S
+        end_overdue(root)
+
+    def _frozen_orphans(self) -> int:
+        """Frozen workers of this host whose supervisor process is gone (metrics)."""
+        root = unified_root() if self.cgroups is not None else None
+        if root is None or self.cgroups is None:
+            return 0
+        return count_orphans(root, self.cgroups.base)
 
     def _fill_warm(self) -> None:
         if self.warm is None or self._stop.is_set():
@@ -712,6 +831,9 @@ class Supervisor:
         self._warm_waiters = 0  # slots of this pass that wait for a starting warm worker
         assignments = self._read_assignments(frozen)
         desired = desired_workers(assignments, self.id, self.ports)
+        if desired != self._desired:
+            self._desired = desired
+            self._heartbeat_now.set()
         num_workers = self._num_workers({w.topology_id for w in desired.values()}, frozen)
         self._stop_unwanted(desired, num_workers, frozen)
         self._kill_silent()
@@ -807,8 +929,14 @@ class Supervisor:
             delay = record.backoff.delay_after_exit(ran_s, healthy=healthy)
             record.not_before = now + delay
             if handle.ended_by != "timeout" and handle.errors_reported == 0:
+                message = f"worker exited with code {code}"
+                tail = _log_tail(handle.worker_dir / LOG_FILE, handle.log_offset) \
+                    if code and code > 0 and handle.log_offset is not None else ""
                 self._report(handle, handle_executor(handle),
-                             f"worker exited with code {code}")
+                             f"{message}: {tail}" if tail else message)
+            record.failed, record.backoff_s = True, delay
+            record.last_error = handle.last_error or f"worker exited with code {code}"
+            self._heartbeat_now.set()
             log.warning("worker %s exited with code %s; restart in %.0fs", handle.name, code,
                         delay)
 
@@ -894,7 +1022,9 @@ class Supervisor:
                 message = f"worker sent no status for {quiet:.0f}s ({key} {limit:.0f}); killed"
                 log.warning("worker %s: %s", handle.name, message)
                 handle.kill("timeout")
-                self._report(handle, handle_executor(handle), message)
+                # The same text for the next silent process of a crash loop: one record.
+                self._report(handle, handle_executor(handle), message,
+                             key=f"silent:{key}")
 
     def _ensure_running(self, want: DesiredWorker, assignment: Assignment, num_workers: int,
                         session: int) -> None:
@@ -924,9 +1054,15 @@ class Supervisor:
             record.not_before = time.monotonic() + delay
             log.warning("cannot start worker %s:%d: %s (next try in %.1fs)",
                         want.topology_id, want.port, exc, delay)
-            if isinstance(exc, CodeVerificationError) and str(exc) != record.code_error:
-                record.code_error = str(exc)  # the topology's owner must hear of it
-                self._report_topology(want, f"its code cannot be used here: {exc}")
+            # The topology's owner must hear of it (issue 29: a refused download was a
+            # supervisor's WARNING only), once per kind of failure and ERROR_REPEAT_S:
+            # the text names nimbuses in a random order, so it is no key.
+            corrupt = isinstance(exc, CodeVerificationError)
+            text = (f"its code cannot be used here: {exc}" if corrupt else
+                    f"its code cannot be fetched: {exc}")
+            record.code_error = str(exc)
+            self._failed_start(want, record, delay, text,
+                               key="code:corrupt" if corrupt else "code:unavailable")
             return
         if code_dir is None:
             return
@@ -970,15 +1106,32 @@ class Supervisor:
 
         log.info("starting worker %s:%d (restart %d)", want.topology_id, want.port,
                  record.restarts)
-        env = _worker_env()
+        env = worker_env(self.conf)
         if handle.run_as is not None:
             account = account_for(want.topology_id)
             env.update(HOME=str(worker_dir), USER=account, LOGNAME=account)
             if handle.cgroup is not None:  # it kills its own cgroup on lease loss
                 os.chown(handle.cgroup / "cgroup.kill", *handle.run_as)
-        handle.start(write_spec, env=env)
+        try:
+            handle.start(write_spec, env=env)
+        except OSError as exc:
+            # The worker command cannot be run at all (a missing interpreter, a full
+            # process table): retried as a fetch is, and said, not a reconcile failure.
+            if handle.cgroup is not None and self.cgroups is not None:
+                self.cgroups.remove(handle.cgroup)
+            record.start_failures += 1
+            delay = min(CODE_RETRY_MAX_S, CODE_RETRY_S * 2 ** (record.start_failures - 1))
+            record.not_before = time.monotonic() + delay
+            log.warning("cannot start worker %s:%d: %s (next try in %.1fs)",
+                        want.topology_id, want.port, exc, delay)
+            self._failed_start(want, record, delay,
+                               f"cannot run the worker command {self._worker_command[0]}: "
+                               f"{exc}", key="spawn")
+            return
+        record.start_failures, record.failed = 0, False
         with self._lock:
             self._workers[want.port] = handle
+        self._heartbeat_now.set()
         # Its first lease from a round trip that shows its assignment: asked for now.
         self._lease.wake()
         if not self._connected.is_set():
@@ -1096,6 +1249,7 @@ class Supervisor:
         handle.worker_index, handle.num_workers = want.worker_index, spec.num_workers
         handle.kind = "pipeline"
         handle.started_at, handle.last_status_at = time.monotonic(), None
+        handle.last_beat_at, handle.last_error = None, ""
         handle.rebind(self._on_status, self._on_closed)
         if not handle.take(worker_dir):
             log.warning("worker %s:%d starts cold: warm worker %s is gone",
@@ -1105,8 +1259,10 @@ class Supervisor:
         handle.record_path = record_path(self.supervisor_dir, want.topology_id, want.port)
         log.info("starting worker %s:%d (restart %d) on warm worker %s (pid %s)",
                  want.topology_id, want.port, record.restarts, warm_dir.name, handle.pid)
+        record.start_failures, record.failed = 0, False
         with self._lock:
             self._workers[want.port] = handle
+        self._heartbeat_now.set()
         self._lease.wake()
         if not self._connected.is_set():
             handle.kill("lost")
@@ -1190,6 +1346,9 @@ class Supervisor:
         for topology_id in list(self._slots):
             if topology_id[0] not in keep:
                 del self._slots[topology_id]
+        with self._recorded_lock:
+            for slot in [s for s in self._recorded if s[0] not in keep]:
+                del self._recorded[slot]
         if self.workers_dir.is_dir():
             for worker_dir in self.workers_dir.iterdir():
                 if worker_dir.name.rsplit("-", 1)[0] not in keep:
@@ -1255,27 +1414,61 @@ class Supervisor:
             self.state.worker_heartbeat(handle.topology_id, self.id, handle.port,
                                         record.encode())
         except NoNodeError:
-            pass  # the topology was removed: its beats directory is gone for good
+            return  # the topology was removed: its beats directory is gone for good
         except KazooException as exc:
             log.debug("beat of %s not written: %s", handle.name, exc)
+            return
+        first = handle.last_beat_at is None
+        handle.last_beat_at = time.monotonic()
+        if first:  # it runs now: said at once, not a heartbeat later
+            self._heartbeat_now.set()
 
-    def _report_topology(self, want: DesiredWorker, text: str) -> None:
-        """Record an error of a worker that could not even start (its ``worker-<i>``)."""
-        try:
-            self.state.report_error(want.topology_id, want.executor, ErrorInfo(
-                error=text, error_time_secs=int(time.time()), host=self.host,
-                port=want.port))
-        except KazooException as exc:
-            log.warning("error of %s:%d not recorded in ZooKeeper: %s", want.topology_id,
-                        want.port, exc)
+    def _failed_start(self, want: DesiredWorker, record: _SlotRecord, delay: float,
+                      text: str, key: str) -> None:
+        """A worker that could not be started (its code, its command): its slot is
+        restarting after ``delay`` because of ``text``, recorded as its error (its
+        ``worker-<i>``; once per ``key`` and ERROR_REPEAT_S)."""
+        record.failed, record.backoff_s = True, delay
+        record.last_error = worker_state.first_line(text)
+        self._record_error(want.topology_id, want.port, want.executor, text, key)
+        self._heartbeat_now.set()
 
-    def _report(self, handle: WorkerHandle, component: str, text: str) -> None:
+    def _report(self, handle: WorkerHandle, component: str, text: str,
+                key: str | None = None) -> None:
+        """Record an error of ``handle``'s worker (see :meth:`_record_error`)."""
+        handle.last_error = worker_state.first_line(text)
+        self._record_error(handle.topology_id, handle.port, component, text, key)
+
+    def _record_error(self, topology_id: str, port: int, component: str, text: str,
+                      key: str | None = None) -> bool:
+        """Record an error of the worker of slot ``port`` in /errors (what ``nimbus-ha
+        errors`` and the UI show), unless the slot's last recorded error had the same
+        ``key`` (default: the component and the text) less than ERROR_REPEAT_S ago: a
+        crash loop, or a fetch retried, records one error, not one per try. True if
+        recorded. Called from the monitor and the status reader threads."""
+        key = key if key is not None else f"{component}\n{text}"
+        slot = (topology_id, port)
+        now = time.monotonic()
+        with self._recorded_lock:
+            seen = self._recorded.setdefault(slot, {})
+            if now - seen.get(key, -ERROR_REPEAT_S) < ERROR_REPEAT_S:
+                log.debug("error of %s:%d not recorded again: %s", topology_id, port,
+                          worker_state.first_line(text))
+                return False
+            seen[key] = now
+            while len(seen) > RECORDED_KEYS:
+                del seen[min(seen, key=seen.__getitem__)]
         try:
-            self.state.report_error(handle.topology_id, component, ErrorInfo(
-                error=text, error_time_secs=int(time.time()), host=self.host,
-                port=handle.port))
+            self.state.report_error(topology_id, component, ErrorInfo(
+                error=text, error_time_secs=int(time.time()), host=self.host, port=port))
+            return True
         except KazooException as exc:
-            log.warning("error of %s not recorded in ZooKeeper: %s", handle.name, exc)
+            with self._recorded_lock:  # not recorded: the next one may be
+                if self._recorded.get(slot, {}).get(key) == now:
+                    del self._recorded[slot][key]
+            log.warning("error of %s:%d not recorded in ZooKeeper: %s", topology_id, port,
+                        exc)
+            return False
 
 
 def handle_executor(handle: WorkerHandle) -> str:
@@ -1283,21 +1476,20 @@ def handle_executor(handle: WorkerHandle) -> str:
     return f"worker-{handle.worker_index}"
 
 
-def _worker_env() -> dict[str, str]:
-    """The supervisor's environment without its credentials (variables named like
-    ``AWS_SECRET_ACCESS_KEY``, ``*_PASSWORD``, ``*_TOKEN``), with this nimbus package
-    importable by the worker (which runs in its own directory) even when it is not
-    installed."""
-    env = {name: value for name, value in os.environ.items() if not _secret_env(name)}
-    source_root = str(Path(nimbus.__file__).resolve().parent.parent)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if source_root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([source_root, *paths])
-    return env
-
-
-def _secret_env(name: str) -> bool:
-    return _SECRET_ENV.search(name) is not None
+def _log_tail(path: Path, offset: int, max_bytes: int = LOG_TAIL_BYTES,
+              lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` non-empty lines a worker wrote to its log from ``offset`` on
+    (of its last ``max_bytes``), joined by " | ": what a worker that exited without
+    saying why last printed (a shell that could not exec its command, an interpreter
+    that failed before the worker's code ran). "" if there is none."""
+    try:
+        with open(path, "rb") as log_file:
+            log_file.seek(max(offset, os.fstat(log_file.fileno()).st_size - max_bytes))
+            text = log_file.read(max_bytes).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)
 
 
 def _hex(session: int | None) -> str:

@@ -31,7 +31,7 @@ ERRORS_PER_MINUTE = 12
 MAX_BEAT_COMPONENTS = 64
 #: The fields of a component's progress a beat carries (WorkerBeat, docs/runtime.md).
 BEAT_FIELDS = ("batch_id", "num_input_rows", "input_rows_per_second",
-               "processed_rows_per_second", "timestamp", "pid")
+               "processed_rows_per_second", "timestamp", "pid", "input_waiting")
 _MAX_FIELD_CHARS = 64
 
 

@@ -86,6 +86,11 @@ class WorkerHandle:
         self.process: subprocess.Popen[bytes] | TakenOverProcess | None = None
         self.started_at = 0.0            # time.monotonic()
         self.last_status_at: float | None = None
+        # When its supervisor last wrote its beat to ZooKeeper (time.monotonic(); None
+        # before the first): it counts as running only from then (worker_state).
+        self.last_beat_at: float | None = None
+        self.last_error = ""             # the first line of its newest error
+        self.log_offset: int | None = None  # where its output begins in worker.log
         self.errors_reported = 0
         self.error_budget = ErrorBudget()   # errors it may still record (status_input)
         self.lease_deadline: float | None = None   # the newest deadline sent
@@ -151,6 +156,9 @@ class WorkerHandle:
                 env = {**(env if env is not None else os.environ),
                        CGROUP_ENV: str(self.cgroup)}
             with open(self.worker_dir / LOG_FILE, "ab") as out:
+                # Where this process's output begins in the log (a slot's processes
+                # share it): what it printed is quoted if it exits without a word.
+                self.log_offset = os.fstat(out.fileno()).st_size
                 self.process = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL,
                     stdout=out, stderr=subprocess.STDOUT, pass_fds=(lease_r, status_w),

@@ -352,10 +352,13 @@ class NimbusClient:
         self.on_leader(lambda c: c.deactivate(name))
 
     def rebalance(self, name: str, num_workers: int, wait_secs: int | None = None) -> None:
-        """Give topology ``name`` ``num_workers`` workers (Storm's ``rebalance -n``).
+        """Give topology ``name`` ``num_workers`` workers (Storm's ``rebalance -n -w``).
 
-        Raises InvalidTopologyException for a bad value and NotAliveException for an
-        unknown name; the leader's scheduler resizes the assignment on its next pass.
+        Raises InvalidTopologyException for a bad value (or a topology being killed or
+        already REBALANCING) and NotAliveException for an unknown name. Without
+        ``wait_secs`` (or 0) the leader's scheduler resizes the assignment on its next
+        pass; with it the topology is REBALANCING, its workers stopped, for that many
+        seconds, and then resized and back to its previous status.
         """
         opts = storm.RebalanceOptions(wait_secs=wait_secs, num_workers=num_workers)
         self.on_leader(lambda c: c.rebalance(name, opts))

@@ -44,7 +44,7 @@ from nimbus.state.cluster_state import (
 )
 from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.records import ACTIVE, INACTIVE, RecordError
-from nimbus.thrift import NOT_LEADER_PREFIX, storm
+from nimbus.thrift import NOT_LEADER_PREFIX, page_info, storm
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
     authorizer_from_conf,
@@ -268,8 +268,9 @@ class NimbusHandler:
         self.cache.refresh_now()
 
     def rebalance(self, name: str, options: Any) -> None:
-        """Storm's rebalance: only ``num_workers`` is honoured (see lifecycle.rebalance);
-        the leader's scheduler then grows or shrinks the assignment on its next pass."""
+        """Storm's rebalance: ``num_workers`` and ``wait_secs`` (see lifecycle.rebalance).
+        Without a wait the leader's scheduler grows or shrinks the assignment on its
+        next pass; with one the topology is REBALANCING (deactivated) until it ends."""
         wait = options.wait_secs if options is not None else None
         workers = options.num_workers if options is not None else None
         executors = options.num_executors if options is not None else None
@@ -462,11 +463,16 @@ class NimbusHandler:
 
         A worker whose beat names no component yet (just placed, or not started) shows
         as Storm's ``__system`` component, so that its host and port are still listed.
+        A worker that is not running (nimbus/master/worker_state.py: no fresh beat within
+        ``nimbus.task.timeout.secs``) has an ``uptime_secs`` of 0, as ``topology-info``
+        shows it.
         """
         self._authorize_read(id)
         # One topology: read fresh (cheap), unlike the cached cluster-wide summary.
         _check_id(id)
-        info = _readable(lambda: runtime_view.topology_info(self.reads, id))
+        timeout_s = float(self.conf["nimbus.task.timeout.secs"])
+        info = _readable(lambda: runtime_view.topology_info(self.reads, id,
+                                                            timeout_s=timeout_s))
         if info is None:
             raise storm.NotAliveException(msg=f"no live topology with id {id!r}")
         executors = []
@@ -510,3 +516,100 @@ class NimbusHandler:
         return deserialize(storm.StormTopology(), data, _PROTO)
 
     getUserTopology = getTopology
+
+    # -- Storm UI's pages (any nimbus, as getTopologyInfo; nimbus/thrift/page_info.py) ----
+    def _fresh_topology_info(self, topology_id: str) -> dict[str, Any]:
+        """runtime_view.topology_info of one topology, read fresh from ZooKeeper as
+        getTopologyInfo reads it; NotAliveException for an unknown id."""
+        _check_id(topology_id)
+        timeout_s = float(self.conf["nimbus.task.timeout.secs"])
+        info = _readable(lambda: runtime_view.topology_info(self.reads, topology_id,
+                                                            timeout_s=timeout_s))
+        if info is None:
+            raise storm.NotAliveException(msg=f"no live topology with id {topology_id!r}")
+        return info
+
+    def _redacted_conf(self, topology_id: str) -> str | None:
+        """What getTopologyConf answers (secrets redacted), or None when this nimbus holds
+        no readable copy of the topology's code yet."""
+        try:
+            topo_conf = json.loads(self._code_file(topology_id, CONF_FILE).decode())
+        except (storm.NotAliveException, ValueError):
+            return None
+        return json.dumps(redact(topo_conf), sort_keys=True)
+
+    def getTopologyPageInfo(self, id: str, window: str | None,  # noqa: A002
+                            is_include_sys: bool | None) -> Any:
+        """Storm UI's topology page: the topology's summary, its redacted conf, one bolt
+        per component with its last error, its workers, and the current numbers under
+        ``window`` (default ``:all-time``; every window is answered alike: nimbus-ha
+        keeps no windowed counters). The caller must be allowed to read the topology,
+        as for getTopologyInfo; an unknown id is NotAliveException."""
+        self._authorize_read(id)
+        info = self._fresh_topology_info(id)
+        return page_info.topology_page(
+            info, window, bool(is_include_sys), topology_conf=self._redacted_conf(id),
+            replication_count=self.lifecycle.distributor.get_replication_count(id))
+
+    def getComponentPageInfo(self, topology_id: str, component_id: str,
+                             window: str | None, is_include_sys: bool | None) -> Any:
+        """Storm UI's component page: one of the components getTopologyInfo names (a
+        query, ``main``, ``__system``, or a component that only has errors), as a bolt,
+        with one ExecutorAggregateStats per worker that runs it and its kept errors,
+        newest first. NotAliveException for an unknown topology or component; the read
+        rule of getTopologyInfo applies."""
+        self._authorize_read(topology_id)
+        info = self._fresh_topology_info(topology_id)
+        return page_info.component_page(info, component_id, window, bool(is_include_sys))
+
+    def _may_read(self, topology_id: str) -> bool:
+        """Whether the caller passes getTopologyInfo's read rule for the topology."""
+        try:
+            self._authorize_read(topology_id)
+        except storm.AuthorizationException:
+            return False
+        return True
+
+    def getSupervisorPageInfo(self, id: str | None, host: str | None,  # noqa: A002
+                              is_include_sys: bool | None) -> Any:
+        """Storm UI's supervisor page: the supervisor ``id``, or with ``id`` unset (or
+        empty) every supervisor on ``host``, each as getClusterInfo summarises it, and
+        the workers the leader placed on them, sorted by supervisor and port.
+
+        Open to every client, as getClusterInfo is (Storm's rule). As in Storm, a worker
+        of a topology the caller may not read (the read rule of getTopologyInfo) is
+        listed without its ``component_to_num_tasks``. NotAliveException when no live
+        supervisor has that id, or none runs on that host."""
+        snap = self.cache.snapshot  # the supervisors getClusterInfo lists
+        if id:
+            if id not in snap.supervisors:
+                raise storm.NotAliveException(msg=f"no live supervisor with id {id[:200]!r}")
+            chosen = [id]
+        elif host:
+            chosen = sorted(sid for sid, info in snap.supervisors.items()
+                            if info.hostname == host)
+            if not chosen:
+                raise storm.NotAliveException(msg=f"no live supervisor on host {host[:200]!r}")
+        else:
+            raise storm.NotAliveException(msg="getSupervisorPageInfo: give a supervisor id "
+                                              "or a host")
+        used = runtime_view.used_ports_by_supervisor(snap.assignments)
+        summaries = [page_info.supervisor_summary(sid, snap.supervisors[sid],
+                                                  used.get(sid, []))
+                     for sid in chosen]
+        topologies = sorted(topology_id for topology_id, assignment in snap.assignments.items()
+                            if any(str(slot[0]) in chosen
+                                   for slot in assignment.executor_node_port.values()))
+        workers = []
+        for topology_id in topologies:
+            try:  # read fresh: where its workers are now, and how they run
+                info = self._fresh_topology_info(topology_id)
+                readable = self._may_read(topology_id)
+            except storm.NotAliveException:
+                continue  # killed since the snapshot
+            workers += [(w["supervisor_id"], w["port"],
+                         page_info.worker_summary(info, w, bool(is_include_sys), readable))
+                        for w in info["workers"] if w["supervisor_id"] in chosen]
+        workers.sort(key=lambda found: (chosen.index(found[0]), found[1]))
+        return storm.SupervisorPageInfo(supervisor_summaries=summaries,
+                                        worker_summaries=[w for _s, _p, w in workers])

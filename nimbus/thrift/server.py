@@ -172,6 +172,13 @@ class BadRequestError(Exception):
 # The arguments a Nimbus method may be called without (they are optional in Storm's
 # clients too); a call missing any other is answered with an error, never run.
 OPTIONAL_ARGUMENTS = frozenset({"topology", "options"})
+# Per method: Storm UI asks getSupervisorPageInfo by id *or* host (the other null, so
+# not sent), and a client may leave the page calls' window and is_include_sys unset.
+OPTIONAL_ARGUMENTS_OF = {
+    "getSupervisorPageInfo": frozenset({"id", "host", "is_include_sys"}),
+    "getTopologyPageInfo": frozenset({"window", "is_include_sys"}),
+    "getComponentPageInfo": frozenset({"window", "is_include_sys"}),
+}
 
 
 class _Processor(TProcessor):
@@ -194,7 +201,8 @@ class _Processor(TProcessor):
         except Exception as exc:
             raise BadRequestError(f"{type(exc).__name__}: {exc}") from exc
         names = [spec[1] for spec in args.thrift_spec.values()]
-        missing = [n for n in names if getattr(args, n) is None and n not in OPTIONAL_ARGUMENTS]
+        optional = OPTIONAL_ARGUMENTS | OPTIONAL_ARGUMENTS_OF.get(api, frozenset())
+        missing = [n for n in names if getattr(args, n) is None and n not in optional]
         if missing:
             return api, seqid, TApplicationException(
                 TApplicationException.PROTOCOL_ERROR,

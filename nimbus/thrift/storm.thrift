@@ -249,6 +249,131 @@ struct TopologyInfo {
 }
 
 # ---------------------------------------------------------------------------
+# Page info (getTopologyPageInfo, getSupervisorPageInfo, getComponentPageInfo):
+# Storm UI's aggregates, Storm 1.1.1's definitions.  Window maps are keyed by
+# ":all-time", "600", "10800", "86400"; docs/how-it-works.md says what nimbus-ha
+# puts in each field.
+# ---------------------------------------------------------------------------
+
+struct CommonAggregateStats {
+  1: optional i32 num_executors;
+  2: optional i32 num_tasks;
+  3: optional i64 emitted;
+  4: optional i64 transferred;
+  5: optional i64 acked;
+  6: optional i64 failed;
+  7: optional map<string, double> resources_map;
+}
+
+struct SpoutAggregateStats {
+  1: optional double complete_latency_ms;
+}
+
+struct BoltAggregateStats {
+  1: optional double execute_latency_ms;
+  2: optional double process_latency_ms;
+  3: optional i64 executed;
+  4: optional double capacity;
+}
+
+union SpecificAggregateStats {
+  1: BoltAggregateStats bolt;
+  2: SpoutAggregateStats spout;
+}
+
+enum ComponentType {
+  BOLT = 1,
+  SPOUT = 2
+}
+
+struct ComponentAggregateStats {
+  1: optional ComponentType type;
+  2: optional CommonAggregateStats common_stats;
+  3: optional SpecificAggregateStats specific_stats;
+  4: optional ErrorInfo last_error;
+}
+
+struct TopologyStats {
+  1: optional map<string, i64> window_to_emitted;
+  2: optional map<string, i64> window_to_transferred;
+  3: optional map<string, double> window_to_complete_latencies_ms;
+  4: optional map<string, i64> window_to_acked;
+  5: optional map<string, i64> window_to_failed;
+}
+
+struct WorkerSummary {
+    1: optional string supervisor_id;
+    2: optional string host;
+    3: optional i32 port;
+    4: optional string topology_id;
+    5: optional string topology_name;
+    6: optional i32 num_executors;
+    7: optional map<string, i64> component_to_num_tasks;
+    8: optional i32 time_secs;
+    9: optional i32 uptime_secs;
+  521: optional double requested_memonheap;
+  522: optional double requested_memoffheap;
+  523: optional double requested_cpu;
+  524: optional double assigned_memonheap;
+  525: optional double assigned_memoffheap;
+  526: optional double assigned_cpu;
+}
+
+struct SupervisorPageInfo {
+  1: optional list<SupervisorSummary> supervisor_summaries;
+  2: optional list<WorkerSummary> worker_summaries;
+}
+
+struct TopologyPageInfo {
+    1: required string id;
+    2: optional string name;
+    3: optional i32 uptime_secs;
+    4: optional string status;
+    5: optional i32 num_tasks;
+    6: optional i32 num_workers;
+    7: optional i32 num_executors;
+    8: optional string topology_conf;
+    9: optional map<string, ComponentAggregateStats> id_to_spout_agg_stats;
+   10: optional map<string, ComponentAggregateStats> id_to_bolt_agg_stats;
+   11: optional string sched_status;
+   12: optional TopologyStats topology_stats;
+   13: optional string owner;
+   14: optional DebugOptions debug_options;
+   15: optional i32 replication_count;
+   16: optional list<WorkerSummary> workers;
+  521: optional double requested_memonheap;
+  522: optional double requested_memoffheap;
+  523: optional double requested_cpu;
+  524: optional double assigned_memonheap;
+  525: optional double assigned_memoffheap;
+  526: optional double assigned_cpu;
+}
+
+struct ExecutorAggregateStats {
+  1: optional ExecutorSummary exec_summary;
+  2: optional ComponentAggregateStats stats;
+}
+
+struct ComponentPageInfo {
+   1: required string component_id;
+   2: required ComponentType component_type;
+   3: optional string topology_id;
+   4: optional string topology_name;
+   5: optional i32 num_executors;
+   6: optional i32 num_tasks;
+   7: optional map<string, ComponentAggregateStats> window_to_stats;
+   8: optional map<GlobalStreamId, ComponentAggregateStats> gsid_to_input_stats;
+   9: optional map<string, ComponentAggregateStats> sid_to_output_stats;
+  10: optional list<ExecutorAggregateStats> exec_stats;
+  11: optional list<ErrorInfo> errors;
+  12: optional string eventlog_host;
+  13: optional i32 eventlog_port;
+  14: optional DebugOptions debug_options;
+  15: optional string topology_status;
+  16: optional map<string, double> resources_map;
+}
+
+# ---------------------------------------------------------------------------
 # Options for submit / kill / rebalance
 # ---------------------------------------------------------------------------
 
@@ -327,5 +452,14 @@ service Nimbus {
   StormTopology getTopology(1: string id)
       throws (1: NotAliveException e, 2: AuthorizationException aze);
   StormTopology getUserTopology(1: string id)
+      throws (1: NotAliveException e, 2: AuthorizationException aze);
+  # Storm UI's pages (Storm 1.1.1's signatures).  getSupervisorPageInfo takes a supervisor id or,
+  # with id unset, a host; window and is_include_sys may be left unset (":all-time",
+  # false).
+  TopologyPageInfo getTopologyPageInfo(1: string id, 2: string window, 3: bool is_include_sys)
+      throws (1: NotAliveException e, 2: AuthorizationException aze);
+  SupervisorPageInfo getSupervisorPageInfo(1: string id, 2: string host, 3: bool is_include_sys)
+      throws (1: NotAliveException e, 2: AuthorizationException aze);
+  ComponentPageInfo getComponentPageInfo(1: string topology_id, 2: string component_id, 3: string window, 4: bool is_include_sys)
       throws (1: NotAliveException e, 2: AuthorizationException aze);
 }

@@ -3,8 +3,8 @@
 They go through :class:`NimbusClient`, exactly as the CLI's commands do (so ZooKeeper
 changes exactly as after ``nimbus-ha deactivate NAME``), and it finds the leader,
 follows redirects and retries across a failover until its deadline. Thrift's answers
-become HTTP statuses here: no leader -> 503, unknown -> 404, wrong state -> 409,
-bad value -> 400.
+become HTTP statuses here: no leader -> 503, unknown -> 404, wrong state (being killed,
+or REBALANCING for anything but kill) -> 409, bad value -> 400.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from thriftpy2.thrift import TApplicationException, TException
 
 from nimbus.redaction import mask
-from nimbus.state.records import KILLED
+from nimbus.state.records import KILLED, REBALANCING
 from nimbus.thrift import storm
 from nimbus.thrift.client import CONNECTION_ERRORS, NimbusClient, NimbusUnavailableError
 
@@ -48,6 +48,10 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
     only words the answer when the leader refuses the UI itself."""
     if status == KILLED:
         raise ApiError(409, "Conflict", f"topology {name!r} is being killed")
+    if status == REBALANCING and action != "kill":
+        raise ApiError(409, "Conflict", f"topology {name!r} is {REBALANCING}: {action} is "
+                                        "refused until the rebalance completes; kill is "
+                                        "allowed")
     try:
         if action == "activate":
             client.activate(name)
@@ -74,12 +78,17 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
             from None
     except storm.InvalidTopologyException as exc:
         message = mask(exc.msg or "invalid request")
-        # The leader refuses a KILLED topology with this message (lifecycle.py): a
-        # state, not a bad value, so 409 (it may have been killed since we looked).
-        if "being killed" in message:
+        # The leader refuses a KILLED or REBALANCING topology with these words
+        # (lifecycle.py): a state, not a bad value, so 409 (it may have changed since
+        # we looked).
+        if "being killed" in message or _rebalancing(message):
             raise ApiError(409, "Conflict", message) from None
         raise ApiError(400, "Bad Request", message) from None
     except TApplicationException as exc:
+        if _rebalancing(exc.message or ""):
+            # activate/deactivate declare no InvalidTopologyException: the refusal comes
+            # as an internal error carrying the leader's message.
+            raise ApiError(409, "Conflict", mask(exc.message)) from None
         # A concurrent change the leader gave up on, or a leader lost mid-call.
         raise ApiError(503, "Service Unavailable", mask(exc.message or str(exc))) \
             from None
@@ -87,3 +96,9 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
         raise ApiError(502, "Bad Gateway", mask(getattr(exc, "msg", None) or repr(exc))) \
             from None
 
+
+
+def _rebalancing(message: str) -> bool:
+    """Whether the leader's ``message`` refuses an action because the topology is
+    REBALANCING (nimbus.master.rebalancing.refusal's words)."""
+    return f"is {REBALANCING} (" in message and "refused until the rebalance" in message

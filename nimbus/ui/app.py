@@ -191,12 +191,16 @@ class UIApp:
                 raise not_found(topology_id)
             self._check_read(request, topology_id, base)
         # One topology: read now (beats and errors are not in the snapshot).
-        info = runtime_view.topology_info(self.view.state, topology_id)
+        info = runtime_view.topology_info(
+            self.view.state, topology_id,
+            timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
         if info is None:
             raise not_found(topology_id)
         for errors in info["errors"].values():  # worker text: mask the cluster's secrets
             for error in errors:
                 error["error"] = mask(str(error.get("error", "")))
+        for worker in info["workers"]:
+            worker["last_error"] = mask(str(worker["last_error"]))
         return json_response(storm_json.topology_detail(
             snap, info, self.view.fetch_topology_conf(topology_id),
             int(self.conf["topology.message.timeout.secs"])))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from nimbus.config import Config
+from nimbus.master.worker_state import count_states
 from nimbus.redaction import mask
 from nimbus.state.records import KILLED
 from nimbus.ui import storm_json
@@ -17,8 +18,8 @@ from nimbus.ui.view import ClusterView, Snapshot
 
 TIMELINE_SHOWN = 50
 # A topology's own numbers (Storm's getTopologyPageInfo): shown only to who may read it.
-PRIVATE_FIELDS = {"workersAlive": None, "recordsPerSecond": None, "history": [],
-                  "restarts": None, "newestError": None, "errorCount": 0}
+PRIVATE_FIELDS = {"workersAlive": None, "workerStates": None, "recordsPerSecond": None,
+                  "history": [], "restarts": None, "newestError": None, "errorCount": 0}
 
 
 def restrict_topology(entry: dict[str, Any], may_read: bool,
@@ -67,7 +68,10 @@ def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config, now: float,
             "id": topology_id, "name": entry["name"], "status": entry["status"],
             "uptime": entry["uptime"], "workersTotal": entry["workersTotal"],
             "workersWanted": snap.storms[topology_id].num_workers,
+            # Running workers (a fresh beat), and how many are in each state
+            # (nimbus/master/worker_state.py): the rule topology-info and top follow.
             "workersAlive": live.alive_workers,
+            "workerStates": dict(live.worker_states) or count_states([]),
             "replicationCount": entry["replicationCount"],
             "replicationMin": view.min_replication(topology_id),
             "recordsPerSecond": live.records_per_second, "history": list(live.history),

@@ -75,7 +75,9 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/topology/{id}/activate": _post("Activate", [_ID]),
             "/api/v1/topology/{id}/deactivate": _post("Deactivate", [_ID]),
             "/api/v1/topology/{id}/rebalance/{wait-time}": _post(
-                "Rebalance to numWorkers workers", [_ID, _WAIT], body=True),
+                "Rebalance to numWorkers workers; a wait-time above 0 keeps the topology "
+                "REBALANCING (deactivated) for that many seconds first", [_ID, _WAIT],
+                body=True),
             "/api/v1/topology/{id}/kill/{wait-time}": _post("Kill after wait-time",
                                                              [_ID, _WAIT]),
             "/api/v1/ui/dashboard": _get("nimbus-ha's dashboard data (one request per "

@@ -133,8 +133,10 @@ def topology_detail(snap: Snapshot, info: dict[str, Any], topology_conf: dict[st
 
     Every component of a pipeline (or a process topology's ``main``) is listed as a
     bolt; ``emitted``/``executed``/``transferred`` are its input rows of the last batch.
-    nimbus-ha adds ``components`` (runtime_view's per-component numbers, with rates) and
-    ``errors`` (every kept error, newest first per component).
+    nimbus-ha adds ``components`` (runtime_view's per-component numbers, with rates),
+    ``errors`` (every kept error, newest first per component), and to each worker its
+    ``state``, ``alive``, ``beatAgeSecs``, ``backoffSecs``, ``lastError`` and
+    ``restarts`` (nimbus/master/worker_state.py; uptime 0 while it is not running).
     """
     now = time.time() if now is None else now
     entry = topology_entry(snap, info["id"], now) if info["id"] in snap.storms else None
@@ -146,7 +148,11 @@ def topology_detail(snap: Snapshot, info: dict[str, Any], topology_conf: dict[st
                 "assignedCpu": 0.0,
                 "componentNumTasks": {c: 1 for c in w["components"]},
                 "uptime": pretty_uptime(w["uptime_secs"]), "uptimeSeconds": w["uptime_secs"],
-                "workerLogLink": ""} for w in info["workers"]]
+                "workerLogLink": "",
+                # nimbus-ha's (nimbus/master/worker_state.py): whether it runs, and why not
+                "state": w["state"], "alive": w["alive"], "beatAgeSecs": w["beat_age_secs"],
+                "backoffSecs": w["backoff_secs"], "lastError": w["last_error"],
+                "restarts": w["restarts"]} for w in info["workers"]]
     bolts = []
     for name, comp in info["components"].items():
         n = len(comp["host_ports"])

@@ -7,9 +7,10 @@ every few seconds. Reads are pipelined (kazoo's async calls), so 1,000 topologie
 one round trip's latency, not 1,000. REST requests then answer from memory.
 
 While the dashboard is open (a dashboard request within :data:`DEMAND_S`), the same
-thread also polls worker heartbeats once a second for records per second and restarts,
-and the newest errors every few seconds: nothing watches those nodes, and nobody pays
-for them when nobody looks.
+thread also polls worker heartbeats once a second for records per second, restarts and
+each worker's state (with their supervisors' nodes: nimbus/master/worker_state.py), and
+the newest errors every few seconds: nothing watches those nodes, and nobody pays for
+them when nobody looks.
 
 A second named loop (``ui-topology-conf``) fetches each topology's configuration once
 from a nimbus (getTopologyConf, secrets already redacted there): it holds
@@ -31,10 +32,11 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import KazooState, ZnodeStat
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.config import Config
+from nimbus.master import worker_state
 from nimbus.redaction import redact
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import (
@@ -90,7 +92,9 @@ class Live:
     records_per_second: float = 0.0
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     restarts: int = 0
-    alive_workers: int = 0
+    alive_workers: int = 0      # running: a fresh beat (nimbus/master/worker_state.py)
+    # state -> how many of its workers are in it (every state a key, once polled)
+    worker_states: dict[str, int] = field(default_factory=dict)
     newest_error: dict[str, Any] | None = None
     error_count: int = 0
 
@@ -393,22 +397,45 @@ class ClusterView:
         if snap is None:
             return
         st = self.state
-        keys: list[tuple[str, str]] = []
+        slots: list[tuple[str, str, int]] = []   # (topology, supervisor, port)
         for topology_id, assignment in snap.assignments.items():
             for sid, port in assignment.executor_node_port.values():
-                keys.append((topology_id, f"{sid}-{int(port)}"))
-        beats = self._gather_get([st.path("workerbeats", t, node) for t, node in keys], False)
+                slots.append((topology_id, str(sid), int(port)))
+        supervisor_ids = sorted({sid for _t, sid, _p in slots})
+        topology_ids = sorted(snap.assignments)
+        # The beats, their supervisors' nodes and the assignments, with their stats, in
+        # one round of pipelined reads: the workers are judged as topology-info judges
+        # them, and the newest mtime among these nodes is "now" (worker_state).
+        got = self._gather_get_stat(
+            [st.path("workerbeats", t, f"{sid}-{port}") for t, sid, port in slots]
+            + [st.path("supervisors", sid) for sid in supervisor_ids]
+            + [st.path("assignments", t) for t in topology_ids])
+        beats = got[:len(slots)]
+        sups = {sid: (_decode(SupervisorInfo, g[0]), g[1].mtime) if g is not None else None
+                for sid, g in zip(supervisor_ids, got[len(slots):len(slots) + len(
+                    supervisor_ids)], strict=True)}
+        assigned_ms = {t: g[1].mtime if g is not None else 0 for t, g in zip(
+            topology_ids, got[len(slots) + len(supervisor_ids):], strict=True)}
+        reference_ms = max((g[1].mtime for g in got if g is not None), default=0)
+        timeout_s = float(self.conf["nimbus.task.timeout.secs"])
         rates: dict[str, float] = {}
         restarts: dict[str, int] = {}
-        alive: dict[str, int] = {}
-        for (topology_id, _node), raw in zip(keys, beats, strict=True):
-            if raw is None:
-                continue
-            alive[topology_id] = alive.get(topology_id, 0) + 1
-            beat = _decode(WorkerBeat, raw)
-            if beat is None:
-                continue
-            restarts[topology_id] = restarts.get(topology_id, 0) + _int(beat.restarts)
+        states: dict[str, list[str]] = {}
+        for (topology_id, sid, port), found in zip(slots, beats, strict=True):
+            sup = sups[sid]
+            judged = worker_state.judge(
+                supervisor_id=sid, supervisor=sup,
+                said=worker_state.statement(sup[0] if sup else None, topology_id, port),
+                beat_mtime_ms=found[1].mtime if found is not None else None,
+                assignment_mtime_ms=assigned_ms[topology_id], reference_ms=reference_ms,
+                timeout_s=timeout_s)
+            states.setdefault(topology_id, []).append(judged.state)
+            beat = _decode(WorkerBeat, found[0]) if found is not None else None
+            counted = judged.restarts if judged.restarts is not None else (
+                _int(beat.restarts) if beat is not None else 0)
+            restarts[topology_id] = restarts.get(topology_id, 0) + counted
+            if beat is None or not judged.alive:
+                continue  # a worker that does not run processes nothing
             comps = beat.components if isinstance(beat.components, dict) else {}
             rates[topology_id] = rates.get(topology_id, 0.0) + sum(
                 _float(c.get("processed_rows_per_second")) for c in comps.values()
@@ -422,10 +449,23 @@ class ClusterView:
                 live.records_per_second = round(rates.get(topology_id, 0.0), 3)
                 live.history.append(live.records_per_second)
                 live.restarts = restarts.get(topology_id, 0)
-                live.alive_workers = alive.get(topology_id, 0)
+                live.worker_states = worker_state.count_states(states.get(topology_id, []))
+                live.alive_workers = live.worker_states[worker_state.RUNNING]
                 if newest is not None:
                     live.newest_error, live.error_count = newest.get(topology_id, (None, 0))
             self._live_version += 1
+
+    def _gather_get_stat(self, paths: list[str]) -> list[tuple[bytes, ZnodeStat] | None]:
+        """(data, stat) of each path (None where there is no node), pipelined."""
+        results = [self.zk.get_async(p) for p in paths]
+        out: list[tuple[bytes, ZnodeStat] | None] = []
+        for res in results:
+            try:
+                data, stat = res.get(timeout=10)
+                out.append((data, stat))
+            except NoNodeError:
+                out.append(None)
+        return out
 
     def _poll_errors(self, topology_ids: list[str]) -> dict[str, tuple[Any, int]]:
         """id -> (newest error as a dict or None, number of errors kept)."""

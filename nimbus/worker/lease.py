@@ -41,6 +41,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+from nimbus.worker import frozen
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +78,14 @@ def kill_process_group(reason: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # not reached; belt and braces
 
 
-def freeze_own_cgroup() -> bool:
+def freeze_own_cgroup(end_after_s: float | None = None) -> bool:
     """Freeze this worker's cgroup (``NIMBUS_HA_CGROUP``), this process included; returns
     once something thawed it: True. False, at once, if this process cannot be frozen that
-    way (no cgroup named, not in it, or not allowed to write its ``cgroup.freeze``)."""
+    way (no cgroup named, not in it, or not allowed to write its ``cgroup.freeze``).
+
+    ``end_after_s`` (``supervisor.worker.orphan.timeout.secs``): the cgroup is ended if
+    it is still frozen that long after the freeze (:mod:`nimbus.worker.frozen`: a mark
+    on the cgroup, and a reaper outside it, armed before the freeze)."""
     cgroup = os.environ.get("NIMBUS_HA_CGROUP")
     if not cgroup or not _in_cgroup(cgroup):
         return False
@@ -86,6 +93,10 @@ def freeze_own_cgroup() -> bool:
         fd = os.open(os.path.join(cgroup, "cgroup.freeze"), os.O_WRONLY)
     except OSError:
         return False
+    mark = None
+    if end_after_s is not None:
+        # The reaper writes where this worker does (its log), as this process names it.
+        mark = frozen.arm(Path(cgroup), end_after_s, Path(f"/proc/{os.getpid()}/fd/1"))
     try:
         # The kernel freezes this thread on its way back from the write: the next line
         # runs only after a thaw.
@@ -94,6 +105,8 @@ def freeze_own_cgroup() -> bool:
         return False
     finally:
         os.close(fd)
+        if mark is not None:  # thawed (or never frozen): its reaper leaves
+            frozen.clear_mark(Path(cgroup))
     return True
 
 

@@ -25,6 +25,7 @@ from nimbus.worker.exits import (
     EXIT_STARTUP,
     worker_component,
 )
+from nimbus.worker.frozen import DEFAULT_ORPHAN_TIMEOUT_S, ORPHAN_TIMEOUT_KEY
 from nimbus.worker.lease import Lease, ensure_group_leader, freeze_own_cgroup
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import StatusWriter
@@ -68,6 +69,15 @@ def install_stop_handlers(stop: threading.Event) -> None:
         signal.signal(sig, request_stop)
 
 
+def orphan_timeout_s(conf: dict[str, Any]) -> float:
+    """``supervisor.worker.orphan.timeout.secs`` of a worker's configuration (its
+    supervisor's), or its default when an earlier supervisor gave none."""
+    value = conf.get(ORPHAN_TIMEOUT_KEY)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return DEFAULT_ORPHAN_TIMEOUT_S
+
+
 def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
         session: SparkSession | None = None) -> int:
     """Run the worker described by ``spec`` until stopped or failed; returns the exit code.
@@ -77,7 +87,11 @@ def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
     status = StatusWriter(spec.status_fd, topology_id=spec.topology_id,
                           supervisor_id=spec.supervisor_id, host=spec.host, port=spec.port,
                           restarts=spec.restarts)
-    lease = Lease(spec.lease_fd, outlives_supervisor=True, freeze=freeze_own_cgroup).start()
+    # Every freeze ends after supervisor.worker.orphan.timeout.secs unless thawed first:
+    # a frozen orphan must not hold its memory for ever (nimbus/worker/frozen.py).
+    end_after_s = orphan_timeout_s(spec.conf)
+    lease = Lease(spec.lease_fd, outlives_supervisor=True,
+                  freeze=lambda: freeze_own_cgroup(end_after_s)).start()
     takeover = TakeoverPoint(worker_dir, lease, status,
                              hello=lambda: _hello(spec)).start()
     try:

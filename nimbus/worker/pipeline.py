@@ -247,9 +247,11 @@ class PipelineRunner:
                     if failure is not None:
                         return self._fail(name, failure, EXIT_FAILED)
                     components[name] = progress_of(query)
-                    stalled = stalls.observe(
-                        name, components[name]["batch_id"],
-                        bool((query.status or {}).get("isDataAvailable")))
+                    waiting = bool((query.status or {}).get("isDataAvailable"))
+                    # Input that waits while batches do not advance is a stall: the
+                    # supervisor's metric lets an alert see it before the restart.
+                    components[name]["input_waiting"] = waiting
+                    stalled = stalls.observe(name, components[name]["batch_id"], waiting)
                     if stalled is not None:
                         # A stuck query may not stop either (Spark waits for its thread
                         # for ever): exit without the graceful stop; the JVM goes with

@@ -105,9 +105,11 @@ function actionButtons(t) {
                  disabled: disabled || killed || refused,
                  title: refused ? "you may not change this topology" : null,
                  onclick: () => act(t, action)}, label);
-  return [button("activate", "Activate", t.status === "ACTIVE"),
-          button("deactivate", "Deactivate", t.status === "INACTIVE"),
-          button("rebalance", "Rebalance"), button("kill", "Kill")];
+  // REBALANCING (a rebalance's wait): only kill is allowed until it completes.
+  const rebalancing = t.status === "REBALANCING";
+  return [button("activate", "Activate", t.status === "ACTIVE" || rebalancing),
+          button("deactivate", "Deactivate", t.status === "INACTIVE" || rebalancing),
+          button("rebalance", "Rebalance", rebalancing), button("kill", "Kill")];
 }
 
 function drawTopologies(topologies) {
@@ -122,7 +124,8 @@ function drawTopologies(topologies) {
       h("td", {}, h("strong", {}, t.name), h("br"), h("small", {class: "muted"}, t.id)),
       h("td", {}, h("span", {class: `badge status ${t.status}`}, t.status)),
       h("td", {class: "num"},
-        `${hidden ? "—" : t.workersAlive} / ${t.workersTotal} / ${t.workersWanted}`),
+        `${hidden ? "—" : t.workersAlive} / ${t.workersTotal} / ${t.workersWanted}`,
+        hidden ? null : notRunning(t.workerStates)),
       h("td", {class: "num" + (low ? " low" : ""), title: low ? "below the minimum" : null},
         `${t.replicationCount} / ${t.replicationMin}`),
       h("td", {class: "num"}, hidden ? dash()
@@ -133,6 +136,15 @@ function drawTopologies(topologies) {
         t.errorCount > 1 ? h("small", {class: "muted"}, ` (+${t.errorCount - 1})`) : null),
       h("td", {}, actionButtons(t)));
   }));
+}
+
+// Workers placed but not running, by state ("1 restarting, 1 dead"): a worker counts as
+// alive only while its beat is fresh (docs/runtime.md, "What a worker's state means").
+function notRunning(states) {
+  const shown = ["starting", "frozen", "restarting", "dead"]
+    .filter((s) => states && states[s] > 0).map((s) => `${states[s]} ${s}`);
+  return shown.length ? [h("br"), h("small", {class: "worker-states muted"}, shown.join(", "))]
+    : null;
 }
 
 function drawNimbuses(nimbuses) {
