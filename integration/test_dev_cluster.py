@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from helpers import process_bundle
@@ -89,6 +90,10 @@ def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
             topology_id = client.submit("sleeper", process_bundle(tmp_path / "sleeper"), {})
             [worker] = wait_for(lambda: processes_with_arg(WORKER_MODULE, topology_id) or None,
                                 60, "the worker")
+            # Running, not starting: it had its first lease and started its command (a
+            # worker whose supervisor dies before its first lease exits instead).
+            wait_for(lambda: Path(f"/proc/{worker}/task/{worker}/children").read_text()
+                     .split(), 60, "the worker's command")
         os.kill(nimbus_pid, signal.SIGKILL)
         os.kill(supervisor_pid, signal.SIGKILL)
         lines.until(rf"^nimbus 0 127\.0\.0\.1:{base} \(pid {nimbus_pid}\) killed by "

@@ -115,7 +115,7 @@ def test_wordcount_is_exactly_once_across_kill_9_stop_and_lease_expiry(base):
         assert set(beat["components"]) == {"main"}
         assert set(beat["components"]["main"]) == {
             "batch_id", "num_input_rows", "input_rows_per_second",
-            "processed_rows_per_second", "timestamp"}
+            "processed_rows_per_second", "timestamp", "input_waiting"}
 
         # Records fed while it runs are picked up.
         feeder.feed(range(10, 20), per_file=5)

@@ -460,7 +460,12 @@ def end_left_workers(cluster: LocalCluster) -> int:
         except OSError:
             continue
         for cgroup in left:  # the frozen workers' reapers too: nothing is left to reap
-            if end_cgroup(cgroup) and cgroup.name != REAPERS_CGROUP:
+            try:
+                held = bool((cgroup / "cgroup.procs").read_text().split())
+            except OSError:
+                continue
+            # An empty one (its worker was killed with the supervisor) is only removed.
+            if end_cgroup(cgroup) and held and cgroup.name != REAPERS_CGROUP:
                 ended += 1
     return ended
 

@@ -1175,6 +1175,9 @@ class Supervisor:
         record.restarts = orphan.restarts
         with self._lock:
             self._workers[orphan.port] = handle
+        # Said at once: a statement written before the take-over (this process's first)
+        # counted no restarts for the slot, and readers believe the supervisor's count.
+        self._heartbeat_now.set()
         # Renewed by the next round trip that shows its assignment, if its lease lasts.
         self._lease.wake()
         log.info("took over worker %s, left %s by this supervisor's earlier process",

@@ -111,19 +111,24 @@ WORKER_MODULE = "nimbus.worker"
 
 def processes_with_arg(*needles: str) -> list[int]:
     """Pids of live processes whose command line contains every one of ``needles``
-    (Linux /proc)."""
+    (Linux /proc). A needle that is a module name matches that module only, not one of
+    its submodules: ``nimbus.worker`` finds workers, not a frozen worker's reaper
+    (``python -m nimbus.worker.frozen <the worker's cgroup>``)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
-        if all(n in cmdline for n in needles) and state != "Z":
-            pids.append(int(entry.name))
+        cmdline = " ".join(argv)
+        if state == "Z" or not all(n in cmdline for n in needles):
+            continue
+        if any(arg.startswith(n + ".") for n in needles for arg in argv):
+            continue  # a submodule of a module asked for
+        pids.append(int(entry.name))
     return sorted(pids)
 
 
