@@ -105,6 +105,9 @@ def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
         assert lines.until(r"^try: nimbus-ha cluster-info --config (\S+)").group(1) == \
             str(client_file)
         assert client_file.stat().st_mode & 0o777 == 0o600
+        # Its supervisors share one checkpoint directory, as a real cluster's must.
+        assert load_config(work / "supervisor-0.yaml")["topology.spark.checkpoint.dir"] == \
+            str(work / "checkpoints")
         assert "storm.local.dir" not in client_file.read_text()
         client = NimbusClient(load_config(client_file), deadline_s=60)
         survivor = f"127.0.0.1:{base + 1}"

@@ -423,10 +423,11 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
     """Show topology NAME's workers, components and newest errors (read from ZooKeeper)."""
     from rich.table import Table
 
-    from nimbus.master import runtime_view, worker_state
+    from nimbus.master import runtime_view
+    from nimbus.state import worker_state
 
     conf = _conf(config_path, overrides)
-    # A worker is running only while its beat is fresh (nimbus/master/worker_state.py).
+    # A worker is running only while its beat is fresh (nimbus/state/worker_state.py).
     timeout_s = float(conf["nimbus.task.timeout.secs"])
     info = _read_view(conf, name, lambda state, topology_id: runtime_view.topology_info(
         state, topology_id, timeout_s=timeout_s))
@@ -660,7 +661,12 @@ def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
             click.echo(f"warning: {key} is a secret and its value is on this command line, "
                        f"which ps shows to every user of the host: pass {key}.env=VARIABLE "
                        f"or {key}.file=PATH instead (docs/security.md)", err=True)
-    run_dev_cluster(work_dir, nimbuses, base_port, demo, supervisors=supervisors, conf=chosen,
+    demos = None
+    if demo:
+        from nimbus.runtime_demo import run_demos
+
+        demos = run_demos
+    run_dev_cluster(work_dir, nimbuses, base_port, demos, supervisors=supervisors, conf=chosen,
                     warm_workers=warm_workers, restart=restart)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import struct
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -26,7 +27,6 @@ from typing import Any
 
 import yaml
 
-from nimbus.distribution.code_stream import MAX_FRAME_BYTES
 from nimbus.redaction import is_secret_key, redact, redact_value
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ DEFAULTS_SOURCE = "defaults.yaml (built in)"
 # nimbus must accept a frame of this size (nimbus.thrift.max_buffer_size).
 UPLOAD_CHUNK_BYTES = 512 * 1024
 UPLOAD_FRAME_OVERHEAD_BYTES = 4096
+# The code stream (nimbus/distribution/code_stream.py) shares the Thrift port: a
+# connection whose first four bytes are its magic, read as a frame length, is the stream.
+# So Thrift frames stay below that length, and nimbus.thrift.max_buffer_size with them.
+CODE_STREAM_MAGIC = b"NHS1"
+MAX_FRAME_BYTES = struct.unpack("!i", CODE_STREAM_MAGIC)[0] - 1
 # Bounds on configuration input (see the module docstring). A storm.yaml is a few KiB.
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_YAML_VALUES = 100_000

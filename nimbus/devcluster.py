@@ -10,6 +10,7 @@ workers run in process groups of their own, so signals to a supervisor never rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -409,17 +410,22 @@ def write_client_conf(cluster: LocalCluster) -> Path:
     return path
 
 
-def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int, demo: bool,
+def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int,
+                    demo: Callable[[LocalCluster, Path], bool] | None,
                     supervisors: int = 0, conf: dict[str, Any] | None = None,
                     warm_workers: int = 0, restart: bool = False) -> None:
-    """Start a dev cluster, optionally run the demos (nimbus failover; with 2 or more
-    supervisors also the pipeline runtime), then wait for Ctrl-C. ``conf`` is given to
+    """Start a dev cluster, then run ``demo(cluster, work_dir)`` (False: exit 1; see
+    :func:`nimbus.runtime_demo.run_demos`) or wait for Ctrl-C. ``conf`` is given to
     every nimbus and supervisor (see :func:`dev_cluster_conf`)."""
     import click
 
     work_dir = Path(work_dir).expanduser().absolute()  # what daemons and topologies get
     cluster = LocalCluster(work_dir, nimbuses, base_port=base_port,
                            conf={"topology.min.replication.count": min(2, nimbuses),
+                                 # Shared by its supervisors, as on a real cluster, where
+                                 # it must be shared storage: a moved worker resumes.
+                                 "topology.spark.checkpoint.dir": str(work_dir /
+                                                                      "checkpoints"),
                                  **(conf or {})},
                            supervisors=supervisors, warm_workers=warm_workers)
     click.echo(f"starting ZooKeeper, {nimbuses} nimbuses and {supervisors} supervisors "
@@ -467,10 +473,13 @@ def end_left_workers(cluster: LocalCluster) -> int:
             # An empty one (its worker was killed with the supervisor) is only removed.
             if end_cgroup(cgroup) and held and cgroup.name != REAPERS_CGROUP:
                 ended += 1
+        with contextlib.suppress(OSError):  # the supervisor's own, once empty
+            base.rmdir()
     return ended
 
 
-def _run(cluster: LocalCluster, work_dir: Path, demo: bool, restart: bool) -> None:
+def _run(cluster: LocalCluster, work_dir: Path,
+         demo: Callable[[LocalCluster, Path], bool] | None, restart: bool) -> None:
     import click
 
     with cluster:
@@ -486,13 +495,9 @@ def _run(cluster: LocalCluster, work_dir: Path, demo: bool, restart: bool) -> No
         click.echo(f"leader: {leader.address} (pid {leader_pid})")
         client_file = write_client_conf(cluster)
         click.echo(f"try: nimbus-ha cluster-info --config {client_file}")
-        if demo:
-            _demo(cluster, work_dir)
-            if len(cluster.supervisors) >= 2:
-                from nimbus import runtime_demo
-
-                if not runtime_demo.run(cluster, work_dir):
-                    raise SystemExit(1)
+        if demo is not None:
+            if not demo(cluster, work_dir):
+                raise SystemExit(1)
             return
         click.echo("Ctrl-C (or SIGTERM) stops the cluster")
         watch = DaemonWatch(lambda: [*cluster.nimbuses, *cluster.supervisors], cluster.zk,
@@ -506,43 +511,3 @@ def _run(cluster: LocalCluster, work_dir: Path, demo: bool, restart: bool) -> No
 
 def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _demo(cluster: LocalCluster, work_dir: Path) -> None:
-    import click
-
-    client = cluster.client()
-    bundle = sample_topology(work_dir / "sample-topology")
-    # A process topology (docs/runtime.md): what a supervisor of the dev cluster runs.
-    (bundle / "topology.yaml").write_text(yaml.safe_dump(
-        {"command": [sys.executable, "-c", "import time; time.sleep(86400)"]}))
-    topology_id = client.submit("wordcount", _pack(bundle),
-                                {"topology.min.replication.count": 2})
-    click.echo(f"submitted wordcount as {topology_id}")
-    click.echo(_topology_line(client))
-    leader = cluster.wait_for_leader()
-    click.echo(f"kill -9 the leader {leader.address} and delete its storm.local.dir ...")
-    started = time.monotonic()
-    leader.kill9()
-    leader.wipe()
-    new = cluster.wait_for_leader(exclude=leader.address, timeout_s=120)
-    click.echo(f"new leader {new.address} after {time.monotonic() - started:.1f}s "
-               f"(session timeout {cluster.conf_values['storm.zookeeper.session.timeout']} ms)")
-    click.echo(_topology_line(client))
-    client.deactivate("wordcount")
-    click.echo("deactivated on the new leader: " + _topology_line(client))
-    client.activate("wordcount")
-    click.echo("activated on the new leader:   " + _topology_line(client))
-    click.echo("demo done: the topology survived the failover without resubmission")
-
-
-def _pack(directory: Path) -> bytes:
-    from nimbus.distribution.archive import pack_directory
-
-    return pack_directory(directory)
-
-
-def _topology_line(client: NimbusClient) -> str:
-    info = client.cluster_info()
-    return "; ".join(f"{t.name} {t.status} replicas={t.replication_count}"
-                     for t in info.topologies) or "(no topologies)"

@@ -46,10 +46,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from nimbus.config import Config, ConfigError
-from nimbus.master.worker_state import RUNNING
-from nimbus.master.worker_state import STATES as WORKER_STATES
 from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
+from nimbus.state.worker_state import RUNNING
+from nimbus.state.worker_state import STATES as WORKER_STATES
 from nimbus.thrift.tls import FILE_KEYS, tls_enabled
 from nimbus.thrift.tls import server_context as tls_server_context
 from nimbus.ui.gate import GatedServer, HeadLimits
@@ -574,7 +574,7 @@ class SupervisorMetrics:
         :class:`~nimbus.supervisor.warm_pool.WarmSummary`), or None when it keeps none;
         ``code_fetches()``: {"distributor" | "nimbus": topologies fetched that way};
         ``states()``: {(topology_id, port): state} of every assigned slot's worker
-        (nimbus/master/worker_state.py), whose components' numbers are then exported
+        (nimbus/state/worker_state.py), whose components' numbers are then exported
         only while it is running (None: every worker's are); ``frozen_orphans()``: the
         frozen workers of the host whose supervisor is gone
         (nimbus/supervisor/orphans.py)."""

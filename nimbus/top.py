@@ -1,7 +1,7 @@
 """``nimbus-ha top``: a refreshing table of every topology, read from ZooKeeper.
 
 One row per live topology: status, workers running of those wanted (and how many are
-starting, frozen, restarting or dead: nimbus/master/worker_state.py), restarts, input
+starting, frozen, restarting or dead: nimbus/state/worker_state.py), restarts, input
 and processed rows per second (summed over its running workers), its last batch id and
 its newest error. The numbers are those of ``topology-info``
 (:mod:`nimbus.master.runtime_view`), read with a read-only client, so ``top`` needs no
@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from nimbus.master import runtime_view, worker_state
+from nimbus.master import runtime_view
+from nimbus.state import worker_state
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import RecordError
 

@@ -113,3 +113,37 @@ def test_a_wait_of_zero_tries_once_and_says_nothing(zk_server, zk_root, caplog):
 def test_a_negative_wait_is_refused():
     with pytest.raises(ConfigError, match="'nimbus.client.wait.secs' must be 0"):
         load_config(overrides={"nimbus.client.wait.secs": -1})
+
+
+def test_a_seed_that_answers_something_else_is_not_waited_for(zk_server, zk_root, caplog):
+    """Waiting is for a cluster that is not up yet: a server that takes the connection
+    and drops it (another protocol, a TLS server to a plain client) fails at once."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drop_every_connection() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+
+    thread = threading.Thread(target=drop_every_connection, name="dropper", daemon=True)
+    thread.start()
+    try:
+        conf = _conf(zk_server, zk_root, 60,
+                     **{"nimbus.seeds": [f"127.0.0.1:{listener.getsockname()[1]}"]})
+        with caplog.at_level(logging.WARNING, logger="nimbus.thrift.client"), \
+                pytest.raises(NimbusUnavailableError) as err:
+            NimbusClient(conf).cluster_info()
+        assert str(err.value).startswith("no nimbus reachable via nimbus.seeds")
+        assert caplog.records == []  # never said it waits
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()

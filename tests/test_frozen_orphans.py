@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from nimbus.master.incarnation import Incarnation
+from nimbus.state.incarnation import Incarnation
 from nimbus.supervisor import orphans
 from nimbus.supervisor.cgroups import in_cgroup, thaw, unified_root
 from nimbus.worker import frozen

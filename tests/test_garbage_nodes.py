@@ -221,14 +221,14 @@ def test_a_supervisor_keeps_its_worker_and_code_while_the_assignment_is_unreadab
     try:
         _submit_directly(state, files, {"worker-0": [sup.id, port]})
         wait_for(lambda: _beat(state, sup, port), 15, "a first beat")
-        (worker,) = sup._running_handles()
+        (worker,) = sup.table.running()
         path = state.path("assignments", TOPOLOGY)
         good = state.zk.get(path)[0]
 
         def passes(n: int) -> None:
             done = sup.passes
-            sup._wake.set()
-            wait_for(lambda: sup.passes >= done + n or sup._wake.set(), 15, f"{n} passes")
+            sup._monitor.wake()
+            wait_for(lambda: sup.passes >= done + n or sup._monitor.wake(), 15, f"{n} passes")
 
         # A newer release's assignment, then a garbled one: nothing is started or stopped.
         for garbage, problem in (
@@ -236,16 +236,16 @@ def test_a_supervisor_keeps_its_worker_and_code_while_the_assignment_is_unreadab
                 (b"\x00" * 10, "not JSON: Expecting value: line 1 column 1 (char 0)")):
             state.zk.set(path, garbage)
             passes(2)
-            assert sup._running_handles() == [worker] and worker.exit_code() is None
+            assert sup.table.running() == [worker] and worker.exit_code() is None
             assert sup.code.has(TOPOLOGY)
             assert f"unreadable node, left as it is: Assignment at {path}: {problem}" in \
                 caplog.messages
         # Readable again: the same worker runs on, then an empty assignment stops it.
         state.zk.set(path, good)
         passes(2)
-        assert sup._running_handles() == [worker] and worker.exit_code() is None
+        assert sup.table.running() == [worker] and worker.exit_code() is None
         state.zk.set(path, Assignment(master_code_dir="/x", code_sha256=_sha(files)).encode())
-        wait_for(lambda: not sup._running_handles() and not sup.code.has(TOPOLOGY), 15,
+        wait_for(lambda: not sup.table.running() and not sup.code.has(TOPOLOGY), 15,
                  "the worker to stop and its code to go")
         assert [r for r in caplog.records if r.exc_info] == []
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nimbus.master.incarnation import Incarnation
+from nimbus.state.incarnation import Incarnation
 
 BOOT = "115c8508-6270-43fa-81e8-4b055c531e8c"
 NAMESPACE = "pid:[4026531836]"

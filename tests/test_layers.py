@@ -40,7 +40,6 @@ ALIASES = {"distributors", "hookspecs", "local_code", "manifest_store", "transfe
 
 # (importing module, imported module): crossings the code still has (issue 28).
 KNOWN_CROSSINGS: set[tuple[str, str]] = {
-    ("nimbus.config", "nimbus.distribution.code_stream"),
     ("nimbus.config", "nimbus.distribution.distributors"),
     ("nimbus.master.daemon", "nimbus.metrics"),
     ("nimbus.master.daemon", "nimbus.thrift.authorizer"),
@@ -52,22 +51,19 @@ KNOWN_CROSSINGS: set[tuple[str, str]] = {
     ("nimbus.master.daemon", "nimbus.ui.server"),
     ("nimbus.metrics", "nimbus.ui.gate"),
     ("nimbus.metrics", "nimbus.ui.https"),
-    ("nimbus.state.cluster_state", "nimbus.distribution.local_code"),
     ("nimbus.supervisor.cgroups", "nimbus.worker.frozen"),
     ("nimbus.supervisor.checkpoint_sweep", "nimbus.worker.spec"),
     ("nimbus.supervisor.class_archive", "nimbus.worker.class_archive"),
     ("nimbus.supervisor.code_cache", "nimbus.thrift.client"),
-    ("nimbus.supervisor.daemon", "nimbus.master.worker_state"),
     ("nimbus.supervisor.daemon", "nimbus.metrics"),
     ("nimbus.supervisor.daemon", "nimbus.thrift.tls"),
-    ("nimbus.supervisor.daemon", "nimbus.worker.exits"),
     ("nimbus.supervisor.daemon", "nimbus.worker.frozen"),
-    ("nimbus.supervisor.daemon", "nimbus.worker.pipeline"),
-    ("nimbus.supervisor.daemon", "nimbus.worker.spec"),
     ("nimbus.supervisor.distributor_source", "nimbus.thrift.client"),
-    ("nimbus.supervisor.orphans", "nimbus.master.incarnation"),
+    ("nimbus.supervisor.ending", "nimbus.worker.exits"),
+    ("nimbus.supervisor.ending", "nimbus.worker.pipeline"),
+    ("nimbus.supervisor.identity", "nimbus.worker.frozen"),
     ("nimbus.supervisor.orphans", "nimbus.worker.frozen"),
-    ("nimbus.supervisor.policy", "nimbus.master.scheduler"),
+    ("nimbus.supervisor.starting", "nimbus.worker.spec"),
     ("nimbus.supervisor.takeover", "nimbus.worker.takeover"),
     ("nimbus.supervisor.warm_pool", "nimbus.worker.spark"),
     ("nimbus.supervisor.warm_pool", "nimbus.worker.spec"),
@@ -75,10 +71,7 @@ KNOWN_CROSSINGS: set[tuple[str, str]] = {
     ("nimbus.supervisor.worker_handle", "nimbus.worker.warm"),
 }
 # Circles of modules (each as a sorted tuple) the code still has.
-KNOWN_CIRCLES: set[tuple[str, ...]] = {
-    ('nimbus.devcluster', 'nimbus.runtime_demo'),
-    ('nimbus.worker.main', 'nimbus.worker.warm'),
-}
+KNOWN_CIRCLES: set[tuple[str, ...]] = set()
 
 
 def _module_name(path: Path) -> str:

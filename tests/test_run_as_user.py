@@ -123,7 +123,7 @@ def test_bob_reads_nothing_of_the_supervisor_or_of_alice(zk_server, zk_root, bas
         probe = local / "workers" / f"{BOB}-{ports[1]}" / "probe.json"
         wait_for(lambda: probe.exists() and probe.stat().st_size > 0, 30, "bob's probe")
         found = json.loads(probe.read_text())
-        handles = {h.topology_id: h for h in sup._running_handles()}
+        handles = {h.topology_id: h for h in sup.table.running()}
         alice_uid = pwd.getpwnam(account_for(ALICE)).pw_uid
         bob_uid = pwd.getpwnam(account_for(BOB)).pw_uid
         assert found.pop("uid") == bob_uid and bob_uid not in (0, alice_uid)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 from waiting import wait_until
 
-from nimbus.master import runtime_view, worker_state
+from nimbus.master import runtime_view
+from nimbus.state import worker_state
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import (
     ACTIVE,

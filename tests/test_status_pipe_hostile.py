@@ -170,7 +170,7 @@ def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
         monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
         rng = random.Random(19)
         for _ in range(400):
-            sup._on_status(handle, _fuzzed(rng, cluster_state))
+            sup.reporting.on_status(handle, _fuzzed(rng, cluster_state))
         after = _outside_own_nodes(cluster_state, _tree(cluster_state), sup.id, port)
         assert after == before
         for component in cluster_state.error_components(TOPOLOGY):

@@ -24,7 +24,8 @@ from supervisor_index import index_work
 
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import wait_for
-from nimbus.master import runtime_view, worker_state
+from nimbus.master import runtime_view
+from nimbus.state import worker_state
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, WorkerBeat
 from nimbus.supervisor.code_cache import (
@@ -590,7 +591,7 @@ def test_supervisor_runs_its_slot_restarts_a_crash_and_stops_when_unassigned(
         # Unassigned: the worker is stopped and the code removed.
         cluster_state.zk.set(cluster_state.path("assignments", TOPOLOGY), Assignment(
             master_code_dir="/x", code_sha256=_sha(files)).encode())
-        wait_for(lambda: not sup._running_handles() and not sup.code.has(TOPOLOGY), 10,
+        wait_for(lambda: not sup.table.running() and not sup.code.has(TOPOLOGY), 10,
                  "the worker to stop and its code to go")
     finally:
         sup.stop()
@@ -625,16 +626,16 @@ def test_unneeded_code_waits_out_its_grace_and_a_killed_topologys_checkpoints_go
     sup.start()
     try:
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        wait_for(lambda: sup._running_handles(), 15, "a worker")
+        wait_for(lambda: sup.table.running(), 15, "a worker")
         checkpoints.mkdir(parents=True)
         (checkpoints / "offsets").write_text("0")
         fetched = len(fetches.calls)
         # Moved away and back within the grace: kept, and not fetched again.
         assign({})
-        wait_for(lambda: not sup._running_handles(), 10, "the worker to stop")
+        wait_for(lambda: not sup.table.running(), 10, "the worker to stop")
         assert sup.code.has(TOPOLOGY)
         assign({"worker-0": [sup.id, port]})
-        wait_for(lambda: sup._running_handles(), 15, "the worker back")
+        wait_for(lambda: sup.table.running(), 15, "the worker back")
         assert len(fetches.calls) == fetched
         # Moved away for good: the code goes after the grace, its checkpoints stay.
         assign({})
@@ -642,7 +643,7 @@ def test_unneeded_code_waits_out_its_grace_and_a_killed_topologys_checkpoints_go
         assert checkpoints.is_dir(), "the topology still exists: its state is kept"
         # Back (fetched again), then killed: after the grace, code and checkpoints go.
         assign({"worker-0": [sup.id, port]})
-        wait_for(lambda: sup._running_handles(), 15, "the worker back again")
+        wait_for(lambda: sup.table.running(), 15, "the worker back again")
         assert len(fetches.calls) > fetched
         cluster_state.zk.delete(assignment)
         cluster_state.zk.delete(cluster_state.storm_path(TOPOLOGY))
@@ -661,15 +662,15 @@ def test_supervisor_kills_a_silent_worker_and_its_workers_on_connection_loss(
     sup.start()
     try:
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        first = wait_for(lambda: sup._running_handles(), 10, "a worker")[0]
+        first = wait_for(lambda: sup.table.running(), 10, "a worker")[0]
         # Silent: killed after supervisor.worker.start.timeout.secs, restarted, counted.
-        wait_for(lambda: (h := sup._running_handles()) and h[0] is not first, 15,
+        wait_for(lambda: (h := sup.table.running()) and h[0] is not first, 15,
                  "a replacement worker")
         assert first.ended_by == "timeout" and first.exit_code() == -signal.SIGKILL
-        assert sup._slots[(TOPOLOGY, port)].restarts == 1
+        assert sup.table.slots[(TOPOLOGY, port)].restarts == 1
         assert "sent no status" in cluster_state.errors(TOPOLOGY, "worker-0")[0].error
         # SUSPENDED (a blip, a ZooKeeper server restarting): the worker runs on; issue 20.
-        second = sup._running_handles()[0]
+        second = sup.table.running()[0]
         from kazoo.protocol.states import KazooState
         sup._on_connection_state(KazooState.SUSPENDED)
         sup._on_connection_state(KazooState.CONNECTED)
@@ -679,9 +680,9 @@ def test_supervisor_kills_a_silent_worker_and_its_workers_on_connection_loss(
         wait_for(lambda: second.exit_code() is not None, 3, "the kill")
         assert second.ended_by == "lost"
         sup._on_connection_state(KazooState.CONNECTED)
-        third = wait_for(lambda: (h := sup._running_handles()) and h[0] is not second
+        third = wait_for(lambda: (h := sup.table.running()) and h[0] is not second
                          and h[0], 10, "a restart on reconnection")
-        assert third.restarts == 1 and sup._slots[(TOPOLOGY, port)].restarts == 1
+        assert third.restarts == 1 and sup.table.slots[(TOPOLOGY, port)].restarts == 1
     finally:
         sup.stop()
 
@@ -732,17 +733,17 @@ def test_a_slot_whose_earlier_worker_cannot_be_identified_starts_nothing_until_i
     try:
         # Held for 2/3 of the 4 s session; made longer here, so that a slow pass cannot
         # outlast it.
-        assert list(sup._held_until) == [port]
-        assert started + 2.0 < sup._held_until[port] <= time.monotonic() + 8 / 3
-        sup._held_until[port] = time.monotonic() + 600
+        assert list(sup.adoption.held_until) == [port]
+        assert started + 2.0 < sup.adoption.held_until[port] <= time.monotonic() + 8 / 3
+        sup.adoption.held_until[port] = time.monotonic() + 600
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
         passes = sup.passes
         wait_for(lambda: sup.passes >= passes + 3, 15, "three reconcile passes")
-        assert sup._running_handles() == []
-        sup._held_until[port] = 0.0  # as when 2/3 of the session timeout has passed
-        sup._wake.set()
+        assert sup.table.running() == []
+        sup.adoption.held_until[port] = 0.0  # as when 2/3 of the session timeout has passed
+        sup._monitor.wake()
         wait_for(lambda: _beat(cluster_state, sup, port), 15, "the slot's worker")
-        assert sup._held_until == {}
+        assert sup.adoption.held_until == {}
     finally:
         sup.stop()
 
@@ -792,7 +793,7 @@ def test_stopping_an_unassigned_worker_never_waits_behind_a_code_fetch(
     sup.start()
     try:
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, ports[0]]})
-        running = wait_for(lambda: sup._running_handles(), 15, "the first worker")[0]
+        running = wait_for(lambda: sup.table.running(), 15, "the first worker")[0]
         # A second topology lands on the other slot; its code cannot be fetched.
         cluster_state.zk.create(cluster_state.path("assignments", slow), Assignment(
             master_code_dir="/x", executor_node_port={"worker-0": [sup.id, ports[1]]},
@@ -806,7 +807,7 @@ def test_stopping_an_unassigned_worker_never_waits_behind_a_code_fetch(
         assert sup.fetcher.current == slow and not peers.release.is_set()
         assert running.ended_by == "stop"
         peers.release.set()
-        started = wait_for(lambda: [h for h in sup._running_handles()
+        started = wait_for(lambda: [h for h in sup.table.running()
                                     if h.topology_id == slow], 15, "the slow topology's worker")
         assert started[0].port == ports[1]
     finally:
@@ -862,7 +863,7 @@ def test_a_worker_gets_no_credential_of_the_cluster(
     sup.start()
     try:
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        handle = wait_for(lambda: sup.table.running(), 15, "the worker")[0]
         spec_file = sup.workers_dir / f"{TOPOLOGY}-{port}" / "worker.json"
         written = spec_file.read_text()
         conf = json.loads(written)["conf"]
@@ -898,10 +899,10 @@ def test_only_a_crash_loop_backs_off(tmp_path, zk_server, zk_root, cluster_state
     sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
     sup.start()
     try:
-        with caplog.at_level("WARNING", logger="nimbus.supervisor.daemon"):
+        with caplog.at_level("WARNING", logger="nimbus.supervisor.ending"):
             _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-            wait_for(lambda: sup._slots.get((TOPOLOGY, port)) is not None
-                     and sup._slots[(TOPOLOGY, port)].restarts >= 3, 30, "three restarts")
+            wait_for(lambda: sup.table.slots.get((TOPOLOGY, port)) is not None
+                     and sup.table.slots[(TOPOLOGY, port)].restarts >= 3, 30, "three restarts")
         got = [r.getMessage().rsplit("restart in ", 1)[1].rstrip("s") for r in caplog.records
                if "exited with code 3; restart in" in r.getMessage()]
         assert got[:3] == delays
@@ -921,7 +922,7 @@ def test_a_child_that_leaves_the_process_group_dies_with_its_worker(
     try:
         assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        handle = wait_for(lambda: sup.table.running(), 15, "the worker")[0]
         pid_file = sup.workers_dir / f"{TOPOLOGY}-{port}" / "daemon.pid"
         daemon = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 15,
                               "the daemonized child"))
@@ -938,7 +939,7 @@ def test_a_child_that_leaves_the_process_group_dies_with_its_worker(
 
 
 def _restarts(sup: Supervisor, port: int) -> int:
-    record = sup._slots.get((TOPOLOGY, port))
+    record = sup.table.slots.get((TOPOLOGY, port))
     return record.restarts if record is not None else 0
 
 
@@ -953,7 +954,7 @@ def leased_worker(tmp_path, zk_server, zk_root, cluster_state, stub_worker):
     try:
         assert sup.cgroups is not None, "this host must give workers cgroups (root, cgroup2)"
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
-        handle = wait_for(lambda: sup._running_handles(), 15, "the worker")[0]
+        handle = wait_for(lambda: sup.table.running(), 15, "the worker")[0]
         wait_for(lambda: handle.lease_deadline is not None, 15, "its first lease")
         assert handle.cgroup is not None
         yield sup, handle, port
@@ -969,7 +970,7 @@ def _killed_for_its_rewritten_assignment(sup: Supervisor, handle: WorkerHandle,
     which is returned once it holds a lease."""
     wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to be killed")
     assert handle.ended_by == "lease" and handle.thaws == 1
-    fresh = wait_for(lambda: [h for h in sup._running_handles() if h is not handle],
+    fresh = wait_for(lambda: [h for h in sup.table.running() if h is not handle],
                      15, "its slot to start it afresh")[0]
     wait_for(lambda: fresh.lease_deadline is not None, 15, "the new worker's lease")
     assert _restarts(sup, port) == 0  # no crash counted
@@ -1009,7 +1010,7 @@ def test_a_frozen_worker_is_thawed_by_a_renewal_and_killed_once_frozen_too_long(
     assert handle.ended_by == "lease"
     wait_for(lambda: handle.exit_code() is not None, 15, "the frozen worker to die")
     assert handle.exit_code() == -signal.SIGKILL
-    sup._reap()
+    sup.ender.reap()
     assert _restarts(sup, port) == 0
 
 
@@ -1036,7 +1037,7 @@ def test_a_worker_frozen_through_a_lost_session_is_thawed_by_the_next_one(
     assert handle.session_id not in (first_session, None)
     assert handle.session_id == sup.zk.client_id[0]
     assert not handle.is_frozen() and handle.exit_code() is None and not handle.ended_by
-    assert sup._running_handles() == [handle]
+    assert sup.table.running() == [handle]
 
     # Lost again while frozen, and meanwhile its assignment is written again.
     lose_the_session_while_frozen(rewrite=True)
@@ -1059,9 +1060,9 @@ def test_code_that_cannot_be_had_is_reported_once_and_tried_ever_later(
     every 5 s for ever. Issue 29: a refused download was a supervisor's WARNING only.
     Now its topology hears of either once, its slot says it is restarting and why, and
     the tries back off."""
-    import nimbus.supervisor.daemon as daemon_module
+    import nimbus.supervisor.starting as starting_module
 
-    monkeypatch.setattr(daemon_module, "CODE_RETRY_S", 0.2)
+    monkeypatch.setattr(starting_module, "CODE_RETRY_S", 0.2)
     port = _free_port()
     files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
     tampered = dict(files, **{"stormjar.jar": files["stormjar.jar"] + b"x"})
@@ -1070,7 +1071,7 @@ def test_code_that_cannot_be_had_is_reported_once_and_tried_ever_later(
         {"nimbus:6627": tampered} if served == "tampered" else {}))
     sup.start()
     try:
-        with caplog.at_level("WARNING", logger="nimbus.supervisor.daemon"):
+        with caplog.at_level("WARNING", logger="nimbus.supervisor.starting"):
             _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
             # The fourth try failed: the next is 1.6 s later, said as 2 s.
             said = wait_for(lambda: (got := _said(cluster_state, sup, port)) and
@@ -1085,7 +1086,7 @@ def test_code_that_cannot_be_had_is_reported_once_and_tried_ever_later(
         assert said == {"topology_id": TOPOLOGY, "state": "restarting", "restarts": 0,
                         "backoff_secs": 2,
                         "last_error": worker_state.first_line(errors[0].error)}
-        assert sup._running_handles() == []
+        assert sup.table.running() == []
     finally:
         sup.stop()
 
@@ -1121,7 +1122,7 @@ def test_a_crash_loop_is_said_restarting_with_its_backoff_and_recorded_once(
                                      "uptime_secs": 0}, 30, "topology-info to agree")
         assert [e.error for e in cluster_state.errors(TOPOLOGY, "main")] == ["boom"]
         # supervisor_worker_state follows the same states.
-        wait_for(lambda: sup.slot_states() == {(TOPOLOGY, port): "restarting"}, 30,
+        wait_for(lambda: sup.registration.slot_states() == {(TOPOLOGY, port): "restarting"}, 30,
                  "the metrics' state")
     finally:
         sup.stop()
@@ -1134,9 +1135,9 @@ def test_a_worker_command_that_cannot_run_is_said_and_recorded_once(
     joins the cgroup cannot exec it (exit 127, its words quoted from the worker's log);
     elsewhere the start itself fails. Either way the slot restarts with a back-off, and
     its error is recorded once."""
-    import nimbus.supervisor.daemon as daemon_module
+    import nimbus.supervisor.starting as starting_module
 
-    monkeypatch.setattr(daemon_module, "CODE_RETRY_S", 0.2)
+    monkeypatch.setattr(starting_module, "CODE_RETRY_S", 0.2)
     port = _free_port()
     files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
     missing = str(tmp_path / "no-such-python")
@@ -1148,7 +1149,7 @@ def test_a_worker_command_that_cannot_run_is_said_and_recorded_once(
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
         wait_for(lambda: (said := _said(cluster_state, sup, port)) and
                  said["state"] == "restarting" and said["restarts"] + (
-                     sup._slots[(TOPOLOGY, port)].start_failures) >= 3, 30, "three tries")
+                     sup.table.slots[(TOPOLOGY, port)].start_failures) >= 3, 30, "three tries")
         errors = [e.error for e in cluster_state.errors(TOPOLOGY, "worker-0")]
         if cgroups:
             assert errors == [f"worker exited with code 127: nimbus-ha: 1: exec: {missing}: "

@@ -40,7 +40,7 @@ DETAIL_KEYS = {"id", "name", "uptime", "uptimeSeconds", "status", "tasksTotal",
 WORKER_KEYS = {"supervisorId", "host", "port", "topologyId", "topologyName",
                "executorsTotal", "assignedMemOnHeap", "assignedMemOffHeap", "assignedCpu",
                "componentNumTasks", "uptime", "uptimeSeconds", "workerLogLink",
-               # nimbus-ha's additions (nimbus/master/worker_state.py)
+               # nimbus-ha's additions (nimbus/state/worker_state.py)
                "state", "alive", "beatAgeSecs", "backoffSecs", "lastError", "restarts"}
 
 

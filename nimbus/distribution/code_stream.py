@@ -55,9 +55,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from nimbus.config import CODE_STREAM_MAGIC, MAX_FRAME_BYTES  # noqa: F401 (the stream's API)
 from nimbus.distribution.archive import ChangedWhilePackedError, FileSlice, Piece
 
-MAGIC = b"NHS1"
+MAGIC = CODE_STREAM_MAGIC
 UPLOAD_MAGIC = b"NHU1"
 SESSION_ID_BYTES = 36  # str(uuid.uuid4())
 MAX_LOCATION_BYTES = 4096
@@ -65,9 +66,8 @@ OK, REFUSED = 0, 1
 _SIZE = struct.Struct("!Q")
 _REASON = struct.Struct("!H")
 RECEIVE_BLOCK = 1 << 20
-# The largest MAGIC-free frame: nimbus.thrift.max_buffer_size must stay below this.
-# (UPLOAD_MAGIC read as a length is larger still.)
-MAX_FRAME_BYTES = struct.unpack("!i", MAGIC)[0] - 1
+# The largest MAGIC-free frame (MAX_FRAME_BYTES, from nimbus.config): nimbus.thrift.
+# max_buffer_size must stay below it. (UPLOAD_MAGIC read as a length is larger still.)
 # An upload's bytes go out in steps of this many, with a look for an early answer (a
 # refusal) between two steps; small pieces are gathered into frames of COALESCE_BYTES.
 SEND_STEP = 4 << 20

@@ -10,15 +10,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from nimbus.distribution.distributors import DistributorError
+from nimbus.state.component_ids import TOPOLOGY_ID_RE
 
-TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
 TEMP_PREFIX = ".incoming-"
 CLUSTER_ID_FILE = "cluster-id"
 

@@ -32,7 +32,6 @@ from nimbus.master.assignment_index import AssignmentIndex
 from nimbus.master.code_sync import CodeSync
 from nimbus.master.duty_cycle import LeaderDutyCycle
 from nimbus.master.elector import LeaderElector
-from nimbus.master.incarnation import Incarnation
 from nimbus.master.leader_watchdog import LeaderWatchdog
 from nimbus.master.lifecycle import CONF_FILE, TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
@@ -41,6 +40,7 @@ from nimbus.master.sweepers import LeaderSweeper
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
+from nimbus.state.incarnation import Incarnation
 from nimbus.state.records import NimbusInfo
 from nimbus.state.session_renewal import SessionRenewal
 from nimbus.state.zk_auth import check_layout_acl, zk_security
@@ -330,7 +330,7 @@ class NimbusDaemon:
     def _remove_dead_predecessor(self) -> None:
         """This nimbus, started again after a kill -9 (or a crash), removes the lock node
         its previous process left, when that process is certainly dead
-        (:mod:`nimbus.master.incarnation`). Otherwise a node at the head of the queue
+        (:mod:`nimbus.state.incarnation`). Otherwise a node at the head of the queue
         keeps every nimbus from leading until the dead session expires."""
         host, port = self.conf["nimbus.host"], self.conf["nimbus.thrift.port"]
         try:

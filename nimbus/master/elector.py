@@ -169,7 +169,7 @@ class LeaderElector:
     def remove_nodes_of(self, token: str) -> list[str]:
         """Delete the lock nodes that ``token``'s process made for this nimbus's address
         and return their names. Only for a process known to be dead (see
-        :mod:`nimbus.master.incarnation`): its session, and so its nodes, would otherwise
+        :mod:`nimbus.state.incarnation`): its session, and so its nodes, would otherwise
         live on for up to a session timeout, and keep the lock if one headed the queue."""
         if not token or token == self._token:
             return []

@@ -31,7 +31,7 @@ Shapes (all keys always present):
      "errors": ERRORS}
 
 A worker's ``state`` (starting, running, frozen, restarting or dead) is judged by
-:func:`nimbus.master.worker_state.judge` on ZooKeeper's clock; ``alive`` is ``state ==
+:func:`nimbus.state.worker_state.judge` on ZooKeeper's clock; ``alive`` is ``state ==
 "running"``: its beat is fresh, within ``timeout_s`` (``nimbus.task.timeout.secs``). A
 worker that is not running has an ``uptime_secs`` and ``memory_bytes`` of 0 and its
 components keep their last batch id with 0 rows and rates: its last numbers are history,
@@ -51,11 +51,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nimbus.master import worker_state
+from nimbus.state import worker_state
 from nimbus.state.cluster_state import MAX_ERRORS_PER_COMPONENT, StormClusterState
-from nimbus.state.records import Assignment, RecordError, SupervisorInfo, WorkerBeat
+from nimbus.state.records import (
+    WORKER_PREFIX,
+    Assignment,
+    RecordError,
+    SupervisorInfo,
+    WorkerBeat,
+)
 
-WORKER_PREFIX = "worker-"  # the scheduler's executor keys: worker-<i>
 # What decoding a record written by another release may raise (TypeError: a required
 # field is missing).
 UNREADABLE = (RecordError, TypeError)

@@ -34,7 +34,7 @@ only once the leader's session has expired, ``T`` after its last write, or after
 handover (a nimbus that stops on purpose waits out its quarantines before it leaves the
 election, :meth:`Scheduler.last_release_s`). A nimbus started again after a kill -9 may
 remove its dead predecessor's lock node before that session expires
-(:mod:`nimbus.master.incarnation`), and marks the removal in ZooKeeper. A leader that
+(:mod:`nimbus.state.incarnation`), and marks the removal in ZooKeeper. A leader that
 takes over on a new lock node (:meth:`Scheduler.reset` with ``successor``) and finds
 that mark places no executor the assignment leaves unplaced for ``2/3 T`` after the
 takeover, whatever the counts were then: the dead leader may have released it moments
@@ -59,11 +59,15 @@ from dataclasses import dataclass, replace
 from nimbus.config import Config
 from nimbus.state.cluster_state import Fence, StormClusterState
 from nimbus.state.cluster_view import ClusterView
-from nimbus.state.records import ACTIVE, Assignment, StormBase, SupervisorInfo
+from nimbus.state.records import (
+    ACTIVE,
+    WORKER_PREFIX,
+    Assignment,
+    StormBase,
+    SupervisorInfo,
+)
 
 log = logging.getLogger(__name__)
-
-WORKER_PREFIX = "worker-"
 
 
 @dataclass(frozen=True, order=True)

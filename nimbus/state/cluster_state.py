@@ -41,9 +41,8 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
-from nimbus.distribution.local_code import TOPOLOGY_ID_RE
 from nimbus.state import leader_audit
-from nimbus.state.component_ids import check_component_id
+from nimbus.state.component_ids import TOPOLOGY_ID_RE, check_component_id
 from nimbus.state.records import (
     Assignment,
     CodeMeta,
@@ -375,7 +374,7 @@ class StormClusterState:
 
     def read_with_stat(self, cls: type[R], path: str) -> tuple[R | None, ZnodeStat] | None:
         """The record at ``path`` with its node's stat (its ``mtime`` is the ZooKeeper
-        server's clock: what worker liveness is judged by, nimbus/master/worker_state.py);
+        server's clock: what worker liveness is judged by, nimbus/state/worker_state.py);
         None if there is no node, and (None, stat) if it holds nothing this release can
         read (logged once, as :meth:`decode_record` does)."""
         got = self._get(path)
@@ -763,7 +762,7 @@ class StormClusterState:
 
     # -- early removal of a dead leader's lock node -------------------------------------
     #: What the leader-lock directory's data holds after a dead process's lock nodes were
-    #: removed before its session expired (nimbus.master.incarnation), until the next
+    #: removed before its session expired (nimbus.state.incarnation), until the next
     #: leader has read it: that leader cannot rely on the predecessor's last write
     #: being a session timeout old (nimbus.master.scheduler, the takeover hold).
     REMOVED_EARLY = b"removed-before-session-expiry"

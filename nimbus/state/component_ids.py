@@ -1,4 +1,5 @@
-"""Component ids: the one rule for a name that becomes a ZooKeeper path part.
+"""Component and topology ids: the rules for names that become ZooKeeper path parts
+(and, for a topology id, a directory of every host's code).
 
 A component id names a node, ``/storm/errors/<topology-id>/<component>``, and comes from
 a tenant's code (a pipeline's ``build()`` names its queries; a worker reports errors and
@@ -10,6 +11,17 @@ bounded charset and length, never ``.``/``..``, never a ``/``. Storm's own ids
 from __future__ import annotations
 
 import re
+
+#: A topology id, ``<name>-<counter>-<launch time>`` (Storm's form); with ``..`` refused
+#: apart (see :func:`is_topology_id`).
+TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
+
+
+def is_topology_id(name: object) -> bool:
+    """Whether ``name`` has a topology id's form (and no ``..``)."""
+    return isinstance(name, str) and TOPOLOGY_ID_RE.fullmatch(name) is not None \
+        and ".." not in name
+
 
 #: The longest component id accepted.
 MAX_COMPONENT_ID = 64

@@ -28,7 +28,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 FORMAT_VERSION = 1
-# The executor keys of an Assignment (the scheduler's workers).
+# The executor keys of an Assignment (the scheduler's workers): worker-<i>.
+WORKER_PREFIX = "worker-"
 WORKER_KEY_RE = re.compile(r"^worker-[0-9]{1,9}$")
 
 # Storm's topology statuses as TopologySummary.status reports them. REBALANCING: a
@@ -254,7 +255,7 @@ class SupervisorInfo(Record):
     # What it knows of the worker of each slot it is assigned, by port (a string: JSON
     # keys are): {"topology_id", "state" (starting, running, frozen or restarting),
     # "restarts", "backoff_secs", "last_error"}. Written by supervisors; read by
-    # nimbus.master.worker_state, which takes a malformed entry for none. Empty in
+    # nimbus.state.worker_state, which takes a malformed entry for none. Empty in
     # records of earlier releases, which said nothing of their workers.
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -287,7 +288,7 @@ class NimbusInfo(Record):
     port: int
     start_time_secs: int
     version: str
-    # The process that registered (nimbus.master.incarnation) and its leader-lock token:
+    # The process that registered (nimbus.state.incarnation) and its leader-lock token:
     # they let the same nimbus, started again, remove the lock node of a predecessor that
     # is certainly dead. Empty (unknown) in records of earlier releases.
     boot_id: str = ""

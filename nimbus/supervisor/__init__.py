@@ -9,5 +9,9 @@ workers' heartbeats and errors. See docs/runtime.md for the contract.
 * :mod:`nimbus.supervisor.code_cache`: this host's verified copies of topology code;
 * :mod:`nimbus.supervisor.worker_handle`: one worker process and its two pipes;
 * :mod:`nimbus.supervisor.lease`: the thread that renews leases after a ZooKeeper round trip;
-* :mod:`nimbus.supervisor.daemon`: the wiring and the reconcile loop.
+* :mod:`nimbus.supervisor.daemon`: the lifecycle and the reconcile pass, whose parts are
+  :mod:`~nimbus.supervisor.registration`, :mod:`~nimbus.supervisor.reporting`,
+  :mod:`~nimbus.supervisor.starting`, :mod:`~nimbus.supervisor.ending`,
+  :mod:`~nimbus.supervisor.adoption`, :mod:`~nimbus.supervisor.slots` and
+  :mod:`~nimbus.supervisor.identity`.
 """

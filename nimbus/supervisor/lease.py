@@ -35,7 +35,7 @@ write to the assignment came in between, so its work cannot have moved away and 
 while it was frozen (a running worker could not see that happen: its lease would have
 killed it). Otherwise it is killed, and its slot starts it afresh. The proof holds across
 sessions: a worker kept frozen through a lost session, or taken over frozen by the
-supervisor's next process, is thawed by the same rule (nimbus/supervisor/daemon.py,
+supervisor's next process, is thawed by the same rule (nimbus/supervisor/adoption.py,
 nimbus/supervisor/lease_record.py).
 """
 

@@ -14,7 +14,7 @@ others' (a host may run several supervisors, and one that died may never come ba
   left alone: nothing says for how long it has been frozen;
 * :func:`count_orphans` counts the frozen workers whose supervisor process is certainly
   gone: each supervisor writes who it is (its
-  :class:`~nimbus.master.incarnation.Incarnation`: boot id, pid namespace, pid and the
+  :class:`~nimbus.state.incarnation.Incarnation`: boot id, pid namespace, pid and the
   pid's start time) on its cgroup directory at start (:func:`claim`), and a process
   that is not running any more cannot hold its workers. The metric
   ``supervisor_frozen_orphans`` exports it.
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from nimbus.master.incarnation import Incarnation
+from nimbus.state.incarnation import Incarnation
 from nimbus.worker.frozen import REAPERS_CGROUP, clock, end_cgroup, is_frozen, read_mark
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nimbus.master.scheduler import WORKER_PREFIX
-from nimbus.state.records import Assignment
+from nimbus.state.records import WORKER_PREFIX, Assignment
 
 # Restart backoff (docs/runtime.md): a worker that had done its work (a pipeline that
 # committed a batch, a command that ran past its start timeout) is restarted at once and

@@ -22,6 +22,7 @@ Everything here runs on the supervisor's monitor thread, except :meth:`WarmPool.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup
-from nimbus.supervisor.takeover import Orphan, cgroup_of
+from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup, unified_root
+from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY
+from nimbus.supervisor.takeover import Orphan, cgroup_of, find_warm_orphans
 from nimbus.supervisor.worker_handle import LOG_FILE, WorkerHandle, stop_all, tidy_warm_dir
 from nimbus.worker.spark import warm_mismatch
 from nimbus.worker.spec import SpecError, WorkerSpec
@@ -247,6 +249,37 @@ class WarmPool:
         return WarmSummary(ready=sum(h.warm == "ready" for h in handles),
                            starting=sum(h.warm == "warming" for h in handles),
                            memory_bytes=sum(h.memory_bytes() for h in handles))
+
+
+def make_warm_pool(size: int, root: Path, command: tuple[str, ...] | None,
+                   spec: Callable[[int, int, int], WorkerSpec],
+                   env: Callable[[], dict[str, str]], cgroups: WorkerCgroups | None,
+                   start_timeout_s: float, wake: Callable[[], None], *, run_as_user: bool,
+                   in_use: Collection[Path]) -> WarmPool | None:
+    """The ``size`` warm workers of a supervisor starting (``supervisor.warm.workers``),
+    or None, saying why not; it keeps those its earlier process left waiting, and clears
+    the other directories of that run but ``in_use`` (its taken workers'). ``command``
+    is None for a worker command without a warm mode."""
+    if size == 0:
+        return None
+    why = ""
+    if run_as_user:
+        why = (f"workers run as their topology's account ({RUN_AS_USER_KEY}), and a warm "
+               "worker is started before it knows which")
+    elif command is None:
+        why = "this supervisor's worker command has no warm mode"
+    elif importlib.util.find_spec("pyspark") is None:
+        why = "pyspark is not installed for this Python"
+    if why:
+        log.warning("%s %d ignored: %s", WARM_KEY, size, why)
+        return None
+    assert command is not None
+    pool = WarmPool(size, root, command, spec, env, cgroups, start_timeout_s, wake=wake)
+    cgroup_root = unified_root() if cgroups is not None else None
+    kept = pool.adopt(find_warm_orphans(pool.root, cgroup_root), cgroup_root)
+    pool.clear_leftovers(set(in_use) | set(kept))
+    log.info("keeping %d warm workers ready (%s)", size, WARM_KEY)
+    return pool
 
 
 def move_log(warm_dir: Path, worker_dir: Path) -> None:

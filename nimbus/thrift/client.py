@@ -8,10 +8,12 @@ the leader is looked up again, until a deadline.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import socket
+import ssl
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -51,7 +53,29 @@ def _one_line(problem: object) -> str:
 
 
 class NimbusUnavailableError(RuntimeError):
-    """No nimbus could be reached, or no leader was found before the deadline."""
+    """No nimbus could be reached, or no leader was found before the deadline.
+
+    ``not_up``: every seed failed in a way that waiting may cure (nothing listens there
+    yet, or no leader is elected yet), not because of what was said (a TLS handshake
+    refused, a connection dropped mid-call by a server that speaks something else)."""
+
+    def __init__(self, message: str, not_up: bool = False):
+        super().__init__(message)
+        self.not_up = not_up
+
+
+def _not_up(exc: BaseException) -> bool:
+    """Whether a connection failed because nothing listens at the address (yet): a
+    refused or timed-out connect, an unreachable host. thriftpy2 reports every failed
+    connect, a TLS handshake's too, as NOT_OPEN; what it caught tells them apart."""
+    if isinstance(exc, TTransportException):
+        if exc.type != TTransportException.NOT_OPEN:
+            return False
+        exc = exc.__cause__ or exc.__context__ or exc
+    if isinstance(exc, ssl.SSLError):
+        return False
+    return isinstance(exc, ConnectionRefusedError | TimeoutError) or (
+        isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH))
 
 
 class TransferRefusedError(ValueError):
@@ -173,6 +197,7 @@ class NimbusClient:
     def find_leader(self) -> HostPort:
         """Ask each seed in turn who leads; raises NimbusUnavailableError if none knows."""
         errors = []
+        not_up = True
         for seed in self.seeds:
             try:
                 with connect(seed, self.timeout_s) as client:
@@ -180,20 +205,24 @@ class NimbusClient:
                 return HostPort(leader.host, leader.port)
             except CONNECTION_ERRORS as exc:
                 errors.append(f"{seed}: {_one_line(exc)}")
-            except TApplicationException as exc:
+                not_up = not_up and _not_up(exc)
+            except TApplicationException as exc:  # up, but no leader elected yet
                 errors.append(f"{seed}: {exc.message}")
-        raise NimbusUnavailableError("no leader found via nimbus.seeds (" + "; ".join(errors) + ")")
+        raise NimbusUnavailableError(
+            "no leader found via nimbus.seeds (" + "; ".join(errors) + ")", not_up)
 
     def _try_any(self, call: Callable[[Any], Any]) -> Any:
         errors = []
+        not_up = True
         for seed in self.seeds:
             try:
                 with connect(seed, self.timeout_s) as client:
                     return call(client)
             except CONNECTION_ERRORS as exc:
                 errors.append(f"{seed}: {_one_line(exc)}")
+                not_up = not_up and _not_up(exc)
         raise NimbusUnavailableError(
-            "no nimbus reachable via nimbus.seeds (" + "; ".join(errors) + ")")
+            "no nimbus reachable via nimbus.seeds (" + "; ".join(errors) + ")", not_up)
 
     def any_nimbus(self, call: Callable[[Any], Any]) -> Any:
         """Run ``call(client)`` on the first seed that answers (for read-only calls),
@@ -203,13 +232,17 @@ class NimbusClient:
 
     def _until_deadline(self, attempt: Callable[[], Any], waiting: str, gave_up: str) -> Any:
         """``attempt()`` until it does not raise NimbusUnavailableError or the deadline
-        passes (at least once); then NimbusUnavailableError saying how long it waited."""
+        passes (at least once); then NimbusUnavailableError saying how long it waited.
+        Only a cluster that is not up yet is waited for: a seed that answered with
+        something else (a refused TLS handshake, another protocol) fails at once."""
         deadline = time.monotonic() + self.deadline_s
         pause = 0.1
         while True:
             try:
                 return attempt()
             except NimbusUnavailableError as exc:
+                if not exc.not_up:
+                    raise
                 if time.monotonic() + pause >= deadline:
                     if self.deadline_s <= 0:
                         raise

@@ -463,7 +463,7 @@ class NimbusHandler:
 
         A worker whose beat names no component yet (just placed, or not started) shows
         as Storm's ``__system`` component, so that its host and port are still listed.
-        A worker that is not running (nimbus/master/worker_state.py: no fresh beat within
+        A worker that is not running (nimbus/state/worker_state.py: no fresh beat within
         ``nimbus.task.timeout.secs``) has an ``uptime_secs`` of 0, as ``topology-info``
         shows it.
         """

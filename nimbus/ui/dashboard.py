@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from nimbus.config import Config
-from nimbus.master.worker_state import count_states
 from nimbus.redaction import mask
 from nimbus.state.records import KILLED
+from nimbus.state.worker_state import count_states
 from nimbus.ui import storm_json
 from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.view import ClusterView, Snapshot
@@ -69,7 +69,7 @@ def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config, now: float,
             "uptime": entry["uptime"], "workersTotal": entry["workersTotal"],
             "workersWanted": snap.storms[topology_id].num_workers,
             # Running workers (a fresh beat), and how many are in each state
-            # (nimbus/master/worker_state.py): the rule topology-info and top follow.
+            # (nimbus/state/worker_state.py): the rule topology-info and top follow.
             "workersAlive": live.alive_workers,
             "workerStates": dict(live.worker_states) or count_states([]),
             "replicationCount": entry["replicationCount"],

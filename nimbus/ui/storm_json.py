@@ -136,7 +136,7 @@ def topology_detail(snap: Snapshot, info: dict[str, Any], topology_conf: dict[st
     nimbus-ha adds ``components`` (runtime_view's per-component numbers, with rates),
     ``errors`` (every kept error, newest first per component), and to each worker its
     ``state``, ``alive``, ``beatAgeSecs``, ``backoffSecs``, ``lastError`` and
-    ``restarts`` (nimbus/master/worker_state.py; uptime 0 while it is not running).
+    ``restarts`` (nimbus/state/worker_state.py; uptime 0 while it is not running).
     """
     now = time.time() if now is None else now
     entry = topology_entry(snap, info["id"], now) if info["id"] in snap.storms else None
@@ -149,7 +149,7 @@ def topology_detail(snap: Snapshot, info: dict[str, Any], topology_conf: dict[st
                 "componentNumTasks": {c: 1 for c in w["components"]},
                 "uptime": pretty_uptime(w["uptime_secs"]), "uptimeSeconds": w["uptime_secs"],
                 "workerLogLink": "",
-                # nimbus-ha's (nimbus/master/worker_state.py): whether it runs, and why not
+                # nimbus-ha's (nimbus/state/worker_state.py): whether it runs, and why not
                 "state": w["state"], "alive": w["alive"], "beatAgeSecs": w["beat_age_secs"],
                 "backoffSecs": w["backoff_secs"], "lastError": w["last_error"],
                 "restarts": w["restarts"]} for w in info["workers"]]

@@ -8,7 +8,7 @@ one round trip's latency, not 1,000. REST requests then answer from memory.
 
 While the dashboard is open (a dashboard request within :data:`DEMAND_S`), the same
 thread also polls worker heartbeats once a second for records per second, restarts and
-each worker's state (with their supervisors' nodes: nimbus/master/worker_state.py), and
+each worker's state (with their supervisors' nodes: nimbus/state/worker_state.py), and
 the newest errors every few seconds: nothing watches those nodes, and nobody pays for
 them when nobody looks.
 
@@ -36,8 +36,8 @@ from kazoo.protocol.states import KazooState, ZnodeStat
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.config import Config
-from nimbus.master import worker_state
 from nimbus.redaction import redact
+from nimbus.state import worker_state
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import (
     KILLED,
@@ -92,7 +92,7 @@ class Live:
     records_per_second: float = 0.0
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
     restarts: int = 0
-    alive_workers: int = 0      # running: a fresh beat (nimbus/master/worker_state.py)
+    alive_workers: int = 0      # running: a fresh beat (nimbus/state/worker_state.py)
     # state -> how many of its workers are in it (every state a key, once polled)
     worker_states: dict[str, int] = field(default_factory=dict)
     newest_error: dict[str, Any] | None = None

@@ -25,7 +25,7 @@ Order of events:
    (:func:`~nimbus.worker.spark.adopt_session`). If a setting Spark fixes at start
    differs, say ``{"warm": {"refused": why}}`` and exit 4: the supervisor starts the
    topology cold. Otherwise run exactly as a cold worker does from step "wait for the
-   first lease" (``nimbus/worker/main.py``).
+   first lease" (``nimbus/worker/run.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Any
 
 from nimbus.redaction import install_log_redaction
 from nimbus.worker.exits import EXIT_FAILED, EXIT_OK, EXIT_STARTUP, EXIT_WARM_REFUSED
+from nimbus.worker.run import install_stop_handlers, run
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
 from nimbus.worker.takeover import SOCKET_NAME, listen_at, supervisor_peer
@@ -147,8 +148,6 @@ def await_successor(warm_dir: Path, stop: threading.Event, timeout_s: float,
 
 def run_warm(warm_dir: Path) -> int:
     """Run a warm worker from ``<warm_dir>/warm.json`` (see the module docstring)."""
-    from nimbus.worker.main import install_stop_handlers, run
-
     try:
         warm = WorkerSpec.load(warm_dir / WARM_FILE)
     except SpecError as exc:

@@ -1,0 +1,85 @@
+"""The supervisor's slots: the worker process on each port, and what outlives one
+process on a slot (its restarts, their backoff, why its next start waits).
+
+:class:`WorkerTable` is the one place both live. ``workers`` is guarded by ``lock``
+(never held while blocking): the monitor, lease, heartbeat, metrics and status reader
+threads read it. ``slots`` belongs to the monitor thread; the others read it without a
+lock, one field at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from nimbus.supervisor.policy import RestartBackoff
+from nimbus.supervisor.worker_handle import WorkerHandle
+
+
+@dataclass
+class SlotRecord:
+    """What outlives one worker process on a slot: its restarts and their backoff."""
+
+    restarts: int = 0
+    backoff: RestartBackoff = field(default_factory=RestartBackoff)
+    not_before: float = 0.0       # time.monotonic() of the earliest next start
+    code_failures: int = 0        # fetches of its code that failed in a row
+    code_error: str = ""          # the last one's message, recorded once
+    cold_reason: str = ""         # why its next start must be cold (a warm one refused)
+    waiting_for_warm: bool = False  # its start waits for a warm worker to be ready
+    start_failures: int = 0       # starts in a row whose worker command could not run
+    # Set when its worker exited as a crash or could not be started, until the next
+    # start: it is restarting, after backoff_s, because of last_error.
+    failed: bool = False
+    backoff_s: float = 0.0
+    last_error: str = ""
+
+
+class WorkerTable:
+    """The workers of this supervisor by port, and the records of its slots by
+    (topology, port); see the module doc for which thread touches what."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.workers: dict[int, WorkerHandle] = {}
+        self.slots: dict[tuple[str, int], SlotRecord] = {}
+
+    def running(self) -> list[WorkerHandle]:
+        """Every worker handle held now (some may have exited, not yet reaped)."""
+        with self.lock:
+            return list(self.workers.values())
+
+    def ports(self) -> list[int]:
+        with self.lock:
+            return sorted(self.workers)
+
+    def has(self, port: int) -> bool:
+        with self.lock:
+            return port in self.workers
+
+    def add(self, handle: WorkerHandle) -> None:
+        with self.lock:
+            self.workers[handle.port] = handle
+
+    def pop_exited(self) -> list[WorkerHandle]:
+        """Remove and return every worker whose process has exited."""
+        with self.lock:
+            exited = {p: h for p, h in self.workers.items() if h.exit_code() is not None}
+            for port in exited:
+                del self.workers[port]
+        return list(exited.values())
+
+    def pop_all(self) -> list[WorkerHandle]:
+        with self.lock:
+            handles = list(self.workers.values())
+            self.workers.clear()
+        return handles
+
+    def record(self, topology_id: str, port: int) -> SlotRecord:
+        """The slot's record, made if it has none (monitor thread)."""
+        return self.slots.setdefault((topology_id, port), SlotRecord())
+
+    def restarts(self) -> dict[tuple[str, int], int]:
+        """(topology, port) -> restarts, for the metrics thread."""
+        # list() copies in one step under the GIL: the monitor thread owns slots.
+        return {key: r.restarts for key, r in list(self.slots.items())}
