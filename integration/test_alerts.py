@@ -2,8 +2,8 @@
 two nimbuses and two supervisors, each serving /metrics. The test causes each condition,
 waits for its alert to fire, undoes the cause and waits for it to resolve.
 
-The rules are the shipped file with every time in it divided by 30 (`for: 5m` becomes
-10 s, a `[10m]` window 20 s, the duty cycle's 30 s threshold 4 s...), so that an
+The rules are the shipped file with every time in it divided by 60 (`for: 5m` becomes
+5 s, a `[10m]` window 10 s, the duty cycle's 30 s threshold 4 s...), so that an
 afternoon's alert fires in seconds; the expressions are otherwise the file's own.
 
 Caused for real: a worker in a crash loop, a leader duty stuck in a plugin call, a
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "conf" / "prometheus-alerts.yaml"
 PLUGINS = Path(__file__).resolve().parent / "plugins_for_tests"
-SCALE = 30
+SCALE = 60
 # Each alert's wait: its scaled `for:` and windows are seconds; a failover or a
 # supervisor's start under load takes longer.
 FIRE_S = 90
@@ -222,7 +222,9 @@ def test_each_alert_fires_in_a_real_prometheus_then_resolves(env):
     leader = cluster.wait_for_leader()
     client.submit("hang-1", process_bundle(env["tmp"] / "hang"),
                   {"topology.min.replication.count": 1})
-    client.kill("hang-1", 0)
+    # Removed by the duty cycle, a second later: a kill with wait 0 would run the removal
+    # (and the stuck call) inside the Thrift request, and the client would time out.
+    client.kill("hang-1", 1)
     prom.wait_firing("NimbusHaDutyCycleLate", instance=f"127.0.0.1:{leader.metrics_port}")
     (env["release"] / "release-hang").touch()
     prom.wait_resolved("NimbusHaDutyCycleLate")

@@ -155,8 +155,10 @@ def test_a_killed_leader_started_again_removes_its_dead_lock_node(make_cluster):
     leader.start()
     wait_for(lambda: dead_node not in [node for node, _ in state.leader_queue()], 20,
              "the dead process's lock node to be removed")
-    assert f"removed leader-lock node {dead_node} of {leader.address}'s previous " \
-        "process" in leader.log_text()
+    # By the restarted nimbus, which logs it once the delete has returned: the line may
+    # come a moment after the node is seen gone.
+    wait_for(lambda: f"removed leader-lock node {dead_node} of {leader.address}'s "
+             "previous process" in leader.log_text(), 10, "the removal's log line")
 
     def someone_leads() -> bool:
         for nimbus in cluster.nimbuses:
