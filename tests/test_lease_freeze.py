@@ -323,7 +323,9 @@ def test_a_real_worker_freezes_on_a_lapsed_lease_and_its_renewal_thaws_it(frozen
     child = int(pid_file.read_text())
     wait_until(lambda: is_frozen(handle.cgroup) and "frozen until the supervisor renews it"
                in _log(handle), TIMEOUT, "the worker to freeze itself")
-    assert "1" in (handle.cgroup / "cgroup.events").read_text().split("frozen ")[1][:2]
+    # cgroup.freeze says it is asked; cgroup.events says when every process has stopped.
+    wait_until(lambda: "frozen 1" in (handle.cgroup / "cgroup.events").read_text(), TIMEOUT,
+               "the kernel to have frozen every process of the cgroup")
     frozen_at = time.monotonic()
     before = len(_ticks(state))
     time.sleep(1.0)  # the command would tick 10 times meanwhile if it ran

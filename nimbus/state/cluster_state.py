@@ -260,13 +260,7 @@ class StormClusterState:
                 return made
             except BadVersionError:  # another nimbus set it first: theirs wins
                 data = self.zk.retry(self.zk.get, self.root)[0]
-        current = data.decode("utf-8", "replace")
-        if not CLUSTER_ID_RE.fullmatch(current):
-            raise LayoutMissingError(
-                f"ZooKeeper root {self.root} holds {data[:40]!r} ({len(data)} bytes) where "
-                "nimbus-ha keeps its cluster id: not a nimbus-ha root, or damaged; check "
-                "storm.zookeeper.root")
-        return current
+        return self._checked_id(data)
 
     def set_up_id(self, watch: Watch = None) -> str | None:
         """The cluster's id once a nimbus has set the layout up; None while none has (the
@@ -282,6 +276,11 @@ class StormClusterState:
             return self.set_up_id(watch)  # created between the two calls: read it
         if not data:
             return None
+        return self._checked_id(data)
+
+    def _checked_id(self, data: bytes) -> str:
+        """The cluster id the root's ``data`` holds; LayoutMissingError when it holds
+        something else (a root of another application, or damaged data)."""
         current = data.decode("utf-8", "replace")
         if not CLUSTER_ID_RE.fullmatch(current):
             raise LayoutMissingError(
