@@ -17,7 +17,7 @@ import socket
 import tarfile
 
 import pytest
-import yaml
+from nimbus_fixtures import idle_nimbus_conf
 
 from nimbus.config import load_config
 from nimbus.devcluster import free_port, wait_for
@@ -188,16 +188,7 @@ def in_snapshot(daemon: NimbusDaemon, supervisors: set[str], topology_id: str) -
 def cluster(zk_server, zk_root, tmp_path, make_zk):
     """(daemon, conf, a second ZooKeeper session acting as supervisors); duties run
     when the test calls run_cycle."""
-    host, _, zk_port = zk_server.hosts.rpartition(":")
-    port = free_port()
-    values = {
-        "storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
-        "storm.zookeeper.root": zk_root, "storm.zookeeper.session.timeout": 4000,
-        "nimbus.thrift.port": port, "nimbus.seeds": [f"127.0.0.1:{port}"],
-        "storm.local.dir": str(tmp_path / "local"),
-        "nimbus.monitor.freq.secs": 3600, "nimbus.leader.watchdog.secs": 0}
-    conf_file = tmp_path / "storm.yaml"
-    conf_file.write_text(yaml.safe_dump(values))
+    conf_file = idle_nimbus_conf(zk_server, zk_root, tmp_path)
     conf = load_config(str(conf_file))
     daemon = NimbusDaemon(conf)
     daemon.start()

@@ -16,8 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 from click.testing import CliRunner
+from nimbus_fixtures import idle_nimbus_conf
 
 from nimbus.cli import main
 from nimbus.config import load_config
@@ -25,7 +25,6 @@ from nimbus.devcluster import wait_for
 from nimbus.distribution.archive import NO_KIND_MESSAGE, BundleError, bundle_kind
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat
-from nimbus.state.zkserver import free_port
 from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusClient, connect
 
@@ -57,17 +56,7 @@ def storm_jar() -> bytes:
 @pytest.fixture
 def cluster(zk_server, zk_root, tmp_path, make_zk):
     """(daemon, conf, storm.yaml path, a second ZooKeeper session acting as supervisors)."""
-    host, _, zk_port = zk_server.hosts.rpartition(":")
-    port = free_port()
-    values = {
-        "storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
-        "storm.zookeeper.root": zk_root, "storm.zookeeper.session.timeout": 4000,
-        "nimbus.thrift.port": port, "nimbus.seeds": [f"127.0.0.1:{port}"],
-        "storm.local.dir": str(tmp_path / "local"),
-        # duties only when the test runs them (so no watchdog on them either)
-        "nimbus.monitor.freq.secs": 3600, "nimbus.leader.watchdog.secs": 0}
-    conf_file = tmp_path / "storm.yaml"
-    conf_file.write_text(yaml.safe_dump(values))
+    conf_file = idle_nimbus_conf(zk_server, zk_root, tmp_path)
     conf = load_config(str(conf_file))
     daemon = NimbusDaemon(conf)
     daemon.start()

@@ -14,8 +14,8 @@ import json
 import tarfile
 
 import pytest
-import yaml
 from click.testing import CliRunner
+from nimbus_fixtures import idle_nimbus_conf
 from thriftpy2.thrift import TApplicationException
 from ui_fixtures import Harness, conf_for, write_cluster
 
@@ -35,7 +35,6 @@ from nimbus.state.records import (
     StormBase,
     SupervisorInfo,
 )
-from nimbus.state.zkserver import free_port
 from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusClient, connect
 
@@ -128,17 +127,7 @@ class FakeClock:
 def cluster(zk_server, zk_root, tmp_path, make_zk):
     """(daemon, conf, storm.yaml path, fake clock); two supervisors with two slots each
     are registered (sup-a, sup-b)."""
-    host, _, zk_port = zk_server.hosts.rpartition(":")
-    port = free_port()
-    values = {
-        "storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
-        "storm.zookeeper.root": zk_root, "storm.zookeeper.session.timeout": 4000,
-        "nimbus.thrift.port": port, "nimbus.seeds": [f"127.0.0.1:{port}"],
-        "storm.local.dir": str(tmp_path / "local"),
-        # duties only when the test runs them (so no watchdog on them either)
-        "nimbus.monitor.freq.secs": 3600, "nimbus.leader.watchdog.secs": 0}
-    conf_file = tmp_path / "storm.yaml"
-    conf_file.write_text(yaml.safe_dump(values))
+    conf_file = idle_nimbus_conf(zk_server, zk_root, tmp_path)
     conf = load_config(str(conf_file))
     daemon = NimbusDaemon(conf)
     clock = FakeClock()
