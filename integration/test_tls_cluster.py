@@ -1,14 +1,19 @@
-"""A whole cluster with TLS on the Thrift port and the SimpleACLAuthorizer: separate
-nimbus and supervisor processes, each with its certificate; the supervisor fetches code
-over TLS and runs the topology; the CLI is refused or allowed by identity."""
+"""A whole cluster with TLS on the Thrift port, the SimpleACLAuthorizer and ZooKeeper
+digest auth: separate nimbus and supervisor processes, each with its certificate; the
+supervisor fetches code over TLS and runs the topology; the CLI is refused or allowed by
+identity, and its read commands work from a host with no ZooKeeper credentials, each user
+seeing what the read rules allow."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 import yaml
 from helpers import run_cli
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, wait_for
@@ -44,8 +49,14 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
                             # the daemons' identity may download code (issue 19, T2.11)
                             "nimbus.supervisor.users": ["cluster"],
                             "nimbus.daemon.users": ["cluster"],
-                            "supervisor.monitor.frequency.secs": 1}) as cluster:
-        base = yaml.safe_load(cluster.config_file.read_text())
+                            "supervisor.monitor.frequency.secs": 1,
+                            # Only the daemons hold the ZooKeeper credential.
+                            "storm.zookeeper.auth.scheme": "digest",
+                            "storm.zookeeper.auth.payload": "daemons:zk-secret"}) as cluster:
+        daemons_conf = yaml.safe_load(cluster.config_file.read_text())
+        # Client hosts: nimbus.seeds and a certificate, no ZooKeeper credential.
+        base = {k: v for k, v in daemons_conf.items()
+                if not k.startswith("storm.zookeeper.auth.")}
 
         def as_identity(name: str):
             path = tmp_path / f"{name}.yaml"
@@ -53,10 +64,13 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
             return path
 
         alice, bob, ops = as_identity("alice"), as_identity("bob"), as_identity("ops")
+        carol = as_identity("carol")
         topology_id = cluster.client().submit("sleeper", pack_directory(topology),
-                                              {"topology.min.replication.count": 2})
+                                              {"topology.min.replication.count": 2,
+                                               "topology.readonly.users": ["carol"]})
         wait_for(lambda: len(processes_with_arg(WORKER_MODULE, topology_id)) == 1, 60,
                  "the supervisor to fetch the code over TLS and run the worker")
+        reads_without_zookeeper_credentials(cluster, topology_id, alice, bob, carol)
 
         refused = run_cli("kill", "sleeper", "--wait", "0", "--config", str(bob))
         assert refused.returncode == 1
@@ -69,3 +83,40 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
         wait_for(lambda: processes_with_arg(WORKER_MODULE, topology_id) == [], 60,
                  "the worker to stop")
         run_cli("kill", "sleeper", "--wait", "0", "--config", str(ops), check=True)
+
+
+def reads_without_zookeeper_credentials(cluster, topology_id, alice, bob, carol) -> None:
+    """topology-info, errors and top from a client with nimbus.seeds and a certificate
+    only: the submitter and a read-only user see the topology, anyone else does not."""
+    # Without the credential ZooKeeper itself refuses: the answers below come from a nimbus.
+    zk = KazooClient(hosts=cluster.zk.hosts)
+    zk.start(timeout=30)
+    try:
+        with pytest.raises(NoAuthError):
+            zk.get_children("/storm/storms")
+    finally:
+        zk.stop()
+        zk.close()
+
+    def running(path) -> bool:
+        info = json.loads(run_cli("topology-info", "sleeper", "--json", "--config",
+                                  str(path), check=True).stdout)
+        return [w["state"] for w in info["workers"]] == ["running"]
+
+    for reader in (alice, carol):
+        wait_for(lambda reader=reader: running(reader), 30, "the worker shown running")
+        info = json.loads(run_cli("topology-info", "sleeper", "--json", "--config",
+                                  str(reader), check=True).stdout)
+        assert (info["id"], info["name"], info["owner"]) == (topology_id, "sleeper", "alice")
+        assert json.loads(run_cli("errors", "sleeper", "--json", "--config", str(reader),
+                                  check=True).stdout) == {}
+        top = run_cli("top", "--once", "--config", str(reader), check=True).stdout
+        assert topology_id in top and "1/1" in top, top
+    for command in (["topology-info", "sleeper"], ["errors", "sleeper"]):
+        refused = run_cli(*command, "--config", str(bob))
+        assert refused.returncode == 1
+        assert refused.stderr.strip().splitlines()[-1] == (
+            "Error: bob may not read sleeper: not its submitter, not in its topology.users "
+            "or topology.readonly.users, not in nimbus.admins"), refused.stderr
+    top = run_cli("top", "--once", "--config", str(bob), check=True).stdout
+    assert topology_id not in top and "(no topologies)" in top, top

@@ -348,38 +348,12 @@ def cluster_info(as_json: bool, config_path: str | None, overrides: tuple[str, .
                    f"/{s['num_workers']} used  up {s['uptime_secs']}s")
 
 
-@contextlib.contextmanager
-def _cluster_state(conf: Config) -> Iterator[Any]:
-    """A StormClusterState on a ZooKeeper client of its own, for reads only; closed on
-    exit. Nothing is created: a missing layout is reported, not set up; a cluster that
-    no nimbus has set up yet is waited for (``nimbus.client.wait.secs``)."""
-    from nimbus.state.cluster_state import StormClusterState
-    from nimbus.state.zk_client import make_zk_client
+def _nimbus_reader(conf: Config) -> Any:
+    """A client for nimbus-ha's reads: it needs ``nimbus.seeds`` only (no ZooKeeper
+    access, no ZooKeeper credentials); any nimbus answers, the leader first."""
+    from nimbus.thrift.client import NimbusClient
 
-    zk = make_zk_client(conf)
-    try:
-        state = StormClusterState(zk, conf.zk_root)
-        # Started before any nimbus: wait (bounded, said once) rather than fail at once.
-        state.wait_set_up(conf.client_wait_s, waiting=log.warning)
-        yield state
-    finally:
-        zk.stop()
-        zk.close()
-
-
-def _read_view(conf: Config, name: str, read: Any) -> Any:
-    """``read(state, topology_id)`` for topology NAME; "no topology named NAME" if none."""
-    from nimbus.state.cluster_state import LayoutMissingError
-
-    with _cluster_state(conf) as state:
-        try:
-            found = state.find_storm_by_name(name)
-            result = read(state, found[0]) if found is not None else None
-        except LayoutMissingError as exc:
-            raise click.ClickException(str(exc)) from None
-    if result is None:
-        raise click.ClickException(f"no topology named {name}")
-    return result
+    return NimbusClient(conf)
 
 
 def _when(time_secs: int) -> str:
@@ -420,17 +394,12 @@ def _console() -> Any:
 @_fail_cleanly
 def topology_info(name: str, as_json: bool, config_path: str | None,
                   overrides: tuple[str, ...]) -> None:
-    """Show topology NAME's workers, components and newest errors (read from ZooKeeper)."""
+    """Show topology NAME's workers, components and newest errors (asked of a nimbus)."""
     from rich.table import Table
 
-    from nimbus.master import runtime_view
     from nimbus.state import worker_state
 
-    conf = _conf(config_path, overrides)
-    # A worker is running only while its beat is fresh (nimbus/state/worker_state.py).
-    timeout_s = float(conf["nimbus.task.timeout.secs"])
-    info = _read_view(conf, name, lambda state, topology_id: runtime_view.topology_info(
-        state, topology_id, timeout_s=timeout_s))
+    info = _nimbus_reader(_conf(config_path, overrides)).topology_view(name)
     if as_json:
         click.echo(json.dumps(info, indent=2, sort_keys=True))
         return
@@ -486,11 +455,7 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
 def errors_(name: str, as_json: bool, config_path: str | None,
             overrides: tuple[str, ...]) -> None:
     """Print the errors topology NAME's components reported, newest first per component."""
-    from nimbus.master import runtime_view
-
-    found = _read_view(_conf(config_path, overrides), name,
-                       lambda state, topology_id: (runtime_view.errors(state, topology_id),))
-    errors = found[0]  # wrapped: an empty dict is a valid answer, not "no topology"
+    errors = _nimbus_reader(_conf(config_path, overrides)).topology_view(name)["errors"]
     if as_json:
         click.echo(json.dumps(errors, indent=2, sort_keys=True))
         return
@@ -516,17 +481,11 @@ def errors_(name: str, as_json: bool, config_path: str | None,
 def top(interval_s: float, once: bool, config_path: str | None,
         overrides: tuple[str, ...]) -> None:
     """A refreshing table of topologies: status, workers, restarts, rows/s, last batch and
-    newest error (read from ZooKeeper; Ctrl-C exits)."""
+    newest error, of every topology you may read (asked of a nimbus; Ctrl-C exits)."""
     from nimbus import top as top_view
-    from nimbus.state.cluster_state import LayoutMissingError
 
-    conf = _conf(config_path, overrides)
-    with _cluster_state(conf) as state:
-        try:
-            top_view.run(state, _console(), interval_s, once,
-                         timeout_s=float(conf["nimbus.task.timeout.secs"]))
-        except LayoutMissingError as exc:
-            raise click.ClickException(str(exc)) from None
+    reader = _nimbus_reader(_conf(config_path, overrides))
+    top_view.run(reader.topology_rows, _console(), interval_s, once)
 
 
 @main.command()

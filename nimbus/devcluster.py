@@ -254,12 +254,13 @@ class LocalCluster:
 
     def registered_supervisors(self) -> set[str]:
         """Ids of the supervisors registered in ZooKeeper now (a client of the cluster's)."""
-        from kazoo.client import KazooClient
         from kazoo.exceptions import NoNodeError
 
+        from nimbus.state.zk_client import make_zk_client
+
         if self._observer is None:
-            self._observer = KazooClient(hosts=self.zk.hosts)
-            self._observer.start(timeout=15)
+            # With the cluster's ZooKeeper credentials, when it has them.
+            self._observer = make_zk_client(self.client_conf(), name="dev-cluster-observer")
         root = "/" + str(self.conf_values.get("storm.zookeeper.root", "/storm")).strip("/")
         try:
             return set(self._observer.get_children(f"{root}/supervisors"))

@@ -1,73 +1,31 @@
-"""``nimbus-ha top``: a refreshing table of every topology, read from ZooKeeper.
+"""``nimbus-ha top``: a refreshing table of every topology the caller may read.
 
 One row per live topology: status, workers running of those wanted (and how many are
 starting, frozen, restarting or dead: nimbus/state/worker_state.py), restarts, input
 and processed rows per second (summed over its running workers), its last batch id and
-its newest error. The numbers are those of ``topology-info``
-(:mod:`nimbus.master.runtime_view`), read with a read-only client, so ``top`` needs no
-leader and keeps running through a failover.
+its newest error. The rows are those of :mod:`nimbus.master.topology_rows`, asked of any
+nimbus (getTopologyRows): ``top`` needs no ZooKeeper access and no leader, and keeps
+running through a failover.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from kazoo.exceptions import KazooException
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from nimbus.master import runtime_view
 from nimbus.state import worker_state
-from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.state.records import RecordError
 
 COLUMNS = ("topology", "id", "status", "workers", "restarts", "input rows/s",
            "processed rows/s", "last batch", "newest error")
-ERROR_WIDTH = 60
 
-
-def topology_rows(state: StormClusterState,
-                  timeout_s: float = worker_state.DEFAULT_TIMEOUT_S) -> list[dict[str, Any]]:
-    """One dict per live topology (sorted by name), with the keys ``name``, ``id``,
-    ``status``, ``workers_alive`` (running), ``workers_wanted``, ``worker_states``
-    ({state: count}), ``restarts``, ``input_rows_per_second``,
-    ``processed_rows_per_second``, ``batch_id`` (None before the first batch) and
-    ``newest_error`` ("component: first line", or ""). ``timeout_s``:
-    ``nimbus.task.timeout.secs``, as topology-info judges workers."""
-    rows = []
-    for topology_id in state.active_storms():
-        try:
-            info = runtime_view.topology_info(state, topology_id, timeout_s=timeout_s)
-        except RecordError:
-            continue  # a StormBase this release cannot read: the state logs it
-        if info is None:  # removed since the listing
-            continue
-        components = info["components"].values()
-        batches = [c["batch_id"] for c in components if c["batch_id"] is not None]
-        newest: tuple[int, str] | None = None
-        for component, kept in info["errors"].items():
-            if kept and (newest is None or kept[0]["time_secs"] > newest[0]):
-                newest = (kept[0]["time_secs"], f"{component}: {_first_line(kept[0]['error'])}")
-        rows.append({
-            "name": info["name"], "id": topology_id, "status": info["status"],
-            "workers_alive": sum(1 for w in info["workers"] if w["alive"]),
-            "workers_wanted": info["num_workers"],
-            "worker_states": worker_state.count_states([w["state"] for w in info["workers"]]),
-            "restarts": sum(w["restarts"] for w in info["workers"]),
-            "input_rows_per_second": sum(c["input_rows_per_second"] for c in components),
-            "processed_rows_per_second": sum(c["processed_rows_per_second"]
-                                             for c in components),
-            "batch_id": max(batches) if batches else None,
-            "newest_error": newest[1] if newest else ""})
-    return sorted(rows, key=lambda r: (r["name"], r["id"]))
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= ERROR_WIDTH else line[:ERROR_WIDTH - 3] + "..."
+# Reads the rows now (nimbus.thrift.client.NimbusClient.topology_rows); raises on failure.
+ReadRows = Callable[[], list[dict[str, Any]]]
 
 
 def _workers_cell(row: dict[str, Any]) -> str:
@@ -93,30 +51,26 @@ def render(rows: list[dict[str, Any]], problem: str = "") -> Table:
     return table
 
 
-def snapshot(state: StormClusterState,
-             timeout_s: float = worker_state.DEFAULT_TIMEOUT_S) -> Table:
-    """Read the cluster now and render it; a read that fails is shown, not raised, so
-    a refreshing ``top`` survives ZooKeeper hiccups."""
+def snapshot(read_rows: ReadRows) -> Table:
+    """Read the rows now and render them; a read that fails is shown, not raised, so
+    a refreshing ``top`` survives a nimbus going away (the next read asks another)."""
     try:
-        return render(topology_rows(state, timeout_s))
-    except LayoutMissingError as exc:
-        return render([], str(exc))
-    except KazooException as exc:
-        return render([], f"ZooKeeper unreachable, retrying: {type(exc).__name__} {exc}")
+        return render(read_rows())
+    except Exception as exc:  # noqa: BLE001 - any failure is a caption, and top goes on
+        return render([], f"no answer, retrying: {type(exc).__name__}: {exc}")
 
 
-def run(state: StormClusterState, console: Console, interval_s: float, once: bool,
-        stop: threading.Event | None = None,
-        timeout_s: float = worker_state.DEFAULT_TIMEOUT_S) -> None:
+def run(read_rows: ReadRows, console: Console, interval_s: float, once: bool,
+        stop: threading.Event | None = None) -> None:
     """Print one table (``once``), or refresh it every ``interval_s`` until Ctrl-C or
-    ``stop`` is set. ``timeout_s``: ``nimbus.task.timeout.secs`` (see topology_rows)."""
+    ``stop`` is set."""
     if once:  # a failed read is an error here (exit status 1), not a caption
-        console.print(render(topology_rows(state, timeout_s)))
+        console.print(render(read_rows()))
         return
     stop = stop or threading.Event()
-    with Live(snapshot(state, timeout_s), console=console, auto_refresh=False) as live:
+    with Live(snapshot(read_rows), console=console, auto_refresh=False) as live:
         try:
             while not stop.wait(interval_s):
-                live.update(snapshot(state, timeout_s), refresh=True)
+                live.update(snapshot(read_rows), refresh=True)
         except KeyboardInterrupt:
             pass

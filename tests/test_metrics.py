@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 from thriftpy2.thrift import TApplicationException
 
@@ -389,8 +388,13 @@ def test_a_nimbus_serves_its_metrics_and_stops_them(zk_server, zk_root, tmp_path
 
 
 @pytest.mark.integration
-def test_top_once_lists_every_topology(make_zk, zk_root, zk_server, tmp_path):
-    from nimbus.cli import main
+def test_top_once_lists_every_topology(make_zk, zk_root):
+    import io
+
+    from rich.console import Console
+
+    from nimbus import top
+    from nimbus.master.topology_rows import topology_rows
     from nimbus.state.cluster_state import StormClusterState
     from nimbus.state.records import Assignment, ErrorInfo, SupervisorInfo, WorkerBeat
 
@@ -424,12 +428,10 @@ def test_top_once_lists_every_topology(make_zk, zk_root, zk_server, tmp_path):
     zk.create(state.storm_path("idle-8-1000"), StormBase(
         storm_name="idle", launch_time_secs=1000, status=INACTIVE).encode())
 
-    host, _, zk_port = zk_server.hosts.rpartition(":")
-    result = CliRunner().invoke(main, [
-        "top", "--once", "--set", f"storm.zookeeper.servers=['{host}']",
-        "--set", f"storm.zookeeper.port={zk_port}", "--set", f"storm.zookeeper.root={zk_root}"])
-    assert result.exit_code == 0, result.output
-    lines = {line.split()[1]: line for line in result.output.splitlines()
+    # The rows a nimbus sends (getTopologyRows), rendered as top renders them.
+    out = io.StringIO()
+    top.run(lambda: topology_rows(state), Console(file=out, width=240), 1.0, once=True)
+    lines = {line.split()[1]: line for line in out.getvalue().splitlines()
              if line.strip().startswith("│") and len(line.split()) > 2}
     row = [cell.strip() for cell in lines["wordcount"].strip("│ ").split("│")]
     # Running workers only in the rates; restarts as the supervisor counts them.
@@ -442,24 +444,32 @@ def test_top_once_lists_every_topology(make_zk, zk_root, zk_server, tmp_path):
 def test_top_refreshes_until_stopped_and_survives_a_failed_read():
     import io
 
-    from kazoo.exceptions import ConnectionLoss
     from rich.console import Console
 
     from nimbus import top
+    from nimbus.thrift.client import NimbusUnavailableError
 
     stop = threading.Event()
     reads = []
 
-    class State:
-        def active_storms(self) -> list[str]:
-            reads.append(1)
-            if len(reads) == 2:
-                raise ConnectionLoss()   # one failed read: shown, and top goes on
-            if len(reads) >= 3:
-                stop.set()
-            return []
+    def read_rows() -> list[dict]:
+        reads.append(1)
+        if len(reads) == 2:
+            # One failed read (the nimbus asked went away): shown, and top goes on.
+            raise NimbusUnavailableError("no nimbus reachable via nimbus.seeds")
+        if len(reads) >= 3:
+            stop.set()
+        return []
 
     out = io.StringIO()
-    top.run(State(), Console(file=out, width=200), 0.05, once=False, stop=stop)
+    top.run(read_rows, Console(file=out, width=200), 0.05, once=False, stop=stop)
     assert len(reads) == 3
     assert "(no topologies)" in out.getvalue()
+    # The failed read's table says why it is empty.
+    def failing() -> list[dict]:
+        raise NimbusUnavailableError("no nimbus reachable")
+
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(top.snapshot(failing))
+    assert "no answer, retrying: NimbusUnavailableError: no nimbus reachable" in \
+        shown.getvalue()

@@ -258,6 +258,11 @@ class SupervisorInfo(Record):
     # nimbus.state.worker_state, which takes a malformed entry for none. Empty in
     # records of earlier releases, which said nothing of their workers.
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Where its logviewer serves its workers' logs (supervisor.logviewer.port; 0: none,
+    # as in records of earlier releases), and whether over HTTPS (storm.thrift.transport
+    # tls: client certificates required).
+    logviewer_port: int = 0
+    logviewer_https: bool = False
 
 
 @dataclass

@@ -788,9 +788,10 @@ def thrift_case(rng: random.Random, max_frame: int) -> tuple[str, bytes, bool]:
     from thriftpy2.thrift import TMessageType
 
     from nimbus.testing.raw_thrift import framed, message
-    from nimbus.thrift import storm
+    from nimbus.thrift import nimbus_ha
 
-    methods = sorted(storm.Nimbus.thrift_services)
+    service = nimbus_ha.NimbusHa  # Storm's methods and nimbus-ha's own
+    methods = sorted(service.thrift_services)
     kind = rng.choice(THRIFT_KINDS)
     if kind == "bytes":
         return kind, rng.randbytes(rng.randint(1, 8192)), False
@@ -801,30 +802,30 @@ def thrift_case(rng: random.Random, max_frame: int) -> tuple[str, bytes, bool]:
         return kind, struct.pack("!i", length) + rng.randbytes(rng.randint(0, 64)), False
     if kind == "truncated":
         method = rng.choice(methods)
-        body = message(method, _random_struct(rng, getattr(storm.Nimbus, f"{method}_args")))
+        body = message(method, _random_struct(rng, getattr(service, f"{method}_args")))
         request = framed(body)
         return kind, request[:rng.randrange(len(request))], False
     if kind == "random_args":
         method = rng.choice(methods)
-        head = message(method, storm.Nimbus.getClusterInfo_args())[:-1]  # no stop byte
+        head = message(method, service.getClusterInfo_args())[:-1]  # no stop byte
         return kind, framed(head + rng.randbytes(rng.randint(0, 512))), False
     if kind == "typed_args":
         method = rng.choice(methods)
-        args = _random_struct(rng, getattr(storm.Nimbus, f"{method}_args"))
+        args = _random_struct(rng, getattr(service, f"{method}_args"))
         for name in ("name",):
             if getattr(args, name, None) in PROTECTED_NAMES:
                 setattr(args, name, "not-" + getattr(args, name))
         try:
             body = message(method, args)
         except Exception:  # a value thriftpy2 cannot write: send the empty struct
-            body = message(method, getattr(storm.Nimbus, f"{method}_args")())
+            body = message(method, getattr(service, f"{method}_args")())
         return kind, framed(body), True
     if kind == "wrong_message_type":
-        body = bytearray(message(rng.choice(methods), storm.Nimbus.getClusterInfo_args()))
+        body = bytearray(message(rng.choice(methods), service.getClusterInfo_args()))
         body[3] = rng.choice([TMessageType.REPLY, TMessageType.EXCEPTION, 7, 0])
         return kind, framed(bytes(body)), False
     name = random_text(rng, 20) or "x"
-    return kind, framed(message(name, storm.Nimbus.getClusterInfo_args())), False
+    return kind, framed(message(name, service.getClusterInfo_args())), False
 
 
 def _exchange(port: int, data: bytes, timeout_s: float) -> str:

@@ -29,7 +29,7 @@ from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
 from nimbus.distribution import code_stream
 from nimbus.distribution.archive import PieceReader, bundle_pieces
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
-from nimbus.thrift import NOT_LEADER_PREFIX, storm
+from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha, storm
 from nimbus.thrift.tls import current_client_context
 from nimbus.topology_paths import resolve_path_keys
 
@@ -84,11 +84,12 @@ class TransferRefusedError(ValueError):
 
 @contextlib.contextmanager
 def connect(address: HostPort | str, timeout_s: float = 30.0) -> Iterator[Any]:
-    """A Thrift client of the Nimbus service at ``address``, closed on exit (over TLS
+    """A Thrift client of the NimbusHa service (Storm's Nimbus and nimbus-ha's own
+    reads: nimbus/thrift/nimbus_ha.thrift) at ``address``, closed on exit (over TLS
     with this process's certificate when nimbus.thrift.tls.configure_clients set one)."""
     hp = address if isinstance(address, HostPort) else HostPort.parse(str(address), 6627)
     context = current_client_context()
-    client = make_client(storm.Nimbus, hp.host, hp.port,
+    client = make_client(nimbus_ha.NimbusHa, hp.host, hp.port,
                          proto_factory=TBinaryProtocolFactory(),
                          trans_factory=TFramedTransportFactory(),
                          timeout=int(timeout_s * 1000),
@@ -289,18 +290,57 @@ class NimbusClient:
         raise NimbusUnavailableError(f"no leader answered within {deadline_s:.0f}s "
                                      f"(nimbus.client.wait.secs): {_one_line(last)}")
 
-    # -- commands -------------------------------------------------------------------------
-    def cluster_info(self) -> Any:
-        """The ClusterSummary, from the leader (it sees its own writes at once) or, while
-        there is no leader, from any nimbus; waits for one to answer."""
+    def read(self, call: Callable[[Any], Any]) -> Any:
+        """``call(client)`` for a read: on the leader (it sees its own writes at once, and
+        holds every active topology's code, which the read rules consult) or, while
+        there is no leader, on any nimbus; waits for one to answer."""
         def attempt() -> Any:
             try:
                 with connect(self.find_leader(), self.timeout_s) as client:
-                    return client.getClusterInfo()
+                    return call(client)
             except (NimbusUnavailableError, *CONNECTION_ERRORS):
-                return self._try_any(lambda c: c.getClusterInfo())
+                return self._try_any(call)
 
         return self._until_deadline(attempt, "no nimbus answers yet", "no nimbus answered")
+
+    # -- commands -------------------------------------------------------------------------
+    def cluster_info(self) -> Any:
+        """The ClusterSummary (:meth:`read`)."""
+        return self.read(lambda c: c.getClusterInfo())
+
+    # -- nimbus-ha's own reads: no ZooKeeper access needed (nimbus/thrift/nimbus_ha.thrift)
+    def topology_id(self, name: str) -> str:
+        """The id of the live topology named ``name`` (from getClusterInfo, as Storm's
+        clients find it); NotAliveException "no topology named NAME" if there is none."""
+        for summary in self.cluster_info().topologies or []:
+            if summary.name == name and summary.status != "KILLED":
+                return str(summary.id)
+        raise storm.NotAliveException(msg=f"no topology named {name}")
+
+    def topology_view(self, name: str) -> dict[str, Any]:
+        """What ``topology-info --json`` shows of topology ``name``
+        (nimbus/master/runtime_view.py topology_info): getTopologyView."""
+        topology_id = self.topology_id(name)
+        return json.loads(self._named(name, lambda c: c.getTopologyView(topology_id)))
+
+    def topology_rows(self) -> list[dict[str, Any]]:
+        """``top``'s rows (nimbus/master/topology_rows.py): every live topology this
+        client may read."""
+        return json.loads(self.read(lambda c: c.getTopologyRows()))
+
+    def log_sources(self, name: str) -> dict[str, Any]:
+        """The logviewers that may hold topology ``name``'s worker logs
+        (nimbus/master/log_sources.py): getLogSources."""
+        topology_id = self.topology_id(name)
+        return json.loads(self._named(name, lambda c: c.getLogSources(topology_id)))
+
+    def _named(self, name: str, call: Callable[[Any], Any]) -> Any:
+        """A :meth:`read` about topology ``name``: one killed since its id was looked up
+        is "no topology named NAME", not an id the user never typed."""
+        try:
+            return self.read(call)
+        except storm.NotAliveException:
+            raise storm.NotAliveException(msg=f"no topology named {name}") from None
 
     def leader(self) -> HostPort:
         return self._until_deadline(self.find_leader, "no leader is known yet",

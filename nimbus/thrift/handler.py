@@ -35,7 +35,9 @@ from nimbus.master.lifecycle import (
     TopologyLifecycle,
     TopologyNotFoundError,
 )
+from nimbus.master.log_sources import log_sources
 from nimbus.master.summary_cache import ClusterSummaryCache
+from nimbus.master.topology_rows import topology_rows
 from nimbus.redaction import redact
 from nimbus.state.cluster_state import (
     ConcurrentChangeError,
@@ -91,7 +93,8 @@ LEADERSHIP_POLL_S = 0.1
 
 
 class NimbusHandler:
-    """Implements ``storm.Nimbus``; one instance per nimbus process."""
+    """Implements ``nimbus_ha.NimbusHa``: Storm's ``Nimbus`` and nimbus-ha's own reads
+    (nimbus/thrift/nimbus_ha.thrift); one instance per nimbus process."""
 
     def __init__(self, conf: Config, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  cache: ClusterSummaryCache, transfers: FileTransfers, store: LocalCodeStore,
@@ -613,3 +616,34 @@ class NimbusHandler:
         workers.sort(key=lambda found: (chosen.index(found[0]), found[1]))
         return storm.SupervisorPageInfo(supervisor_summaries=summaries,
                                         worker_summaries=[w for _s, _p, w in workers])
+
+    # -- nimbus-ha's own reads (nimbus/thrift/nimbus_ha.thrift): any nimbus answers ------
+    def getTopologyView(self, id: str) -> str:  # noqa: A002
+        """``runtime_view.topology_info`` of the topology as JSON: what ``nimbus-ha
+        topology-info --json`` prints, read fresh from ZooKeeper by this nimbus. The read
+        rule of getTopologyInfo applies; NotAliveException for an unknown id."""
+        self._authorize_read(id)
+        return json.dumps(self._fresh_topology_info(id), sort_keys=True)
+
+    def getTopologyRows(self) -> str:
+        """``top``'s rows (nimbus/master/topology_rows.py) as a JSON list: every live
+        topology the caller may read (getTopologyInfo's rule), sorted by name."""
+        timeout_s = float(self.conf["nimbus.task.timeout.secs"])
+
+        def may_read(topology_id: str) -> bool:
+            try:
+                return self._may_read(topology_id)
+            except storm.NotAliveException:
+                return False  # removed since the listing
+
+        rows = _readable(lambda: topology_rows(
+            self.reads, may_read if self.authorizer is not None else None, timeout_s))
+        return json.dumps(rows, sort_keys=True)
+
+    def getLogSources(self, id: str) -> str:  # noqa: A002
+        """The logviewers that may hold the topology's worker logs
+        (nimbus/master/log_sources.py) as JSON. The read rule of getTopologyInfo
+        applies (the logviewers apply it again); NotAliveException for an unknown id."""
+        self._authorize_read(id)
+        self._known(id)
+        return json.dumps(_readable(lambda: log_sources(self.reads, id)), sort_keys=True)

@@ -83,7 +83,7 @@ from thriftpy2.transport import (
 )
 
 from nimbus.distribution import code_stream
-from nimbus.thrift import storm
+from nimbus.thrift import nimbus_ha
 from nimbus.thrift.tls import NoIdentityError, caller, peer_identity, set_caller
 
 log = logging.getLogger(__name__)
@@ -371,7 +371,7 @@ class ThriftServer:
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
         self.handshake_timeout_s = handshake_timeout_s
-        self._processor = _Processor(storm.Nimbus, handler)
+        self._processor = _Processor(nimbus_ha.NimbusHa, handler)
         self._protocols = TBinaryProtocolFactory()
         host = host or "0.0.0.0"  # an empty bind address means every interface
         family, _, _, _, address = socket.getaddrinfo(

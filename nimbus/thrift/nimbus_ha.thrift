@@ -1,0 +1,26 @@
+# nimbus-ha's own calls, on the same port as Storm's Nimbus service (nimbus/thrift/storm.thrift).
+#
+# NimbusHa extends Storm's Nimbus: a Storm client calls Storm's methods by name and never
+# sees these; nimbus-ha's clients (topology-info, errors, top, logs, the UI with
+# ui.source: thrift) call them with nothing but nimbus.seeds, no ZooKeeper credentials.
+# Each answers a JSON document whose shape its docstring in nimbus/thrift/handler.py
+# gives (docs/thrift-extensions.md); every nimbus answers them (leader or not), with the
+# authorizer's read rules applied to the caller.
+
+include "storm.thrift"
+
+service NimbusHa extends storm.Nimbus {
+  # One topology as `nimbus-ha topology-info --json` prints it (nimbus/master/runtime_view.py
+  # topology_info): its workers and their state, components, errors.  Read rule of
+  # getTopologyInfo.
+  string getTopologyView(1: string id)
+      throws (1: storm.NotAliveException e, 2: storm.AuthorizationException aze);
+  # `nimbus-ha top`'s rows (nimbus/top.py topology_rows): every live topology the caller
+  # may read.
+  string getTopologyRows()
+      throws (1: storm.AuthorizationException aze);
+  # Where the logs of a topology's workers can be read: the logviewer of every live
+  # supervisor (nimbus/master/log_sources.py).  Read rule of getTopologyInfo.
+  string getLogSources(1: string id)
+      throws (1: storm.NotAliveException e, 2: storm.AuthorizationException aze);
+}
