@@ -61,7 +61,7 @@ def test_a_rebalance_keeps_the_workers_whose_components_stay(tmp_path):
         def runs(executor: str, components: list[str]) -> bool:
             """The worker's newest log says it runs ``components`` and started them."""
             port = slots().get(executor)
-            log = supervisor.worker_dir(topology_id, port) / "worker.log" if port else None
+            log = supervisor.worker_log(topology_id, port) if port else None
             if log is None or not log.exists():
                 return False
             text = log.read_text()
@@ -90,5 +90,5 @@ def test_a_rebalance_keeps_the_workers_whose_components_stay(tmp_path):
         assert "its place in the topology changed" not in log
         for executor in ("worker-0", "worker-1"):
             port = slots()[executor]
-            text = (supervisor.worker_dir(topology_id, port) / "worker.log").read_text()
+            text = supervisor.worker_log(topology_id, port).read_text()
             assert f"rebalanced: now worker {executor[-1]} of 3" in text

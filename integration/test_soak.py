@@ -1,4 +1,4 @@
-"""The chaos soak's short run (10 faults, seeded) in the slow suite: see integration/soak.py.
+"""The chaos soak's short run (10 faults, seeded) in the slow suite: see benchmarks/soak.py.
 
 The 200-fault run is a documented command (README, "Chaos soak"); this one checks the same
 invariants on every CI run: no topology lost, every record committed exactly once in every

@@ -124,7 +124,8 @@ def test_the_first_pipeline_has_the_archive_built_and_its_restart_maps_it(archiv
     assert archive.stat().st_mode & 0o777 == 0o644   # the supervisor's, read-only to others
     jvm = archived.kill_and_resume(restarts=1)
     assert f"with the class archive {archive}" in \
-        (archived.worker_dir() / "worker.log").read_text()
+        archived.supervisor.worker_log(archived.topology_id,
+                                       archived.supervisor.ports[0]).read_text()
     assert mapped(jvm, archive), "the driver's JVM has not mapped the class archive"
 
 

@@ -230,7 +230,7 @@ def test_work_moves_when_a_supervisor_dies_or_freezes_and_never_runs_twice(
                  "the frozen orphan's reaper to end it")
         orphan_cgroup = unified_root() / "nimbus-ha" / first.id / f"{topology_id}-{port}"
         wait_for(lambda: not orphan_cgroup.exists(), 10, "its cgroup to go")
-        log_text = (first.worker_dir(topology_id, port) / "worker.log").read_text()
+        log_text = first.worker_log(topology_id, port).read_text()
         assert f"frozen for at most {ORPHAN_S} s (supervisor.worker.orphan.timeout.secs)" \
             in log_text
         assert f"ended frozen worker cgroup {orphan_cgroup}: nothing thawed it" in log_text

@@ -7,9 +7,12 @@ seeing what the read rules allow."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
 
 import pytest
+import requests
 import yaml
 from helpers import run_cli
 from kazoo.client import KazooClient
@@ -18,8 +21,10 @@ from kazoo.exceptions import NoAuthError
 from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.state.zkserver import free_port
 from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
 from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
+from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -49,6 +54,7 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
                             # the daemons' identity may download code (issue 19, T2.11)
                             "nimbus.supervisor.users": ["cluster"],
                             "nimbus.daemon.users": ["cluster"],
+                            "nimbus.ui.users": ["ui"],
                             "supervisor.monitor.frequency.secs": 1,
                             # Only the daemons hold the ZooKeeper credential.
                             "storm.zookeeper.auth.scheme": "digest",
@@ -71,6 +77,12 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
         wait_for(lambda: len(processes_with_arg(WORKER_MODULE, topology_id)) == 1, 60,
                  "the supervisor to fetch the code over TLS and run the worker")
         reads_without_zookeeper_credentials(cluster, topology_id, alice, bob, carol)
+        # The cluster's records are for UIs (nimbus.ui.users) and admins: this process
+        # calls as alice, who submitted a topology and is neither.
+        with pytest.raises(storm.AuthorizationException, match="alice may not read the "
+                           "cluster's records"):
+            cluster.client().read(lambda c: c.getClusterRecords())
+        ui_without_zookeeper_credentials(tmp_path, ca, base, topology_id)
 
         refused = run_cli("kill", "sleeper", "--wait", "0", "--config", str(bob))
         assert refused.returncode == 1
@@ -120,3 +132,51 @@ def reads_without_zookeeper_credentials(cluster, topology_id, alice, bob, carol)
             "or topology.readonly.users, not in nimbus.admins"), refused.stderr
     top = run_cli("top", "--once", "--config", str(bob), check=True).stdout
     assert topology_id not in top and "(no topologies)" in top, top
+
+
+def ui_without_zookeeper_credentials(tmp_path, ca, base, topology_id) -> None:
+    """``nimbus-ha ui`` with ``ui.source: thrift`` on a host with no ZooKeeper credential:
+    it shows the cluster through a nimbus, each user what the read rules allow."""
+    port = free_port()
+    config = tmp_path / "ui.yaml"
+    config.write_text(yaml.safe_dump({**base, **ca.issue("ui", DAEMON).conf(),
+                                      "ui.source": "thrift", "ui.thrift.poll.secs": 0.5,
+                                      "ui.host": "127.0.0.1", "ui.port": port}))
+    url = f"https://127.0.0.1:{port}"
+    # Re-issued (new files, same names): the rules know users by name.
+    users = {name: ca.issue(name, USER) for name in ("carol", "bob")}
+    with (tmp_path / "ui.log").open("w") as log:
+        ui = subprocess.Popen([sys.executable, "-m", "nimbus.cli", "ui", "--config",
+                               str(config)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            def get(path: str, who: str = "carol") -> requests.Response:
+                assert ui.poll() is None, (tmp_path / "ui.log").read_text()
+                user = users[who]
+                return requests.get(url + path, timeout=10, verify=str(user.ca),
+                                    cert=(str(user.cert), str(user.key)))
+
+            wait_for(lambda: get("/api/v1/topology/summary").status_code == 200, 60,
+                     "the UI to read the cluster through a nimbus", interval_s=0.2)
+            summary = get("/api/v1/topology/summary").json()
+            assert [(t["id"], t["name"]) for t in summary["topologies"]] == [
+                (topology_id, "sleeper")]
+            assert get("/api/v1/cluster/summary").json()["supervisors"] == 1
+            # The dashboard's live numbers come from getTopologyRows.
+            seen: list[dict] = []
+
+            def dashboard_running() -> bool:
+                seen[:] = [get("/api/v1/ui/dashboard").json()]
+                return [t["workersAlive"] for t in seen[0]["topologies"]] == [1]
+
+            try:
+                wait_for(dashboard_running, 30, "the dashboard to show the worker running")
+            except TimeoutError:
+                raise AssertionError(f"{seen}\n{(tmp_path / 'ui.log').read_text()}") from None
+            page = get(f"/api/v1/topology/{topology_id}")  # carol: a read-only user
+            assert page.status_code == 200, page.text
+            assert [w["state"] for w in page.json()["workers"]] == ["running"]
+            refused = get(f"/api/v1/topology/{topology_id}", "bob")
+            assert refused.status_code == 403, refused.text
+        finally:
+            ui.send_signal(signal.SIGTERM)
+            ui.wait(timeout=30)

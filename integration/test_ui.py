@@ -51,7 +51,7 @@ def sleeper_bundle(tmp: Path) -> bytes:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
-    cluster = LocalCluster(tmp / "cluster", nimbuses=2, supervisors=1,
+    cluster = LocalCluster(tmp / "cluster", nimbuses=2, supervisors=1, slots_per_supervisor=3,
                            conf={"topology.min.replication.count": 2,
                                  "topology.max.replication.wait.time.sec": 30,
                                  "supervisor.monitor.frequency.secs": 1})
@@ -222,6 +222,192 @@ def test_killed_topology_shows_killed(env, browser):
     wait_for(lambda: "KILLED" in text_of(browser, f'tr[data-topology="{tid}"] .status'), 5,
              "KILLED in the page")
     assert post(env, f"/api/v1/topology/{tid}/activate").status_code == 409
+
+
+# -- the topology page -------------------------------------------------------------------
+# What the page shows, read in one go in the browser (elements are redrawn every 2 s).
+PAGE_SNAPSHOT_JS = """
+const page = document.getElementById("topology-page");
+if (page.hidden) return null;
+const text = (el) => el ? el.textContent : null;
+const vertices = (root, selector) => [...root.querySelectorAll(selector)].reduce(
+  (n, line) => n + line.getAttribute("points").trim().split(/\\s+/).filter(Boolean).length, 0);
+const workers = {};
+for (const row of page.querySelectorAll("#tp-workers tbody tr")) {
+  workers[row.dataset.worker] = {
+    state: row.querySelector("[data-state]").dataset.state,
+    placements: [...row.querySelectorAll(".placement-history li .where")].map(text),
+    sparkUi: row.querySelectorAll("a.spark-ui").length};
+}
+const components = {};
+for (const card of page.querySelectorAll("article.component")) {
+  components[card.dataset.component] = {
+    title: text(card.querySelector(".component-name")),
+    input: vertices(card, ".chart-rates polyline.input"),
+    processed: vertices(card, ".chart-rates polyline.processed"),
+    duration: vertices(card, ".chart-duration polyline.duration"),
+    sources: [...card.querySelectorAll("table.sources tbody tr")].map(
+      (row) => [...row.querySelectorAll("td")].map(text)),
+    sink: text(card.querySelector(".sink")),
+    checkpoint: text(card.querySelector(".checkpoint code"))};
+}
+return {id: page.dataset.topology, status: text(document.getElementById("tp-status")),
+        workers, components,
+        errors: [...page.querySelectorAll("#tp-errors summary.error-text")].map(text),
+        actions: [...page.querySelectorAll("#tp-actions button")].map(
+          (b) => [b.dataset.action, !b.disabled]),
+        elements: page.querySelectorAll("img, script, iframe").length,
+        pwned: window.__pwned === undefined ? null : window.__pwned};
+"""
+# Markup where a tenant controls text: a pipeline's input directory (Spark names it in
+# the source's description) and a command (named in its start error). Component names
+# cannot carry it: they are checked ids (nimbus/state/component_ids.py) wherever they
+# enter, so these are the tenant strings that reach the page.
+MARKUP = "<img src=x onerror=window.__pwned=1>"
+SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",
+              "spark.sql.shuffle.partitions": "1"}
+
+
+def page_snapshot(browser) -> dict | None:
+    return browser.execute_script(PAGE_SNAPSHOT_JS)
+
+
+def page_data(env, topology_id: str) -> dict:
+    answer = get(env, f"/api/v1/topology/{topology_id}/page")
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+class Feeding:
+    """Records into a pipeline's input, a file every 2 s, until stopped: batches go on
+    so that its charts have points."""
+
+    def __init__(self, feed) -> None:
+        self._feed = feed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ui-test-feed", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._feed.feed(200)
+            self._stop.wait(2.0)
+
+    def __enter__(self) -> Feeding:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+def test_topology_page_shows_workers_charts_progress_and_errors_as_text(env, browser,
+                                                                       tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from nimbus.testing.pipelines import WORDCOUNT, RecordFeed
+
+    client = env["cluster"].client()
+    feed = RecordFeed(tmp_path / f"in-{MARKUP}")
+    checkpoints = tmp_path / "checkpoints"
+    pipeline = client.submit("pipeline", pack_directory(WORDCOUNT), {
+        "topology.min.replication.count": 2, "topology.spark.master": "local[1]",
+        "topology.spark.conf": SPARK_CONF, "topology.spark.checkpoint.dir": str(checkpoints),
+        "wordcount.input.dir": str(feed.input_dir),
+        "wordcount.output.dir": str(tmp_path / "out"), "wordcount.trigger.secs": 1})
+    crasher_dir = tmp_path / "crasher"
+    crasher_dir.mkdir()
+    (crasher_dir / "topology.yaml").write_text(yaml.safe_dump(
+        {"command": [f"no-such-command-{MARKUP}"]}))
+    crasher = client.submit("crasher", pack_directory(crasher_dir),
+                            {"topology.min.replication.count": 2})
+    try:
+        with Feeding(feed):
+            browser.get(env["url"] + "/")
+            # Reached from the dashboard's row, as a user would.
+            link = WebDriverWait(browser, 10).until(lambda d: d.find_element(
+                By.CSS_SELECTOR, f'tr[data-topology="{pipeline}"] a.topology-link'))
+            link.click()
+            WebDriverWait(browser, 10).until(lambda d: (page_snapshot(d) or {}).get("id")
+                                             == pipeline)
+            assert browser.current_url.endswith(f"#/topology/{pipeline}")
+
+            def charts_match(_driver) -> tuple[dict, dict] | None:
+                # The page against the REST data, once it has 3 points of history: the
+                # charts draw every point (history changes every 10 s, the page every 2).
+                data = page_data(env, pipeline)
+                main = data["components"].get("main")
+                shown = page_snapshot(browser)
+                if not main or len(main["history"]) < 3 or not shown \
+                        or "main" not in shown["components"]:
+                    return None
+                drawn = shown["components"]["main"]
+                durations = sum(1 for point in main["history"] if point[3] is not None)
+                if (drawn["input"], drawn["processed"], drawn["duration"]) != (
+                        len(main["history"]), len(main["history"]), durations):
+                    return None
+                return data, shown
+
+            data, shown = WebDriverWait(browser, 150, poll_frequency=0.5).until(
+                charts_match, "the charts to draw the history's points")
+            (worker,) = data["workers"]
+            row = shown["workers"]["worker-0"]
+            assert row["state"] == worker["state"] == "running"
+            assert row["placements"] == [f"{p['host']}:{p['port']}"
+                                         for p in worker["placements"]]
+            assert row["placements"][0] == f"{worker['host']}:{worker['port']}"
+            assert row["sparkUi"] == 0, "spark.ui.enabled is false: no link"
+            main, drawn = data["components"]["main"], shown["components"]["main"]
+            assert drawn["title"] == "main"
+            (source,) = main["progress"]["sources"]
+            assert source["description"] == f"FileStreamSource[file:{feed.input_dir}]"
+            assert drawn["sources"][0][0] == source["description"], "markup shown as text"
+            assert '"logOffset"' in drawn["sources"][0][2]
+            assert "FileSink" in drawn["sink"]
+            # The location the page names is where Spark keeps the query's checkpoint.
+            assert drawn["checkpoint"] == main["checkpoint"] == str(
+                checkpoints / pipeline / "main")
+            assert (checkpoints / pipeline / "main" / "commits").is_dir()
+            assert dict(shown["actions"]) == {"activate": False, "deactivate": True,
+                                              "rebalance": True, "kill": True}
+            assert (shown["elements"], shown["pwned"]) == (0, None)
+            assert browser.save_screenshot(str(tmp_path / "topology-page.png"))
+
+        # A worker that cannot start: restarting, its error (markup) shown as text.
+        browser.get(env["url"] + f"/#/topology/{crasher}")
+
+        def crasher_shown(_driver) -> tuple[dict, dict] | None:
+            data = page_data(env, crasher)
+            shown = page_snapshot(browser)
+            if not data["workers"] or not shown or not shown["workers"] or not shown["errors"]:
+                return None
+            if shown["workers"]["worker-0"]["state"] != data["workers"][0]["state"]:
+                return None
+            return (data, shown) if data["workers"][0]["state"] == "restarting" else None
+
+        data, shown = WebDriverWait(browser, 60, poll_frequency=0.5).until(
+            crasher_shown, "the crasher's worker restarting")
+        assert any(MARKUP in text for text in shown["errors"]), shown["errors"]
+        assert shown["components"] == {} or "main" not in shown["components"] or \
+            shown["components"]["main"]["input"] == 0
+        assert (shown["elements"], shown["pwned"]) == (0, None)
+        # The dashboard's actions work from the page: deactivate it.
+        button = browser.find_element(By.CSS_SELECTOR, '#tp-actions [data-action="deactivate"]')
+        button.click()
+        alert = WebDriverWait(browser, 5).until(lambda d: d.switch_to.alert)
+        assert "Deactivate crasher" in alert.text
+        alert.accept()
+        wait_for(lambda: status_of(env, crasher) == "INACTIVE", 30, "INACTIVE in ZooKeeper")
+        WebDriverWait(browser, 10).until(
+            lambda d: (page_snapshot(d) or {}).get("status") == "INACTIVE")
+        browser.find_element(By.CSS_SELECTOR, "#tp-head a.back").click()
+        WebDriverWait(browser, 10).until(lambda d: d.find_element(
+            By.ID, "dashboard").is_displayed())
+        assert severe(browser) == []
+    finally:
+        for topology_id in (pipeline, crasher):   # the next test's cluster as it was
+            post(env, f"/api/v1/topology/{topology_id}/kill/0")
 
 
 def test_failover_marks_new_leader_and_requests_never_500(env, browser):

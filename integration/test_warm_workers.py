@@ -88,7 +88,7 @@ def warm(tmp_path_factory):
     with cluster:
         yield Warm(cluster, work)
         print(f"--- supervisor log ---\n{cluster.supervisors[0].log_text()[-4000:]}")
-        for log in sorted((cluster.supervisors[0].local_dir / "workers").glob("*/worker.log")):
+        for log in sorted(cluster.supervisors[0].log_root.glob("*/*/worker.log")):
             print(f"--- {log} ---\n{log.read_text()[-3000:]}")
 
 
@@ -116,9 +116,9 @@ def test_a_pipeline_starts_on_the_warm_worker(warm):
                       "the beat to carry the worker's memory")
     assert worker["warm_start"] is True
     assert worker["memory_bytes"] > 100 * 2**20
-    worker_dir = warm.supervisor.worker_dir(warm.topology_id, worker["port"])
-    assert "taken after" in (worker_dir / "worker.log").read_text(), \
-        "the warm worker's log became the slot's worker.log"
+    log = warm.supervisor.worker_log(warm.topology_id, worker["port"])
+    assert "warm: Spark up in" in log.read_text() and "taken after" in log.read_text(), \
+        "the warm worker's log went on in the slot's worker.log, what it said before too"
     # Replaced in the background once the taken worker has committed.
     warm.wait_log(r"warm worker \S+/warm-2 ready", "a replacement warm worker", mark)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from worker_harness import WorkerHarness, group_members, process_alive, wait_until
 
+from nimbus.state.beat_progress import checked_history, checked_progress
 from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK
 
 pytestmark = pytest.mark.slow
@@ -113,9 +114,22 @@ def test_wordcount_is_exactly_once_across_kill_9_stop_and_lease_expiry(base):
                                    for b in first.beats()), 10, "a beat with a batch id")
         beat = first.beats()[-1]
         assert set(beat["components"]) == {"main"}
-        assert set(beat["components"]["main"]) == {
+        main = beat["components"]["main"]
+        assert set(main) == {
             "batch_id", "num_input_rows", "input_rows_per_second",
-            "processed_rows_per_second", "timestamp", "input_waiting"}
+            "processed_rows_per_second", "timestamp", "input_waiting", "progress", "history"}
+        # Spark's full progress: the file source and its offsets, the sink, the
+        # durations; and the charts' history. The supervisor's checks keep all of it.
+        progress = main["progress"]
+        (source,) = progress["sources"]
+        assert source["description"] == f"FileStreamSource[file:{feeder.input}]"
+        assert '"logOffset"' in source["end_offset"]
+        assert progress["sink"]["description"].startswith("FileSink[")
+        assert progress["duration_ms"]["triggerExecution"] > 0
+        assert main["history"] and all(len(point) == 4 for point in main["history"])
+        assert checked_progress(progress) == progress
+        assert checked_history(main["history"]) == main["history"]
+        assert "spark_ui_url" not in beat, "spark.ui.enabled is false: no Spark UI"
 
         # Records fed while it runs are picked up.
         feeder.feed(range(10, 20), per_file=5)

@@ -104,7 +104,7 @@ def _roll(cluster: LocalCluster, ensemble: ZooKeeperEnsemble, tmp_path) -> None:
 def _lose_the_quorum(cluster: LocalCluster, ensemble: ZooKeeperEnsemble, feed: RecordFeed,
                      output: CommittedOutput, topology_id: str, workers: list[int]) -> None:
     supervisor = cluster.supervisors[0]
-    worker_log = supervisor.worker_dir(topology_id, supervisor.ports[0]) / "worker.log"
+    worker_log = supervisor.worker_log(topology_id, supervisor.ports[0])
     frozen_before = worker_log.read_text().count("frozen until the supervisor renews it")
     doomed = ensemble.servers[:2]
     for server in doomed:

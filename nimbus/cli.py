@@ -649,5 +649,37 @@ def new_plugin(name: str, target: Path | None) -> None:
     click.echo(f"next: pip install -e '{target}[test]' && pytest {target / 'tests'}")
 
 
+
+@main.command("logs")
+@click.argument("name")
+@click.option("--worker", type=click.IntRange(min=0), default=None,
+              help="Only worker-N's logs: the slots it runs in now or wrote in before.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Then print what the workers write, until interrupted.")
+@click.option("--since", default=None, metavar="DURATION",
+              help="What was written in the last DURATION (30s, 10m, 2h, 1d), rotated "
+                   "files included; without it, each slot's current file.")
+@click.option("--grep", default=None, metavar="RE",
+              help="Only the lines this Python regular expression finds.")
+@config_option
+@set_option
+@_fail_cleanly
+def logs(name: str, worker: int | None, follow: bool, since: str | None, grep: str | None,
+         config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Print topology NAME's worker logs, read from the supervisors' logviewers through
+    the leader: no ZooKeeper access, no shell on a supervisor host (docs/logs.md)."""
+    from nimbus.logs import LogsError, LogsOptions, compile_grep, parse_since, run_logs
+
+    options = LogsOptions(worker=worker, follow=follow,
+                          since_s=parse_since(since) if since is not None else None,
+                          grep=compile_grep(grep))
+    conf = _conf(config_path, overrides)
+    try:
+        run_logs(conf, name, options)
+    except LogsError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:  # the end of --follow
+        pass
+
 if __name__ == "__main__":  # pragma: no cover
     main()

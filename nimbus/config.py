@@ -462,6 +462,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
         if not 0 <= values[key] < 65536:
             raise ConfigError(f"key {key!r} must be a port (1-65535), or 0 for no "
                               f"/metrics, got {values[key]}")
+    if not 0 <= values["logviewer.port"] < 65536:
+        raise ConfigError("key 'logviewer.port' must be a port (1-65535), or 0 for no "
+                          f"logviewer, got {values['logviewer.port']}")
     for key in PORT_KEYS:
         if not 0 <= values[key] < 65536:
             raise ConfigError(f"key {key!r} must be a port (0-65535), got {values[key]}")

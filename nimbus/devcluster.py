@@ -26,6 +26,7 @@ import yaml
 
 from nimbus.config import Config, load_config
 from nimbus.dev_watch import DaemonWatch
+from nimbus.state.worker_logs import DEFAULT_ARTIFACTS, LOG_FILE, log_root
 from nimbus.state.zkserver import ZooKeeperServer, free_port, port_open
 from nimbus.thrift.client import NimbusClient
 
@@ -123,9 +124,12 @@ class SupervisorProcess(DaemonProcess):
     DAEMON = "supervisor"
 
     def __init__(self, index: int, ports: list[int], local_dir: Path, config_file: Path,
-                 log_file: Path):
+                 log_file: Path, logviewer_port: int = 0, log_root: Path | None = None):
         super().__init__(index, local_dir, config_file, log_file)
         self.ports = ports
+        self.logviewer_port = logviewer_port   # its logviewer.port (0: none)
+        # Where its workers' logs are (nimbus/state/worker_logs.py).
+        self.log_root = log_root if log_root is not None else local_dir / DEFAULT_ARTIFACTS
 
     @property
     def id(self) -> str | None:
@@ -138,6 +142,15 @@ class SupervisorProcess(DaemonProcess):
 
     def worker_dir(self, topology_id: str, port: int) -> Path:
         return self.local_dir / "workers" / f"{topology_id}-{port}"
+
+    def worker_log(self, topology_id: str, port: int) -> Path:
+        """The current log file of its slot ``port``'s worker of ``topology_id``."""
+        return self.log_root / topology_id / str(port) / LOG_FILE
+
+    @property
+    def logviewer_url(self) -> str:
+        """``http://127.0.0.1:<logviewer_port>`` (without TLS; logviewer_port must be set)."""
+        return f"http://127.0.0.1:{self.logviewer_port}"
 
     def kill9_group(self) -> None:
         """SIGKILL the supervisor's process group (not its workers: they have their own)."""
@@ -242,12 +255,17 @@ class LocalCluster:
         local_dir = self.work_dir / f"supervisor-{index}"
         config_file = self.work_dir / f"supervisor-{index}.yaml"
         metrics_port = free_port() if self.metrics else 0
-        write_private(config_file, yaml.safe_dump({
-            **self.conf_values, "storm.local.dir": str(local_dir),
-            "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports,
-            **({"supervisor.metrics.port": metrics_port} if metrics_port else {})}))
+        # Each its own logviewer port (all share one host), unless the cluster has none.
+        logviewer_port = 0 if self.conf_values.get("logviewer.port") == 0 else free_port()
+        values = {**self.conf_values, "storm.local.dir": str(local_dir),
+                  "storm.local.hostname": "127.0.0.1", "supervisor.slots.ports": ports,
+                  "logviewer.port": logviewer_port,
+                  **({"supervisor.metrics.port": metrics_port} if metrics_port else {})}
+        write_private(config_file, yaml.safe_dump(values))
         supervisor = SupervisorProcess(index, ports, local_dir, config_file,
-                                       self.work_dir / f"supervisor-{index}.log")
+                                       self.work_dir / f"supervisor-{index}.log",
+                                       logviewer_port=logviewer_port,
+                                       log_root=log_root(values))
         supervisor.metrics_port = metrics_port
         self.supervisors.append(supervisor)
         return supervisor
@@ -378,7 +396,8 @@ def sample_topology(directory: Path, size_bytes: int = 64 * 1024) -> Path:
 #: ZooKeeper, ports and directories, whatever a configuration file says.
 DEV_CLUSTER_KEYS = ("storm.zookeeper.servers", "storm.zookeeper.port", "nimbus.seeds",
                     "nimbus.host", "nimbus.thrift.port", "storm.local.dir",
-                    "storm.local.hostname", "supervisor.slots.ports", "supervisor.warm.workers")
+                    "storm.local.hostname", "supervisor.slots.ports", "supervisor.warm.workers",
+                    "logviewer.port")
 
 
 def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
@@ -490,8 +509,10 @@ def _run(cluster: LocalCluster, work_dir: Path,
                                if n.process))
         for supervisor in cluster.supervisors:
             pid = supervisor.process.pid if supervisor.process else "?"
+            viewer = f"; logviewer on port {supervisor.logviewer_port}" \
+                if supervisor.logviewer_port else ""
             click.echo(f"supervisor {supervisor.id} (pid {pid}): slots "
-                       + ",".join(map(str, supervisor.ports)))
+                       + ",".join(map(str, supervisor.ports)) + viewer)
         leader_pid = leader.process.pid if leader.process else "?"
         click.echo(f"leader: {leader.address} (pid {leader_pid})")
         client_file = write_client_conf(cluster)

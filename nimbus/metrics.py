@@ -52,8 +52,8 @@ from nimbus.state.worker_state import RUNNING
 from nimbus.state.worker_state import STATES as WORKER_STATES
 from nimbus.thrift.tls import FILE_KEYS, tls_enabled
 from nimbus.thrift.tls import server_context as tls_server_context
-from nimbus.ui.gate import GatedServer, HeadLimits
-from nimbus.ui.https import ClientCertAdapter
+from nimbus.web.client_cert import ClientCertAdapter
+from nimbus.web.gate import GatedServer, HeadLimits
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class MetricsServer:
     stops and joins them all and closes the socket. Port 0 binds a free port (see
     :attr:`port`).
 
-    cheroot serves it behind the UI's gate (nimbus/ui/gate.py): a scrape reaches a worker
+    cheroot serves it behind the UI's gate (nimbus/web/gate.py): a scrape reaches a worker
     only once its request's head has arrived, so clients that stall their request or
     their TLS handshake hold up no other scrape, and are dropped after
     ``METRICS_LIMITS.timeout_s``. With ``conf`` of a cluster with

@@ -15,6 +15,9 @@ docs/runtime.md:
   (:func:`relative_looking_values`).
 
 URIs (``s3a://…``, ``hdfs://…``, ``file:/…``) are left alone: they are never relative.
+
+Where a pipeline's checkpoints are (:func:`checkpoint_location`) is spelled here once, for
+the worker that starts the query and for every screen that shows it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,39 @@ SPARK_PATH_KEYS = ("spark.sql.streaming.checkpointLocation", "spark.sql.warehous
 # A scheme of two or more characters: "s3a:", "hdfs:", "file:" (a one-letter "c:" would
 # be a Windows drive, which no supervisor runs on).
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+
+
+#: The checkpoint root's key, and the root under ``storm.local.dir`` when it is unset.
+CHECKPOINT_DIR_KEY = "topology.spark.checkpoint.dir"
+DEFAULT_CHECKPOINTS = "checkpoints"
+
+
+def is_uri(value: Any) -> bool:
+    """Whether ``value`` is a string with a URI scheme (``s3a://…``, ``file:/…``)."""
+    return isinstance(value, str) and _URI.match(value) is not None
+
+
+def checkpoint_root_of(conf: dict[str, Any]) -> Path:
+    """``topology.spark.checkpoint.dir`` of a worker's ``conf``, or
+    ``<storm.local.dir>/checkpoints``, as a local path (a URI's ``//`` is lost: use
+    :func:`checkpoint_location` for anything handed to Spark)."""
+    configured = conf.get(CHECKPOINT_DIR_KEY)
+    if configured:
+        return Path(str(configured)).expanduser().absolute()
+    local_dir = conf.get("storm.local.dir") or "storm-local"
+    return Path(str(local_dir)).expanduser().absolute() / DEFAULT_CHECKPOINTS
+
+
+def checkpoint_location(conf: dict[str, Any], topology_id: str, component: str) -> str:
+    """Where the query of ``component`` keeps its checkpoint:
+    ``<topology.spark.checkpoint.dir>/<topology-id>/<component>`` (``conf``: the worker's
+    merged configuration, or a topology's own). A URI root keeps its form
+    (``s3a://bucket/ckpt/<id>/<component>``); a path root is made absolute, and without
+    one the root is ``<storm.local.dir>/checkpoints`` of the host that runs it."""
+    configured = conf.get(CHECKPOINT_DIR_KEY)
+    if is_uri(configured):
+        return f"{str(configured).rstrip('/')}/{topology_id}/{component}"
+    return str(checkpoint_root_of(conf) / topology_id / component)
 
 
 def is_relative_path(value: Any) -> bool:

@@ -246,7 +246,7 @@ def test_a_zip_whose_end_record_understates_its_entries_is_counted_anyway(tmp_pa
 
 def test_a_zip_claiming_a_million_entries_is_refused_before_zipfile_parses_it(tmp_path):
     """The central directory's count is read first: zipfile would otherwise build an object
-    per entry before anything is checked. (integration/fuzz.py checks real archives of a
+    per entry before anything is checked. (benchmarks/fuzz.py checks real archives of a
     million entries, tar.gz and zip.)"""
     path = archive(tmp_path, "zip")
     data = path.read_bytes()

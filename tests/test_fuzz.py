@@ -2,9 +2,9 @@
 outside, plus the named cases each target must refuse with a clear error.
 
 1,270 seeded cases (700 records, 120 configurations, 300 archives, 150 Thrift requests)
-and about 360 named ones; ``integration/fuzz.py --cases N --seed S`` runs as many as
+and about 360 named ones; ``benchmarks/fuzz.py --cases N --seed S`` runs as many as
 asked. A failure names its case (``records #12 seed 1 ...``);
-``integration/fuzz.py --replay records:12 --seed 1`` runs that one again.
+``benchmarks/fuzz.py --replay records:12 --seed 1`` runs that one again.
 """
 
 from __future__ import annotations

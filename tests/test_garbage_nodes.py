@@ -7,7 +7,7 @@ nimbus still serves getClusterInfo and getTopologyInfo and lists the healthy top
 beside the garbage, no exception escaped anywhere (no traceback logged), the garbage
 node is neither deleted nor overwritten, the healthy topology's nodes and code are
 unchanged; then it removes the garbage. Here each case also checks the exact error that
-names the node. ``integration/fuzz.py --targets nodes`` runs random cases of the same.
+names the node. ``benchmarks/fuzz.py --targets nodes`` runs random cases of the same.
 """
 
 from __future__ import annotations

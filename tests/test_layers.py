@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1] / "nimbus"
 # Bottom to top. The packages of one layer are siblings, which do not import one another,
 # except in the two layers of single modules (OPEN_LAYERS).
 GROUND = {"nimbus", "config", "redaction", "log_policy", "background_loop", "timing",
-          "topology_paths"}
+          "topology_paths", "cluster_tls", "topology_acl", "web"}
 # Composition roots and entry points: they wire the rest; nothing imports them but one
 # another.
 ROOTS = {"cli", "devcluster", "dev_watch", "foreground", "runtime_demo", "top", "scaffold",
-         "plugin_api", "testing"}
+         "plugin_api", "testing", "logs"}
 LAYERS: list[set[str]] = [
     GROUND,
     {"state"},
@@ -49,14 +49,11 @@ KNOWN_CROSSINGS: set[tuple[str, str]] = {
     ("nimbus.master.daemon", "nimbus.thrift.tls"),
     ("nimbus.master.daemon", "nimbus.ui.local_nimbus"),
     ("nimbus.master.daemon", "nimbus.ui.server"),
-    ("nimbus.metrics", "nimbus.ui.gate"),
-    ("nimbus.metrics", "nimbus.ui.https"),
     ("nimbus.supervisor.cgroups", "nimbus.worker.frozen"),
     ("nimbus.supervisor.checkpoint_sweep", "nimbus.worker.spec"),
     ("nimbus.supervisor.class_archive", "nimbus.worker.class_archive"),
     ("nimbus.supervisor.code_cache", "nimbus.thrift.client"),
     ("nimbus.supervisor.daemon", "nimbus.metrics"),
-    ("nimbus.supervisor.daemon", "nimbus.thrift.tls"),
     ("nimbus.supervisor.daemon", "nimbus.worker.frozen"),
     ("nimbus.supervisor.distributor_source", "nimbus.thrift.client"),
     ("nimbus.supervisor.ending", "nimbus.worker.exits"),

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from worker_harness import process_alive, wait_until
 
+from nimbus.state.worker_logs import LOG_FILE, log_root, port_dir
 from nimbus.supervisor.cgroups import WorkerCgroups, is_frozen, unified_root
 from nimbus.supervisor.lease_record import LeaseRecord, load_record
 from nimbus.supervisor.takeover import find_orphans
@@ -265,6 +266,9 @@ def frozen_worker(request, tmp_path):
     handle.cgroups, handle.cgroup = cgroups, cgroups.make(f"{TOPOLOGY_ID}-{PORT}")
     conf = {"storm.local.dir": str(tmp_path / "local"), "worker.heartbeat.frequency.secs": 1,
             **getattr(request, "param", {})}
+    # Its first words go where the supervisor sends them, its log pump's after them.
+    handle.log_file = port_dir(log_root(conf), TOPOLOGY_ID, PORT) / LOG_FILE
+    handle.log_file.parent.mkdir(parents=True)
 
     def write_spec(lease_fd: int, status_fd: int) -> None:
         WorkerSpec(topology_id=TOPOLOGY_ID, port=PORT, supervisor_id="sup-test",
@@ -296,7 +300,7 @@ def _removed(cgroup: Path) -> bool:
 
 
 def _log(handle: WorkerHandle) -> str:
-    return (handle.worker_dir / "worker.log").read_text(errors="replace")
+    return handle.log_path.read_text(errors="replace")
 
 
 def _ticks(state: Path) -> list[float]:

@@ -228,6 +228,17 @@ def test_topology_info_over_thrift_and_cli(cluster):
         st.path("supervisors", "sup-b"), st.path("workerbeats", topology_id, "sup-a-6700"))}
     age = (max(mtimes.values()) - mtimes[st.path("workerbeats", topology_id,
                                                  "sup-a-6700")]) // 1000
+    # Where each has run: the leader recorded the placement with the assignment.
+    started = st.assignment_info(topology_id).executor_start_time_secs
+
+    def placed_at(sid: str, host: str, worker: str) -> list[dict]:
+        return [{"supervisor_id": sid, "host": host, "port": 6700,
+                 "since_secs": started[worker], "until_secs": 0}]
+
+    # No Spark progress in this beat (a process topology's, or an earlier release's).
+    no_details = {"progress": None, "history": [], "history_end_secs": 1,
+                  "reported_by": "worker-0", "live": True, "details_cut": False,
+                  "checkpoint": None}
     assert view == {
         "id": topology_id, "name": "wc", "status": "ACTIVE", "owner": "bob",
         "num_workers": 2,
@@ -235,7 +246,8 @@ def test_topology_info_over_thrift_and_cli(cluster):
             {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
              "port": 6700, "state": "running", "alive": True, "beat_age_secs": age,
              "backoff_secs": 0, "last_error": "", "restarts": 3, "memory_bytes": 0,
-             "warm_start": False, "components": {
+             "warm_start": False, "spark_ui_url": "",
+             "placements": placed_at("sup-a", "host-a", "worker-0"), "components": {
                  "counts": {"batch_id": 9, "num_input_rows": 30,
                             "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25},
                  "lines": {"batch_id": 4, "num_input_rows": 0, "input_rows_per_second": 0.0,
@@ -245,15 +257,18 @@ def test_topology_info_over_thrift_and_cli(cluster):
             {"worker": "worker-1", "index": 1, "supervisor_id": "sup-b", "host": "host-b",
              "port": 6700, "state": "starting", "alive": False, "beat_age_secs": None,
              "backoff_secs": 0, "last_error": "", "restarts": 0, "memory_bytes": 0,
-             "warm_start": False, "components": {}}],
+             "warm_start": False, "spark_ui_url": "",
+             "placements": placed_at("sup-b", "host-b", "worker-1"), "components": {}}],
         "warm_workers": {
             "sup-a": {"host": "host-a", "ready": 0, "starting": 0, "memory_bytes": 0},
             "sup-b": {"host": "host-b", "ready": 0, "starting": 0, "memory_bytes": 0}},
         "components": {
             "counts": {"host_ports": ["host-a:6700"], "batch_id": 9, "num_input_rows": 30,
-                       "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25},
+                       "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25,
+                       **no_details},
             "lines": {"host_ports": ["host-a:6700"], "batch_id": 4, "num_input_rows": 0,
-                      "input_rows_per_second": 0.0, "processed_rows_per_second": 0.0}},
+                      "input_rows_per_second": 0.0, "processed_rows_per_second": 0.0,
+                      **no_details}},
         "errors": {"counts": [
             {"error": f"boom {i}\n  at line {i}", "time_secs": 1_700_000_000 + i,
              "host": "host-a", "port": 6700} for i in range(10, 0, -1)]},

@@ -77,7 +77,7 @@ def _conf(zk_server, zk_root, base: Path, ports: list[int], **extra):
         "supervisor.monitor.frequency.secs": 1,
         "supervisor.code.cleanup.grace.secs": 0, "supervisor.worker.start.timeout.secs": 10,
         "supervisor.run.worker.as.user": True, "supervisor.spark.class.archive": False,
-        **extra})
+        "logviewer.port": 0, **extra})
 
 
 def _assign(state: StormClusterState, topology_id: str, files: dict[str, bytes],
@@ -107,6 +107,12 @@ def test_bob_reads_nothing_of_the_supervisor_or_of_alice(zk_server, zk_root, bas
               str(local / "supervisor" / "stormdist" / ALICE / "stormconf.json"),
               str(alice_worker / "worker.json"), str(alice_worker),
               str(local / "checkpoints" / ALICE), "/proc/1/cwd",
+              # alice's logs, their record and the log root (docs/logs.md)
+              str(local / "workers-artifacts" / ALICE / str(ports[0]) / "worker.log"),
+              str(local / "workers-artifacts" / ALICE / str(ports[0])),
+              str(local / "workers-artifacts" / ALICE / "log-meta.json"),
+              str(local / "workers-artifacts" / ALICE), str(local / "workers-artifacts"),
+              str(local / "workers-artifacts" / BOB / str(ports[1])),  # its own logs
               str(local / "supervisor" / "stormdist" / BOB / "resources")]  # its own
     alice = _code(_tar({"topology.yaml": b"command: [true]\n"}))
     alice["stormconf.json"] = b'{"alice.db.password": "alices-own"}'
@@ -128,8 +134,14 @@ def test_bob_reads_nothing_of_the_supervisor_or_of_alice(zk_server, zk_root, bas
         bob_uid = pwd.getpwnam(account_for(BOB)).pw_uid
         assert found.pop("uid") == bob_uid and bob_uid not in (0, alice_uid)
         assert found.pop(probes[-1]) == "read", "its own code"
-        assert found == dict.fromkeys(probes[:-1], "PermissionError"), found
+        assert found.pop(probes[-2]) == "read", "its own log directory"
+        assert found == dict.fromkeys(probes[:-2], "PermissionError"), found
         assert os.stat(f"/proc/{handles[ALICE].pid}").st_uid == alice_uid
+        # Its log is its own to write (its pump rotates it as alice's account).
+        alice_logs = local / "workers-artifacts" / ALICE / str(ports[0])
+        assert (alice_logs.stat().st_uid, alice_logs.stat().st_mode & 0o777) == \
+            (alice_uid, 0o700)
+        assert (alice_logs / "worker.log").stat().st_uid == alice_uid
     finally:
         sup.stop()
         for topology_id in (ALICE, BOB):

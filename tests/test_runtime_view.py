@@ -135,6 +135,13 @@ def test_topology_info_workers_components_and_errors(state):
               for i in range(11, 1, -1)]
     zero = {"num_input_rows": 0, "input_rows_per_second": 0.0,
             "processed_rows_per_second": 0.0}
+
+    def details(worker: str, live: bool) -> dict:
+        # Beats without Spark's progress (an earlier release's, or a process's).
+        return {"progress": None, "history": [], "history_end_secs": 1995,
+                "reported_by": worker, "live": live, "details_cut": False,
+                "checkpoint": None}
+
     assert info == {
         "id": TOPOLOGY, "name": "wordcount", "status": "ACTIVE", "owner": "alice",
         "uptime_secs": 1000, "num_workers": 3,
@@ -142,7 +149,8 @@ def test_topology_info_workers_components_and_errors(state):
             {"worker": "worker-0", "index": 0, "supervisor_id": "sup-a", "host": "host-a",
              "port": 6700, "uptime_secs": 500, "state": "running", "alive": True,
              "beat_age_secs": ages[0], "backoff_secs": 0, "last_error": "", "restarts": 2,
-             "memory_bytes": 350 * 2**20, "warm_start": True,
+             "memory_bytes": 350 * 2**20, "warm_start": True, "spark_ui_url": "",
+             "placements": [],
              "components": {
                  "counts": {"batch_id": 41, "num_input_rows": 100,
                             "input_rows_per_second": 2.5, "processed_rows_per_second": 2.0},
@@ -154,23 +162,27 @@ def test_topology_info_workers_components_and_errors(state):
              "port": 6700, "uptime_secs": 0, "state": "dead", "alive": False,
              "beat_age_secs": ages[1], "backoff_secs": 0,
              "last_error": "its supervisor sup-b is gone", "restarts": 0,
-             "memory_bytes": 0, "warm_start": False,
+             "memory_bytes": 0, "warm_start": False, "spark_ui_url": "", "placements": [],
              "components": {"counts": {"batch_id": 44, **zero},
                             "main": {"batch_id": None, **zero}}},
             {"worker": "worker-10", "index": 10, "supervisor_id": "sup-a", "host": "host-a",
              "port": 6701, "uptime_secs": 10, "state": "running", "alive": True,
              "beat_age_secs": ages[2], "backoff_secs": 0, "last_error": "", "restarts": 0,
-             "memory_bytes": 0, "warm_start": False, "components": {}},
+             "memory_bytes": 0, "warm_start": False, "spark_ui_url": "", "placements": [],
+             "components": {}},
         ],
         "warm_workers": {"sup-a": {"host": "host-a", "ready": 1, "starting": 1,
                                    "memory_bytes": 700 * 2**20}},
         "components": {
+            # The running worker's details first, though the dead one's beat is newer.
             "counts": {"host_ports": ["host-a:6700", "host-b:6700"], "batch_id": 44,
                        "num_input_rows": 100, "input_rows_per_second": 2.5,
-                       "processed_rows_per_second": 2.0},
+                       "processed_rows_per_second": 2.0, **details("worker-0", True)},
             "lines": {"host_ports": ["host-a:6700"], "batch_id": 7, "num_input_rows": 10,
-                      "input_rows_per_second": 0.5, "processed_rows_per_second": 0.25},
-            "main": {"host_ports": ["host-b:6700"], "batch_id": None, **zero},
+                      "input_rows_per_second": 0.5, "processed_rows_per_second": 0.25,
+                      **details("worker-0", True)},
+            "main": {"host_ports": ["host-b:6700"], "batch_id": None, **zero,
+                     **details("worker-2", False)},
         },
         "errors": {
             "counts": counts,
@@ -212,7 +224,7 @@ def test_worker_without_a_beat_is_starting_and_without_a_supervisor_dead(state):
          "port": 6700, "uptime_secs": 0, "state": "dead", "alive": False,
          "beat_age_secs": None, "backoff_secs": 0,
          "last_error": "its supervisor sup-a is gone", "restarts": 0, "memory_bytes": 0,
-         "warm_start": False, "components": {}}]
+         "warm_start": False, "spark_ui_url": "", "placements": [], "components": {}}]
     assert (info["components"], info["errors"]) == ({}, {})
     # Its supervisor is there and says nothing of it (it has not read the assignment
     # yet, or is of an earlier release): on its way.
@@ -399,3 +411,67 @@ def test_the_demo_names_the_newest_error_while_it_waits(state, monkeypatch, caps
     assert capsys.readouterr().err == (
         f"{TOPOLOGY} reported an error: worker-0: build() raised AnalysisException: Path "
         "does not exist: in\n")
+
+
+PROGRESS = {"batch_id": 9, "timestamp": "2026-11-27T14:33:19.412Z",
+            "sources": [{"description": "FileStreamSource[file:/in]", "start_offset": None,
+                         "end_offset": '{"logOffset": 3}', "latest_offset": None,
+                         "num_input_rows": 5, "input_rows_per_second": 1.0,
+                         "processed_rows_per_second": 2.0}],
+            "sink": {"description": "FileSink[/out]", "num_output_rows": 5},
+            "state_operators": [], "watermark": None, "duration_ms": {"triggerExecution": 40}}
+
+
+def spark_beat(port: int, batch: int, history: list, url: str = "") -> bytes:
+    return WorkerBeat(time_secs=1995, topology_id=TOPOLOGY, supervisor_id="sup-a",
+                      host="host-a", port=port, spark_ui_url=url, components={
+                          "counts": {"batch_id": batch, "num_input_rows": 5,
+                                     "input_rows_per_second": 1.0,
+                                     "processed_rows_per_second": 2.0,
+                                     "progress": {**PROGRESS, "batch_id": batch},
+                                     "history": history}}).encode()
+
+
+def test_components_carry_the_newest_progress_history_and_checkpoint(state):
+    write_topology(state, assignment=Assignment(
+        master_code_dir="/code", node_host={"sup-a": "host-a"},
+        executor_node_port={"worker-0": ["sup-a", 6700], "worker-1": ["sup-a", 6701]},
+        executor_start_time_secs={"worker-0": 1500, "worker-1": 1500}))
+    say(state, state="running")   # of port 6700 only; 6701 is judged by its beat
+    history = [[1800, 1.0, 2.0, 40], [1810, 1.5, 2.5, None]]
+    write_beat(state, "sup-a", 6701, spark_beat(6701, 3, [[1700, 9.0, 9.0, 9]]))
+    write_beat(state, "sup-a", 6700, spark_beat(6700, 9, history + [["bad"]],
+                                                url="http://127.0.0.1:4040"))
+    info = runtime_view.topology_info(state, TOPOLOGY, now=NOW, topology_conf={
+        "topology.spark.checkpoint.dir": "s3a://bucket/ckpt/"})
+    counts = info["components"]["counts"]
+    # Both workers report it (a rebalance's leftovers); both run: the newest beat wins.
+    assert {k: counts[k] for k in ("progress", "history", "history_end_secs", "reported_by",
+                                   "live", "details_cut", "checkpoint")} == {
+        "progress": PROGRESS, "history": history, "history_end_secs": 1995,
+        "reported_by": "worker-0", "live": True, "details_cut": False,
+        "checkpoint": f"s3a://bucket/ckpt/{TOPOLOGY}/counts"}
+    assert [w["spark_ui_url"] for w in info["workers"]] == ["http://127.0.0.1:4040", ""]
+    # Read elsewhere without the configuration, completed here: a local root.
+    again = runtime_view.topology_info(state, TOPOLOGY, now=NOW)
+    assert again["components"]["counts"]["checkpoint"] is None
+    runtime_view.set_checkpoints(again, {"topology.spark.checkpoint.dir": "/ck"})
+    assert again["components"]["counts"]["checkpoint"] == f"/ck/{TOPOLOGY}/counts"
+    runtime_view.set_checkpoints(again, {})   # not named: unknown here
+    assert again["components"]["counts"]["checkpoint"] is None
+    # A worker that does not run shows no Spark UI: its address leads nowhere.
+    say(state, state="restarting", restarts=1, backoff_secs=2, last_error="boom")
+    stopped = runtime_view.topology_info(state, TOPOLOGY, now=NOW)
+    assert stopped["workers"][0]["spark_ui_url"] == ""
+
+
+def test_a_process_topology_has_no_progress_and_no_checkpoint(state):
+    write_topology(state, assignment=ONE_WORKER)
+    say(state, state="running")
+    write_beat(state, "sup-a", 6700, WorkerBeat(
+        time_secs=1995, topology_id=TOPOLOGY, supervisor_id="sup-a", host="host-a",
+        port=6700, components={"main": {"pid": 42, "progress": "not one"}}).encode())
+    info = runtime_view.topology_info(state, TOPOLOGY, now=NOW, topology_conf={
+        "topology.spark.checkpoint.dir": "/ck"})
+    main = info["components"]["main"]
+    assert (main["progress"], main["history"], main["checkpoint"]) == (None, [], None)

@@ -102,7 +102,7 @@ def test_a_pass_with_nothing_to_change_writes_nothing(cluster):
 
 
 def test_each_pass_logs_its_size_and_duration(cluster, caplog, monkeypatch):
-    # The timing line integration/bench_scale.py reads: DEBUG, INFO once a pass is slow.
+    # The timing line benchmarks/bench_scale.py reads: DEBUG, INFO once a pass is slow.
     _, elector, _, scheduler, add_supervisor, add_topology, _ = cluster
     add_supervisor("s1", [6700])
     add_topology("a-1-1", workers=1)

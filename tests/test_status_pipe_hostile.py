@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
 from test_supervisor import (
     TOPOLOGY,
+    _beat,
     _code,
     _free_port,
     _submit_directly,
@@ -25,6 +27,7 @@ from test_supervisor import (
 )
 
 from nimbus.devcluster import wait_for
+from nimbus.state.beat_progress import MAX_BEAT_BYTES
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, WorkerBeat
 from nimbus.supervisor import status_input
@@ -97,7 +100,7 @@ def test_hostile_lines_on_a_real_status_pipe_touch_only_the_workers_own_nodes(
     files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
     lines = [json.dumps(m).encode() for m in _hostile(cluster_state)]
     lines += [b"not json at all", b"\xff\xfe invalid utf-8", b"[1, 2, 3]", b"x" * (2 << 20),
-              json.dumps({"beat": {"components": {"marker": {"batch_id": 7}}}}).encode()]
+              json.dumps(_huge_beat()).encode()]
     status_file = tmp_path / "hostile.jsonl"
     status_file.write_bytes(b"\n".join(lines) + b"\n")
     files["stormconf.json"] = json.dumps({"topology.stub.status_file": str(status_file),
@@ -113,6 +116,12 @@ def test_hostile_lines_on_a_real_status_pipe_touch_only_the_workers_own_nodes(
             return bool(data) and "marker" in WorkerBeat.decode(data).components
 
         wait_for(marker_seen, 30, "the last line to be handled")
+        # The largest beat a worker can send (under the pipe's 1 MiB line) is bounded.
+        data = cluster_state.get_worker_heartbeat(TOPOLOGY, sup.id, port)
+        beat = WorkerBeat.decode(data)
+        assert len(data) <= MAX_BEAT_BYTES and beat.spark_ui_url == ""
+        assert len(beat.components) == status_input.MAX_BEAT_COMPONENTS
+        assert beat.components["marker"]["batch_id"] == 7
         after = _outside_own_nodes(cluster_state, _tree(cluster_state), sup.id, port)
         assert after == before
         components = set(cluster_state.error_components(TOPOLOGY))
@@ -125,6 +134,23 @@ def test_hostile_lines_on_a_real_status_pipe_touch_only_the_workers_own_nodes(
         assert [e.error for e in cluster_state.errors(VICTIM, "counts")] == ["alice's"]
     finally:
         sup.stop()
+
+
+def _huge_beat() -> dict:
+    """A beat just under the status pipe's 1 MiB line: many components, each with long
+    texts, many sources and a long history, and a Spark UI address that is a script."""
+    text = "<script>x</script>" * 8
+    progress = {"batch_id": 1, "sources": [{"description": text, "end_offset": text,
+                                            "start_offset": {"deep": [text]}}] * 10,
+                "state_operators": [{"operator_name": text}] * 12, "watermark": text,
+                "sink": {"description": text}, "duration_ms": {"x": 1}}
+    history = [[10 ** 9 + i, 1.0, 2.0, 3] for i in range(120)]
+    components = {"marker": {"batch_id": 7, "progress": progress, "history": history}}
+    components.update({f"c{i}": {"batch_id": i, "progress": progress, "history": history}
+                       for i in range(90)})
+    beat = {"beat": {"components": components, "spark_ui_url": "javascript:alert(1)"}}
+    assert len(json.dumps(beat)) < (1 << 20)
+    return beat
 
 
 def _fuzzed(rng: random.Random, state: StormClusterState) -> object:
@@ -142,9 +168,19 @@ def _fuzzed(rng: random.Random, state: StormClusterState) -> object:
     if kind < 0.5:
         return {"error": {"component": atom(), "error": rng.choice(
             ["e", "", None, "m" * rng.randint(0, 20_000), 5])}}
-    if kind < 0.8:
+    if kind < 0.7:
         return {"beat": {"components": {str(atom()): {"batch_id": atom(), "pid": atom()}
                                         for _ in range(rng.randint(0, 5))}}}
+    if kind < 0.8:   # Spark's details: any shape, any size
+        return {"beat": {"spark_ui_url": rng.choice([atom(), "http://h:1", "http://\n"]),
+                         "components": {str(atom()): {
+                             "batch_id": 1, "progress": rng.choice([atom(), {
+                                 "sources": [{"description": atom(), "end_offset": atom()}]
+                                 * rng.randint(0, 30), "duration_ms": {str(atom()): atom()},
+                                 "watermark": atom()}]),
+                             "history": rng.choice([atom(), [[atom(), atom(), atom(), atom()]]
+                                                    * rng.randint(0, 200)])}
+                             for _ in range(rng.randint(0, 3))}}}
     key = atom()
     return rng.choice([{"error": atom()}, {"beat": atom()}, {"beat": {"components": atom()}},
                        {key if isinstance(key, str) else "k": atom()}])
@@ -175,6 +211,9 @@ def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
         assert after == before
         for component in cluster_state.error_components(TOPOLOGY):
             assert status_input.is_component_id(component), component
+        data = cluster_state.get_worker_heartbeat(TOPOLOGY, sup.id, port)
+        assert data is not None and len(data) <= MAX_BEAT_BYTES
+        WorkerBeat.decode(data)
         assert [e.error for e in cluster_state.errors(VICTIM, "counts")] == ["alice's"]
     finally:
         sup.stop()
@@ -196,3 +235,43 @@ def test_a_declared_component_list_is_believed_whole_or_not_at_all(raw):
 
 def test_a_declared_component_list_is_sorted_and_deduplicated():
     assert status_input.checked_component_list(["b", "a", "b"]) == ("a", "b")
+
+
+def test_a_slots_history_goes_on_through_its_workers_restart(
+        tmp_path, zk_server, zk_root, cluster_state, stub_worker, monkeypatch):  # noqa: F811
+    port = _free_port()
+    files = _code(_tar({"topology.yaml": b"command: [true]\n"}))
+    sup = _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port)
+    sup.start()
+    try:
+        _submit_directly(cluster_state, files, {})  # no worker: the test speaks for it
+        monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
+        # No worker of it is placed here, so the clean-up pass would forget the slot.
+        monkeypatch.setattr(sup.reporting, "forget_except", lambda keep: None)
+
+        def process(pid: int) -> SimpleNamespace:   # one process of the slot's worker
+            return SimpleNamespace(
+                topology_id=TOPOLOGY, port=port, worker_index=0, num_workers=1,
+                name=f"{TOPOLOGY}:{port}", session_id=sup.zk.client_id[0], ended_by="",
+                errors_reported=0, started_at=0.0, restarts=pid, committed=False,
+                kind="pipeline", warm="", topology_components=None,
+                memory_bytes=lambda: 0, last_beat_at=None, last_error="",
+                error_budget=status_input.ErrorBudget())
+
+        now = int(time.time())
+        before = [[now - 100 + 10 * i, 5.0, 5.0, 50] for i in range(5)]
+        after = [[now - 20, 9.0, 9.0, 90]]
+
+        def beat(history: list) -> dict:
+            return {"beat": {"components": {"main": {"batch_id": 1, "history": history}}}}
+
+        first = process(1)   # written once the supervisor's session is up
+        wait_for(lambda: sup.reporting.on_status(first, beat(before)) or
+                 _beat(cluster_state, sup, port) is not None, 30, "the first beat")
+        sup.reporting.on_status(process(2), beat([]))   # started again, no batch yet
+        assert _beat(cluster_state, sup, port).components["main"]["history"] == before
+        sup.reporting.on_status(process(2), beat(after))
+        assert _beat(cluster_state, sup, port).components["main"]["history"] == \
+            before + after
+    finally:
+        sup.stop()

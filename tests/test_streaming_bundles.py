@@ -1,6 +1,6 @@
 """Bundles are streamed, never held whole in memory; transfer sessions do not block each other.
 
-Memory use itself is measured by integration/bench_bundle_memory.py; here the packer is
+Memory use itself is measured by benchmarks/bench_bundle_memory.py; here the packer is
 shown to hand its output over in small blocks, a packed directory to travel through the
 chunked upload into an archive the nimbus accepts, and file-transfer sessions to do their
 disk I/O in parallel.

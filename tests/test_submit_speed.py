@@ -5,7 +5,7 @@ Packing is checked on real files and through the supervisor's own unpack (CodeCa
 Uploads run against a real ThriftServer and FileTransfers on loopback (with and without
 TLS, with and without the upload stream), and the cut-off and end-to-end cases against
 one real in-process nimbus leading a real ZooKeeper. Speed itself is measured by
-integration/bench_submit_bundles.py; nothing here is timed.
+benchmarks/bench_submit_bundles.py; nothing here is timed.
 """
 
 from __future__ import annotations

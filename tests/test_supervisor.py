@@ -543,7 +543,7 @@ def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port,
         "supervisor.code.cleanup.grace.secs": 0, "supervisor.heartbeat.frequency.secs": 1,
         "supervisor.worker.start.timeout.secs": 5, "supervisor.worker.timeout.secs": 3,
         "supervisor.worker.shutdown.sleep.secs": 1, "supervisor.spark.class.archive": False,
-        **extra})
+        "logviewer.port": 0, **extra})
     sup = Supervisor(conf, worker_command=stub_worker)
     sup.code = CodeCache(sup.code.root, 1 << 20, FakePeers({"nimbus:6627": files}))
     sup._peers = lambda topology_id: ["nimbus:6627"]  # no nimbus in these tests

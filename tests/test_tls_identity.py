@@ -236,7 +236,7 @@ def assert_refused_403(url: str, nameless, caplog, server_name: str) -> None:
 
 def test_the_ui_refuses_a_certificate_without_a_common_name(ca, make_zk, zk_server, zk_root,
                                                            caplog):
-    caplog.set_level(logging.INFO, logger="nimbus.ui.gate")
+    caplog.set_level(logging.INFO, logger="nimbus.web.gate")
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
     write_cluster(state)
@@ -252,7 +252,7 @@ def test_the_ui_refuses_a_certificate_without_a_common_name(ca, make_zk, zk_serv
 
 
 def test_metrics_refuse_a_certificate_without_a_common_name(ca, caplog):
-    caplog.set_level(logging.INFO, logger="nimbus.ui.gate")
+    caplog.set_level(logging.INFO, logger="nimbus.web.gate")
     server = MetricsServer(SupervisorMetrics(list, dict).registry, "127.0.0.1", 0,
                            "test-metrics", conf=conf_of(ca.issue("supervisor-1")))
     server.start()

@@ -9,6 +9,7 @@ import pytest
 
 from nimbus.devcluster import LocalCluster
 from nimbus.topology_paths import (
+    checkpoint_location,
     is_relative_path,
     relative_looking_values,
     relative_path_keys,
@@ -64,3 +65,13 @@ def test_a_dev_cluster_hands_out_absolute_paths(tmp_path, monkeypatch):
     for daemon in [*cluster.nimbuses, *cluster.supervisors]:
         assert daemon.local_dir.is_absolute() and daemon.config_file.is_absolute()
         assert str(daemon.config_file).startswith(str(tmp_path / "dev-cluster"))
+
+
+def test_the_checkpoint_location_is_spelled_once_for_the_worker_and_the_page():
+    assert checkpoint_location({"topology.spark.checkpoint.dir": "/ck/"}, "wc-1-1", "main") \
+        == "/ck/wc-1-1/main"
+    # A URI keeps its form (a Path would make s3a:// into s3a:/).
+    assert checkpoint_location({"topology.spark.checkpoint.dir": "s3a://bucket/ck/"},
+                               "wc-1-1", "main") == "s3a://bucket/ck/wc-1-1/main"
+    assert checkpoint_location({"storm.local.dir": "/var/storm"}, "wc-1-1", "main") \
+        == "/var/storm/checkpoints/wc-1-1/main"

@@ -191,7 +191,8 @@ def test_dashboard_and_topology_page_show_each_workers_state(ui):
 def test_openapi_covers_every_route():
     doc = openapi_document()
     for rule in URLS.iter_rules():
-        path = rule.rule.replace("<topology_id>", "{id}").replace("<name>", "{name}")
+        path = rule.rule.replace("<topology_id>", "{id}").replace("<name>", "{name}") \
+            .replace("<component>", "{component}")
         if "<any(" in path:
             head, _, tail = path.partition("/<any(")
             names, _, rest = tail.partition(")")

@@ -133,9 +133,10 @@ def test_beats_carry_the_workerbeat_fields_and_the_command_pid(tmp_path, harness
     worker.keep_renewing()
     worker.wait_for(lambda: len(worker.beats()) >= 2, START_TIMEOUT, "two beats")
     pid = child_info(tmp_path)["pid"]
-    # The supervisor stamps the time and adds what it measures of the worker itself.
+    # The supervisor stamps the time and adds what it measures of the worker itself; a
+    # Spark UI address comes only from a pipeline that has one.
     expected_fields = {f.name for f in dataclasses.fields(WorkerBeat)} - {
-        "time_secs", "memory_bytes", "warm_start"}
+        "time_secs", "memory_bytes", "warm_start", "spark_ui_url"}
     for beat in worker.beats()[:2]:
         assert set(beat) == expected_fields
         assert {k: beat[k] for k in ("topology_id", "supervisor_id", "host", "port",
@@ -214,7 +215,9 @@ def test_a_supervisor_started_again_takes_the_worker_over_within_its_lease(
         with socket_path(worker.worker_dir) as address:
             probe.connect(address)
         assert probe.recv(1) == b""
-    assert "refused a take-over by pid" in worker.log_text()
+    # Its log is written by its log pump, a moment after it is said.
+    worker.wait_for(lambda: "refused a take-over by pid" in worker.log_text(), 5,
+                    "the refusal in its log")
     assert worker.proc.poll() is None
 
     worker.lease(3.0)
@@ -236,7 +239,8 @@ def test_a_supervisor_started_again_takes_the_worker_over_within_its_lease(
                    and any("beat" in m for m in seen[-3:]), START_TIMEOUT,
                    "beats past the old deadline")
         assert worker.proc.poll() is None and handle.exit_code() is None
-        assert "taken over by supervisor process" in worker.log_text()
+        worker.wait_for(lambda: "taken over by supervisor process" in worker.log_text(), 5,
+                        "the take-over in its log")
         handle.stop(grace_s=10)  # SIGTERM: the command stops, the worker exits 0
         assert handle.exit_code() == EXIT_OK == worker.wait_exit(timeout=5)
         assert {"exit": EXIT_OK} in seen

@@ -1,8 +1,9 @@
 """The supervisor's side of a worker, for tests: pipes, leases, status lines, the group.
 
 :class:`WorkerHarness` starts ``python -m nimbus.worker`` exactly as docs/runtime.md says
-a supervisor does (own session, inherited pipe fds, ``worker.log``), renews or withholds
-its lease, and collects the status lines. It does not talk to ZooKeeper.
+a supervisor does (own session, inherited pipe fds, its first words to the slot's
+``worker.log`` under the log root, which the worker then writes itself), renews or
+withholds its lease, and collects the status lines. It does not talk to ZooKeeper.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nimbus.worker.spec import LOG_FILE, WorkerSpec
+from nimbus.state.worker_logs import LOG_FILE, log_root, port_dir
+from nimbus.worker.spec import WorkerSpec
 
 
 def group_members(pgid: int) -> list[int]:
@@ -85,12 +87,20 @@ class WorkerHarness:
 
     # -- process ---------------------------------------------------------------------
 
+    @property
+    def log_path(self) -> Path:
+        """The worker's log: its slot's under the log root of its configuration."""
+        fields = self.fields
+        return port_dir(log_root(fields["conf"]), fields["topology_id"],
+                        fields["port"]) / LOG_FILE
+
     def start(self) -> WorkerHarness:
         self.worker_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         lease_r, self._lease_w = os.pipe()
         self._status_r, status_w = os.pipe()
         WorkerSpec(lease_fd=lease_r, status_fd=status_w, **self.fields).dump(self.worker_dir)
-        with open(self.worker_dir / LOG_FILE, "ab") as log:
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "nimbus.worker", str(self.worker_dir)],
                 pass_fds=(lease_r, status_w), start_new_session=True,
@@ -121,7 +131,7 @@ class WorkerHarness:
 
     def log_text(self) -> str:
         try:
-            return (self.worker_dir / LOG_FILE).read_text(errors="replace")
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 

@@ -7,9 +7,9 @@ topology are two live copies of its pipeline: the one thing the lease rule forbi
 worker frozen in its cgroup (its lease ran out: nimbus/worker/lease.py) acts no more than
 a dead one and is not counted.
 
-The sampler also reads every worker log of the topology as it grows (a supervisor
-deletes the directory of a worker it no longer runs, so the log cannot be read at the
-end) for Spark's own detection of two queries on one checkpoint.
+The sampler also reads every worker log of the topology as it grows (a log rotates, and
+goes after logviewer.cleanup.age.mins, so it may not be whole at the end) for Spark's
+own detection of two queries on one checkpoint.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class CopySampler:
     (``copies-sampler``) every ``interval_s``; :meth:`stop` joins it."""
 
     def __init__(self, worker_roots: Iterable[Path], interval_s: float = 0.2):
-        """``worker_roots``: each supervisor's ``<storm.local.dir>/workers``."""
+        """``worker_roots``: each supervisor's ``<storm.local.dir>/workers`` (its workers'
+        logs are beside them, in ``<storm.local.dir>/workers-artifacts``)."""
         self.worker_roots = list(worker_roots)
         self.interval_s = interval_s
         self.topologies: dict[str, TopologyCopies] = {}
@@ -126,7 +127,8 @@ class CopySampler:
     def _scan_logs(self) -> None:
         for topology_id in list(self.topologies):
             for root in self.worker_roots:
-                for log in root.glob(f"{topology_id}-*/worker.log"):
+                for log in (root.parent / "workers-artifacts" / topology_id).glob(
+                        "*/worker.log"):
                     self._scan(topology_id, log)
 
     def _scan(self, topology_id: str, log: Path) -> None:
@@ -141,4 +143,4 @@ class CopySampler:
             if any(marker in line for marker in CONCURRENT_MARKERS):
                 with self._lock:
                     self.topologies[topology_id].concurrent_log_lines.append(
-                        f"{log.parent.name}: {line.strip()[:300]}")
+                        f"{topology_id}-{log.parent.name}: {line.strip()[:300]}")

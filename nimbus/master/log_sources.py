@@ -8,7 +8,12 @@ first. Shape::
 
     {"topology_id": str,
      "sources": [{"supervisor_id": str, "host": str, "port": int, "https": bool,
-                  "assigned_ports": [int]}]}      # assigned first, then by id
+                  "assigned_ports": [int],
+                  "assigned_workers": {"<port>": int}}]}   # assigned first, then by id
+
+``port`` is the logviewer's; ``assigned_workers`` says which worker (``worker-<i>``) the
+topology's assignment places on each of the supervisor's slots now
+(``nimbus-ha logs --worker N``).
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ UNREADABLE = (RecordError, TypeError)
 
 def log_sources(state: StormClusterState, topology_id: str) -> dict[str, Any]:
     """The logviewers that may hold ``topology_id``'s worker logs (module docstring)."""
-    assigned: dict[str, list[int]] = {}
+    assigned: dict[str, dict[int, int]] = {}   # supervisor -> {port: worker index}
     try:
         assignment = state.assignment_info(topology_id)
     except UNREADABLE:
         assignment = None
     if assignment is not None:
-        for slot in assignment.executor_node_port.values():
-            assigned.setdefault(str(slot[0]), []).append(int(slot[1]))
+        for executor, slot in assignment.executor_node_port.items():
+            index = executor.removeprefix("worker-")
+            assigned.setdefault(str(slot[0]), {})[int(slot[1])] = \
+                int(index) if index.isdigit() else -1
     sources = []
     for supervisor_id in state.supervisors():
         try:
@@ -39,8 +46,11 @@ def log_sources(state: StormClusterState, topology_id: str) -> dict[str, Any]:
             continue
         if info is None or not info.logviewer_port:
             continue
+        slots = assigned.get(supervisor_id, {})
         sources.append({"supervisor_id": supervisor_id, "host": info.hostname,
                         "port": int(info.logviewer_port), "https": bool(info.logviewer_https),
-                        "assigned_ports": sorted(set(assigned.get(supervisor_id, [])))})
+                        "assigned_ports": sorted(slots),
+                        "assigned_workers": {str(port): index
+                                             for port, index in sorted(slots.items())}})
     sources.sort(key=lambda s: (not s["assigned_ports"], s["supervisor_id"]))
     return {"topology_id": topology_id, "sources": sources}

@@ -15,7 +15,8 @@ Shapes (all keys always present):
     {"id": str, "host": str, "slots": int, "used_slots": int, "ports": [int],
      "used_ports": [int], "uptime_secs": int, "version": str}
 
-``topology_info(state, topology_id, timeout_s=...)`` (None for an unknown id)::
+``topology_info(state, topology_id, timeout_s=..., topology_conf=...)`` (None for an
+unknown id)::
 
     {"id": str, "name": str, "status": str, "owner": str, "uptime_secs": int,
      "num_workers": int,                      # wanted (StormBase), not necessarily placed
@@ -23,12 +24,37 @@ Shapes (all keys always present):
                   "port": int, "uptime_secs": int, "state": str, "alive": bool,
                   "beat_age_secs": int | None, "backoff_secs": int, "last_error": str,
                   "restarts": int, "memory_bytes": int, "warm_start": bool,
+                  "spark_ui_url": str,         # its Spark UI while it runs, else ""
+                  "placements": [PLACEMENT],   # where it has run, newest first
                   "components": {name: COMPONENT}}],           # sorted by index
      "warm_workers": {supervisor_id: {"host", "ready", "starting", "memory_bytes"}},
      "components": {name: {"host_ports": ["host:port"], "batch_id": int | None,
                            "num_input_rows": int, "input_rows_per_second": float,
-                           "processed_rows_per_second": float}},
+                           "processed_rows_per_second": float,
+                           "progress": PROGRESS | None, "history": [POINT],
+                           "history_end_secs": int | None, "reported_by": str | None,
+                           "live": bool, "details_cut": bool,
+                           "checkpoint": str | None}},
      "errors": ERRORS}
+
+    PLACEMENT = {"supervisor_id": str, "host": str, "port": int, "since_secs": int,
+                 "until_secs": int}            # until 0: placed there now
+
+A component's ``progress`` (Spark's newest StreamingQueryProgress: sources with offsets,
+sink, state operators, watermark, durations) and ``history`` (``POINT = [time_secs,
+input_rows_per_second, processed_rows_per_second, batch_duration_ms | None]``, the last
+15 minutes, oldest first) are those of :mod:`nimbus.state.beat_progress`, from the beat of
+``reported_by`` (the worker running it: a running one first, else the newest beat);
+``live`` says whether that worker runs, ``history_end_secs`` is its beat's time on the
+same host's clock as the points (the charts end there), and ``details_cut`` that its
+supervisor dropped details to keep the beat within its bound. ``checkpoint`` is
+``<topology.spark.checkpoint.dir>/<topology-id>/<component>`` when ``topology_conf`` (the
+topology's own configuration) names that root (:func:`nimbus.topology_paths.checkpoint_location`,
+the worker's own spelling) and the component is a query (it reports Spark's progress);
+None otherwise (without that root it is under each supervisor's ``storm.local.dir``, or
+its own ``topology.spark.checkpoint.dir``). :func:`set_checkpoints` fills it in an
+``info`` that was read without the configuration (by a nimbus, for instance). The
+placement history is the leader's (:mod:`nimbus.master.placement_history`).
 
 A worker's ``state`` (starting, running, frozen, restarting or dead) is judged by
 :func:`nimbus.state.worker_state.judge` on ZooKeeper's clock; ``alive`` is ``state ==
@@ -51,15 +77,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from nimbus.master.placement_history import placements_of
 from nimbus.state import worker_state
+from nimbus.state.beat_progress import checked_history, checked_progress, checked_url
 from nimbus.state.cluster_state import MAX_ERRORS_PER_COMPONENT, StormClusterState
 from nimbus.state.records import (
     WORKER_PREFIX,
     Assignment,
+    PlacementHistory,
     RecordError,
     SupervisorInfo,
     WorkerBeat,
 )
+from nimbus.topology_paths import CHECKPOINT_DIR_KEY, checkpoint_location
 
 # What decoding a record written by another release may raise (TypeError: a required
 # field is missing).
@@ -181,13 +211,53 @@ def warm_workers(state: StormClusterState,
     return out
 
 
+def _placement_history(state: StormClusterState, topology_id: str) -> PlacementHistory | None:
+    try:
+        return state.placement_history(topology_id)[0]
+    except UNREADABLE:
+        return None   # written by another release: no history rather than no page
+
+
+def checkpoint_of(topology_conf: dict[str, Any] | None, topology_id: str,
+                  component: str) -> str | None:
+    """Where ``component``'s query checkpoints, when the topology's own configuration
+    names the root (see the module docstring); None otherwise."""
+    if not topology_conf or not topology_conf.get(CHECKPOINT_DIR_KEY):
+        return None
+    return checkpoint_location(topology_conf, topology_id, component)
+
+
+def _details(raw: Any) -> dict[str, Any]:
+    """The progress, history and whether details were cut, of a beat's component entry,
+    checked again (a beat may come from another release)."""
+    raw = raw if isinstance(raw, dict) else {}
+    return {"progress": checked_progress(raw.get("progress")),
+            "history": checked_history(raw.get("history")),
+            "details_cut": raw.get("details_cut") is True}
+
+
+def set_checkpoints(info: dict[str, Any],
+                    topology_conf: dict[str, Any] | None) -> dict[str, Any]:
+    """Each component's ``checkpoint`` in ``info`` (a :func:`topology_info`, read here or
+    by a nimbus) from the topology's own configuration, in place (and returned): the
+    location (:func:`checkpoint_of`) for a query (a component that reports Spark's
+    progress), None for anything else."""
+    for name, component in info["components"].items():
+        component["checkpoint"] = checkpoint_of(topology_conf, info["id"], name) \
+            if component.get("progress") is not None else None
+    return info
+
+
 def topology_info(state: StormClusterState, topology_id: str, now: float | None = None,
-                  timeout_s: float = worker_state.DEFAULT_TIMEOUT_S) -> dict[str, Any] | None:
+                  timeout_s: float = worker_state.DEFAULT_TIMEOUT_S,
+                  topology_conf: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The topology's workers, components and errors; None if no topology has that id.
 
     ``now`` (default: this host's clock) is what uptimes are measured against;
     ``timeout_s`` (``nimbus.task.timeout.secs``) is how old a worker's beat may be, by
-    ZooKeeper's clock, for the worker to count as running.
+    ZooKeeper's clock, for the worker to count as running; ``topology_conf`` (the
+    topology's own configuration, as getTopologyConf gives it) is where its components'
+    checkpoint locations come from (none without it).
     """
     base = state.storm_base(topology_id)
     if base is None:
@@ -209,7 +279,10 @@ def topology_info(state: StormClusterState, topology_id: str, now: float | None 
     reference_ms = max([assignment_ms, *(got[1].mtime for got in
                                          [*supervisors.values(), *beats.values()]
                                          if got is not None)])
+    history = _placement_history(state, topology_id)
     workers = []
+    # component -> [(running, beat mtime, worker, beat time, details)]: who reports it
+    reporters: dict[str, list[tuple[bool, int, str, int, dict[str, Any]]]] = {}
     for worker, supervisor_id, port in slots:
         sup = supervisors[supervisor_id]
         got = beats[(supervisor_id, port)]
@@ -228,6 +301,10 @@ def topology_info(state: StormClusterState, topology_id: str, now: float | None 
         if not judged.alive:  # its last numbers are history, not what it does now
             components = {name: {**_component_stats({}), "batch_id": stats["batch_id"]}
                           for name, stats in components.items()}
+        for name, stats in sorted(reported.items()):
+            reporters.setdefault(str(name), []).append(
+                (judged.alive, got[1].mtime if got is not None else 0, worker,
+                 _number(beat.time_secs, int) if beat else 0, _details(stats)))
         restarts = judged.restarts if judged.restarts is not None else (
             _number(beat.restarts, int) if beat else 0)
         workers.append({
@@ -241,6 +318,8 @@ def topology_info(state: StormClusterState, topology_id: str, now: float | None 
             "last_error": judged.last_error, "restarts": restarts,
             "memory_bytes": _number(beat.memory_bytes, int) if beat and judged.alive else 0,
             "warm_start": beat.warm_start is True if beat else False,
+            "spark_ui_url": checked_url(beat.spark_ui_url) if beat and judged.alive else "",
+            "placements": placements_of(history, worker),
             "components": components})
     components: dict[str, dict[str, Any]] = {}
     for w in workers:
@@ -255,10 +334,19 @@ def topology_info(state: StormClusterState, topology_id: str, now: float | None 
             for key in ("num_input_rows", "input_rows_per_second",
                         "processed_rows_per_second"):
                 agg[key] += stats[key]
-    return {"id": topology_id, "name": base.storm_name, "status": base.status,
-            "owner": base.owner, "uptime_secs": max(0, int(now - base.launch_time_secs)),
-            "num_workers": base.num_workers, "workers": workers,
-            "warm_workers": {sid: _warm_entry(got[0]) for sid, got in supervisors.items()
-                             if got is not None and got[0] is not None},
-            "components": dict(sorted(components.items())),
-            "errors": errors(state, topology_id)}
+    for name, agg in components.items():
+        # The newest details of a running worker, else of the newest beat.
+        live, _mtime, worker, beat_time, details = max(reporters[name],
+                                                       key=lambda r: (r[0], r[1]))
+        agg.update({"progress": details["progress"], "history": details["history"],
+                    "history_end_secs": beat_time or None,
+                    "reported_by": worker, "live": live,
+                    "details_cut": details["details_cut"], "checkpoint": None})
+    return set_checkpoints({
+        "id": topology_id, "name": base.storm_name, "status": base.status,
+        "owner": base.owner, "uptime_secs": max(0, int(now - base.launch_time_secs)),
+        "num_workers": base.num_workers, "workers": workers,
+        "warm_workers": {sid: _warm_entry(got[0]) for sid, got in supervisors.items()
+                         if got is not None and got[0] is not None},
+        "components": dict(sorted(components.items())),
+        "errors": errors(state, topology_id)}, topology_conf)

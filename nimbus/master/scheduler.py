@@ -57,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from nimbus.config import Config
+from nimbus.master.placement_history import write_assignment
 from nimbus.state.cluster_state import Fence, StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import (
@@ -241,7 +242,8 @@ class Scheduler:
             observed |= {(topology_id, s.beat_name) for s in workers.values()}
             new = self._assignment(old, workers, supervisors)
             if new != old:
-                self._state.set_assignment(fence, topology_id, new)
+                # With the placement history in the same fenced transaction.
+                write_assignment(self._state, fence, topology_id, old, new)
                 written[topology_id] = new
                 self._log_change(topology_id, base, old, new, wanted[topology_id])
                 self._note_releases(topology_id, old, new, supervisors)

@@ -28,14 +28,20 @@ def row_of(info: dict[str, Any]) -> dict[str, Any]:
     """The row of one topology from its ``runtime_view.topology_info``: the keys
     ``name``, ``id``, ``status``, ``workers_alive`` (running), ``workers_wanted``,
     ``worker_states`` ({state: count}), ``restarts``, ``input_rows_per_second``,
-    ``processed_rows_per_second``, ``batch_id`` (None before the first batch) and
-    ``newest_error`` ("component: first line", or "")."""
+    ``processed_rows_per_second``, ``batch_id`` (None before the first batch),
+    ``newest_error`` ("component: first line", or ""), ``newest_error_detail`` (None, or
+    ``{"component", "error" (its first 2,000 characters), "time", "host", "port"}``: what
+    the dashboard shows) and ``error_count`` (errors kept, all components)."""
     components = info["components"].values()
     batches = [c["batch_id"] for c in components if c["batch_id"] is not None]
     newest: tuple[int, str] | None = None
+    detail: dict[str, Any] | None = None
     for component, kept in info["errors"].items():
         if kept and (newest is None or kept[0]["time_secs"] > newest[0]):
             newest = (kept[0]["time_secs"], f"{component}: {_first_line(kept[0]['error'])}")
+            detail = {"component": component, "error": kept[0]["error"][:2000],
+                      "time": kept[0]["time_secs"], "host": kept[0]["host"],
+                      "port": kept[0]["port"]}
     return {
         "name": info["name"], "id": info["id"], "status": info["status"],
         "workers_alive": sum(1 for w in info["workers"] if w["alive"]),
@@ -45,7 +51,8 @@ def row_of(info: dict[str, Any]) -> dict[str, Any]:
         "input_rows_per_second": sum(c["input_rows_per_second"] for c in components),
         "processed_rows_per_second": sum(c["processed_rows_per_second"] for c in components),
         "batch_id": max(batches) if batches else None,
-        "newest_error": newest[1] if newest else ""}
+        "newest_error": newest[1] if newest else "", "newest_error_detail": detail,
+        "error_count": sum(len(kept) for kept in info["errors"].values())}
 
 
 def topology_rows(state: StormClusterState, may_read: Any = None,

@@ -12,6 +12,8 @@ Layout under the root (``/storm`` by default)::
     leader-lock/nimbus-<seq>          the leader lock queue (ephemeral sequential)
     supervisor-assignments/<sup-id>   SupervisorAssignments: the leader's index of the
                                       topologies with work on each supervisor
+    placements/<id>                   PlacementHistory: where each worker has run, written
+                                      by the leader with the assignment it describes
 
 Every write that only the leader may make takes a :class:`Fence` and is one ZooKeeper
 multi-op whose first operation checks that the leader's lock node still exists. A nimbus
@@ -48,6 +50,7 @@ from nimbus.state.records import (
     CodeMeta,
     ErrorInfo,
     NimbusInfo,
+    PlacementHistory,
     Record,
     RecordError,
     StormBase,
@@ -187,7 +190,8 @@ class StormClusterState:
     """Typed reads and writes of the cluster's state; one instance per ZooKeeper client."""
 
     SUBTREES = ("storms", "assignments", "workerbeats", "errors", "supervisors",
-                "code-distributor", "nimbuses", "leader-lock", "supervisor-assignments")
+                "code-distributor", "nimbuses", "leader-lock", "supervisor-assignments",
+                "placements")
 
     def __init__(self, zk: KazooClient, root: str = "/storm", audit_writer: str = ""):
         """``audit_writer`` (this nimbus's address) turns on the audit trail of leader
@@ -514,7 +518,8 @@ class StormClusterState:
         """
         for attempt in range(5):
             doomed: list[str] = []
-            for sub in ("code-distributor", "errors", "workerbeats", "assignments", "storms"):
+            for sub in ("code-distributor", "errors", "workerbeats", "placements",
+                        "assignments", "storms"):
                 doomed.extend(self._subtree(self.path(sub, topology_id)))
             if not doomed:
                 return
@@ -535,9 +540,39 @@ class StormClusterState:
         got = self._get(path, watch)
         return self.decode_record(Assignment, path, got) if got else None
 
-    def set_assignment(self, fence: Fence, topology_id: str, assignment: Assignment) -> None:
-        self._commit(fence, lambda txn: txn.set_data(
-            self.path("assignments", topology_id), assignment.encode()))
+    def set_assignment(self, fence: Fence, topology_id: str, assignment: Assignment,
+                       placements: PlacementHistory | None = None,
+                       placements_version: int | None = None) -> None:
+        """Write the topology's Assignment and, in the same transaction, its
+        ``placements`` if given: replacing version ``placements_version`` of its node, or
+        creating the node when that is None. ConcurrentChangeError (nothing written) if
+        that node was not as the caller read it."""
+        def build(txn: Any) -> None:
+            txn.set_data(self.path("assignments", topology_id), assignment.encode())
+            if placements is None:
+                return
+            path = self.placements_path(topology_id)
+            if placements_version is None:
+                txn.create(path, placements.encode())
+            else:
+                txn.set_data(path, placements.encode(), placements_version)
+
+        self._commit(fence, build)
+
+    # -- placement history -------------------------------------------------------------
+    def placements_path(self, topology_id: str) -> str:
+        return self.path("placements", topology_id)
+
+    def placement_history(self, topology_id: str) -> tuple[PlacementHistory | None,
+                                                           int | None]:
+        """(the topology's PlacementHistory, its node's version); (None, None) when it has
+        no node (none recorded yet: a topology of an earlier release, or never placed).
+        RecordError if the node holds something this release cannot read."""
+        path = self.placements_path(topology_id)
+        got = self._get(path)
+        if got is None:
+            return None, None
+        return self.decode_record(PlacementHistory, path, got), got[1].version
 
     # -- supervisors and workers (written by those daemons, read by nimbus) -------------
     def supervisors(self, watch: Watch = None) -> list[str]:

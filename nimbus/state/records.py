@@ -279,10 +279,46 @@ class WorkerBeat(Record):
     uptime_secs: int = 0
     restarts: int = 0
     # component -> {"batch_id", "num_input_rows", "input_rows_per_second",
-    #               "processed_rows_per_second", "timestamp"} (from Spark's lastProgress)
+    #               "processed_rows_per_second", "timestamp", "input_waiting"} (from
+    # Spark's lastProgress), and "progress" (the full progress) and "history" (the
+    # charts' last 15 minutes), as nimbus.state.beat_progress checks and bounds them:
+    # absent in beats of earlier releases.
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory_bytes: int = 0      # resident bytes of the worker's processes (its JVM too)
     warm_start: bool = False   # it started as a warm worker (supervisor.warm.workers)
+    # Its SparkSession's UI (sparkContext.uiWebUrl), an http(s) address checked by
+    # nimbus.state.beat_progress.checked_url; "" when the UI is off, for a process
+    # topology, and in beats of earlier releases.
+    spark_ui_url: str = ""
+
+
+@dataclass
+class PlacementHistory(Record):
+    """/placements/<id>: where each worker of a topology has run, written by the leader
+    (fenced, in the transaction of the assignment it describes) whenever a placement
+    changes, and removed with the topology (nimbus.master.placement_history).
+
+    ``workers``: ``worker-<i>`` -> its placements, oldest first, each ``{"supervisor_id":
+    str, "host": str, "port": int, "since_secs": int, "until_secs": int}``; ``since_secs``
+    is the leader's clock when it placed the worker there, ``until_secs`` when it took
+    it off (0 while it is still placed there). Bounded by the leader: at most 20 per
+    worker, fewer for topologies of many workers."""
+
+    workers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def _invalid(self) -> str | None:
+        for worker, placements in self.workers.items():
+            if not WORKER_KEY_RE.fullmatch(worker):
+                return f"field 'workers' has key {worker[:40]!r}, not worker-<index>"
+            for entry in placements:
+                if not (isinstance(entry.get("supervisor_id"), str)
+                        and isinstance(entry.get("host"), str)
+                        and all(isinstance(entry.get(k), int)
+                                and not isinstance(entry.get(k), bool)
+                                for k in ("port", "since_secs", "until_secs"))):
+                    return (f"field 'workers'[{worker!r}] holds {_preview(entry)}, not "
+                            "{supervisor_id, host, port, since_secs, until_secs}")
+        return None
 
 
 @dataclass

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nimbus.state.worker_logs import LOG_FILE, port_dir
 from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup, unified_root
 from nimbus.supervisor.code_cache import CodeCache
 from nimbus.supervisor.lease import LeaseKeeper
@@ -55,7 +56,7 @@ class Adoption:
                  supervisor_dir: Path, timeout_s: float, connected: threading.Event,
                  beat_now: Callable[[], None], code: Callable[[], CodeCache],
                  cgroups: Callable[[], WorkerCgroups | None],
-                 warm_root: Callable[[], Path | None]):
+                 warm_root: Callable[[], Path | None], log_root: Path | None = None):
         self._table = table
         self._reporter = reporter
         self._lease = lease
@@ -66,6 +67,7 @@ class Adoption:
         self._code = code
         self._cgroups = cgroups
         self._warm_root = warm_root
+        self._log_root = log_root   # the workers' logs (nimbus/state/worker_logs.py)
         # Workers an earlier process of this supervisor left running, by port: taken over
         # or ended by the first complete reconcile pass (nimbus/supervisor/takeover.py).
         self.orphans: dict[int, Orphan] = {}
@@ -135,6 +137,7 @@ class Adoption:
         handle.kind = "process" if (resources / "topology.yaml").exists() else "pipeline"
         handle.record_path = record_path(self._supervisor_dir, orphan.topology_id,
                                          orphan.port)
+        handle.log_file = self._log_file(orphan)
         if orphan.frozen:
             # Ended by end_frozen unless a renewal thaws it within the worker timeout.
             handle.lease_deadline = time.monotonic()
@@ -160,6 +163,18 @@ class Adoption:
         if not self._connected.is_set():
             handle.kill("lost")
         return True
+
+    def _log_file(self, orphan: Orphan) -> Path | None:
+        """The log the orphan writes: its slot's under the log root, or None for a
+        worker of an earlier release, which writes ``<worker-dir>/worker.log`` until
+        it ends (it is neither rotated nor served)."""
+        if self._log_root is None:
+            return None
+        try:
+            path = port_dir(self._log_root, orphan.topology_id, orphan.port) / LOG_FILE
+        except ValueError:
+            return None
+        return path if path.exists() else None
 
     def orphan_cgroup(self, orphan: Orphan) -> Path | None:
         """The worker cgroup an orphan runs in (``<topology>-<port>``, or ``warm-<n>``

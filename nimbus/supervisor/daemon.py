@@ -23,6 +23,10 @@ Threads (each named, each stopped and joined by :meth:`Supervisor.stop`):
   killed and joined by stop.
 * ``worker-status-<topology>:<port>``: one per worker (and per warm worker), reading its
   status pipe (:mod:`nimbus.supervisor.reporting`).
+* ``supervisor-logviewer`` and ``supervisor-logviewer-worker-<i>``: the logviewer, its
+  workers' logs over HTTP(S) on ``logviewer.port`` (:mod:`nimbus.supervisor.logviewer`).
+* ``supervisor-log-sweep``: removes the logs no worker wrote to for
+  ``logviewer.cleanup.age.mins`` (:mod:`nimbus.supervisor.log_sweep`).
 
 The parts, each a module of one idea: :mod:`~nimbus.supervisor.identity` (configuration
 checks, id, directory lock), :mod:`~nimbus.supervisor.slots` (the workers and their
@@ -60,11 +64,13 @@ from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
 from nimbus.background_loop import BackgroundLoop
+from nimbus.cluster_tls import configure_clients
 from nimbus.config import Config
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, RecordError
+from nimbus.state.worker_logs import log_root
 from nimbus.state.zk_client import make_zk_client
 from nimbus.supervisor.adoption import Adoption
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
@@ -85,6 +91,9 @@ from nimbus.supervisor.identity import (
     prepare_run_as_user,
 )
 from nimbus.supervisor.lease import LeaseKeeper, session_id
+from nimbus.supervisor.log_dirs import LogDirs
+from nimbus.supervisor.log_sweep import RETENTION_KEY, LogSweeper
+from nimbus.supervisor.logviewer.server import Logviewer, make_logviewer
 from nimbus.supervisor.orphans import claim
 from nimbus.supervisor.own_assignments import OwnAssignments, assignment_reader
 from nimbus.supervisor.policy import DesiredWorker, check_ports_free, desired_workers
@@ -96,7 +105,6 @@ from nimbus.supervisor.starting import WorkerStarter, peers
 from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, make_warm_pool
 from nimbus.supervisor.worker_env import worker_env
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
-from nimbus.thrift.tls import configure_clients
 from nimbus.timing import WORKER_LEASE_FRACTION
 from nimbus.worker.frozen import REAPERS_CGROUP
 
@@ -131,6 +139,8 @@ class Supervisor:
         self._dir_lock = lock_dir(self.supervisor_dir, self.local_dir)
         self.id = load_supervisor_id(self.supervisor_dir / ID_FILE)
         self.workers_dir = self.local_dir / "workers"
+        # The workers' logs, outside their directories (nimbus/state/worker_logs.py).
+        self.log_root = log_root(conf)
         self.code = CodeCache(self.supervisor_dir / "stormdist",
                               conf["nimbus.max.topology.bytes"])
         self._run_as_user = bool(conf[RUN_AS_USER_KEY])
@@ -178,6 +188,8 @@ class Supervisor:
         self.cgroups: WorkerCgroups | None = None
         self.warm: WarmPool | None = None
         self.class_archive: ClassArchive | None = None
+        self.logviewer: Logviewer | None = None
+        self.log_dirs = LogDirs(self.log_root, self._run_as_user)
 
         self.table = WorkerTable()
         self._monitor = BackgroundLoop("supervisor-monitor", self._monitor_step,
@@ -218,12 +230,15 @@ class Supervisor:
             run_as_user=self._run_as_user, grace_s=self._grace_s, connected=self._connected,
             beat_now=self.registration.beat_now, may_start=self._may_start,
             code=lambda: self.code, fetcher=lambda: self.fetcher, warm=lambda: self.warm,
-            cgroups=lambda: self.cgroups, class_archive=lambda: self.class_archive)
+            cgroups=lambda: self.cgroups, class_archive=lambda: self.class_archive,
+            log_dirs=self.log_dirs)
         self.ender = WorkerEnder(
             self.table, self.reporting, self.registration.beat_now, grace_s=self._grace_s,
             timeout_s=float(conf["supervisor.worker.timeout.secs"]),
             start_timeout_s=self._start_timeout_s)
         self.metrics_server: MetricsServer | None = None
+        self.log_sweeper = LogSweeper(self.log_root, 60.0 * float(conf[RETENTION_KEY]),
+                                      self._logs_in_use, lock=self.log_dirs.lock)
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
@@ -232,8 +247,18 @@ class Supervisor:
         self.metrics_server = serve_metrics(
             self.metrics.registry, self.conf["supervisor.metrics.bind.address"],
             self.conf["supervisor.metrics.port"], "supervisor-metrics", conf=self.conf)
+        try:  # so is a taken logviewer port (its port and scheme go into the record)
+            self.logviewer = make_logviewer(self.conf, self.log_root, self.host)
+        except BaseException:
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
+            raise
         if self.metrics_server is not None:
             self.metrics_server.start()
+        if self.logviewer is not None:
+            self.registration.logviewer_port = self.logviewer.port
+            self.registration.logviewer_https = self.logviewer.https
+            self.logviewer.start()
         self.zk.add_listener(self._on_connection_state)
         session = session_id(self.zk)
         if session is not None:
@@ -278,6 +303,7 @@ class Supervisor:
         self._lease.start()
         self.registration.start()
         self._monitor.start()
+        self.log_sweeper.start()
         log.info("supervisor %s started on %s with slots %s", self.id, self.host,
                  ",".join(map(str, self.ports)))
 
@@ -290,6 +316,7 @@ class Supervisor:
             self._stopping = True
         self._stop.set()   # from here on no pass starts anything, no heartbeat is written
         self._monitor.stop(join_timeout=60)
+        self.log_sweeper.stop()
         handles = self.table.pop_all()
         if handles:
             log.info("stopping %d workers", len(handles))
@@ -314,6 +341,8 @@ class Supervisor:
                 self.cgroups.base.rmdir()
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if self.logviewer is not None:
+            self.logviewer.stop()
         self.zk.remove_listener(self._on_connection_state)
         self.zk.stop()
         self.zk.close()
@@ -367,6 +396,15 @@ class Supervisor:
             log.info("worker %s is no longer assigned here: its lease is not renewed",
                      handle.name)
         self._monitor.wake()
+
+    def _logs_in_use(self) -> set[tuple[str, int]]:
+        """(topology, port) of every slot whose logs a worker of this supervisor may be
+        writing: running, assigned here, or left by its earlier process (the log
+        sweep's thread)."""
+        used = {(h.topology_id, h.port) for h in self.table.running()}
+        used |= {(w.topology_id, port) for port, w in self.registration.desired.items()}
+        used |= {(o.topology_id, o.port) for o in list(self.adoption.orphans.values())}
+        return used
 
     def _peers(self, topology_id: str) -> list[str]:
         """Nimbuses to fetch ``topology_id``'s code from (:func:`starting.peers`)."""

@@ -18,6 +18,8 @@ from typing import IO
 
 import nimbus
 from nimbus.config import Config, ConfigError
+from nimbus.state.worker_logs import BACKUPS_KEY, MAX_BACKUPS, MAX_MB_KEY, MIN_MAX_BYTES
+from nimbus.supervisor.log_sweep import RETENTION_KEY
 from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY, check_reachable
 from nimbus.supervisor.warm_pool import WARM_KEY
 from nimbus.timing import check_timing
@@ -43,11 +45,26 @@ def check_supervisor_conf(conf: Config) -> None:
     if conf[WARM_KEY] < 0:
         raise ConfigError(f"key {WARM_KEY!r} must be >= 0 (0: no warm workers), "
                           f"got {conf[WARM_KEY]}")
+    check_log_conf(conf)
     check_timing(conf)
     ports = conf["supervisor.slots.ports"]
     if not ports or not all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536
                             for p in ports):
         raise ConfigError(f"key 'supervisor.slots.ports' must list ports (1-65535), got {ports}")
+
+
+def check_log_conf(conf: Config) -> None:
+    """ConfigError for worker log settings a worker could not rotate by (docs/logs.md)."""
+    min_mb = MIN_MAX_BYTES / (1024 * 1024)
+    if conf[MAX_MB_KEY] < min_mb:
+        raise ConfigError(f"key {MAX_MB_KEY!r} must be at least {min_mb:g} (a file holds "
+                          f"a few lines), got {conf[MAX_MB_KEY]}")
+    if not 0 <= conf[BACKUPS_KEY] <= MAX_BACKUPS:
+        raise ConfigError(f"key {BACKUPS_KEY!r} must be 0 to {MAX_BACKUPS}, got "
+                          f"{conf[BACKUPS_KEY]}")
+    if conf[RETENTION_KEY] < 0:
+        raise ConfigError(f"key {RETENTION_KEY!r} must be >= 0 (0: removed as soon as no "
+                          f"worker writes them), got {conf[RETENTION_KEY]}")
 
 
 def load_supervisor_id(path: Path) -> str:

@@ -83,6 +83,10 @@ class Registration:
         self._stopping = stopping
         self.started_at = time.time()
         self.session: int | None = None   # the session the node was made by
+        # Where its logviewer serves (0: none), and whether over HTTPS: set at start,
+        # before the first registration (nimbus-ha logs finds it there).
+        self.logviewer_port = 0
+        self.logviewer_https = False
         # The slots the last pass found assigned here (replaced whole by the monitor
         # thread, read by the heartbeat and metrics threads): what SupervisorInfo.workers
         # speaks of.
@@ -118,7 +122,9 @@ class Registration:
                               warm_starting=warm.starting if warm else 0,
                               warm_memory_bytes=warm.memory_bytes if warm else 0,
                               workers={str(port): said.as_record()
-                                       for port, said, _ in self.statements()})
+                                       for port, said, _ in self.statements()},
+                              logviewer_port=self.logviewer_port,
+                              logviewer_https=self.logviewer_https)
 
     def statements(self) -> list[tuple[int, worker_state.Statement, float | None]]:
         """(port, what this supervisor says of its worker, when its beat was last

@@ -33,11 +33,12 @@ from nimbus.supervisor.policy import DesiredWorker
 from nimbus.supervisor.slots import SlotRecord
 from nimbus.supervisor.status_input import (
     ERRORS_PER_MINUTE,
+    checked_beat,
     checked_component_list,
     checked_components,
     checked_error,
 )
-from nimbus.supervisor.worker_handle import LOG_FILE, WorkerHandle
+from nimbus.supervisor.worker_handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,10 @@ def log_tail(path: Path, offset: int, max_bytes: int = LOG_TAIL_BYTES,
     that failed before the worker's code ran). "" if there is none."""
     try:
         with open(path, "rb") as log_file:
-            log_file.seek(max(offset, os.fstat(log_file.fileno()).st_size - max_bytes))
+            size = os.fstat(log_file.fileno()).st_size
+            if offset > size:  # rotated since (nimbus/worker/log_pump.py): its newest file
+                offset = 0
+            log_file.seek(max(offset, size - max_bytes))
             text = log_file.read(max_bytes).decode("utf-8", "replace")
     except OSError:
         return ""
@@ -99,6 +103,9 @@ class Reporter:
         # the status reader threads.
         self._recorded: dict[tuple[str, int], dict[str, float]] = {}
         self._recorded_lock = threading.Lock()
+        # (topology, port) -> {component: the charts' history last written}: a worker
+        # started again on the slot continues it (beat_progress.merge_history).
+        self._histories: dict[tuple[str, int], dict[str, list[list[Any]]]] = {}
 
     # -- from the worker (its reader thread) ----------------------------------------------
     def on_status(self, handle: WorkerHandle, status: dict[str, Any]) -> None:
@@ -141,14 +148,16 @@ class Reporter:
                 or not self._connected.is_set():
             return
         # Only what WorkerBeat holds, bounded: a worker's odd entry must neither make the
-        # whole beat unreadable nor grow the node without limit.
-        components = checked_components(beat.get("components"))
+        # whole beat unreadable nor grow the node without limit (MAX_BEAT_BYTES).
+        slot = (handle.topology_id, handle.port)
+        checked = checked_beat(beat, self._histories.get(slot))
+        self._histories[slot] = checked.histories
         record = WorkerBeat(
             time_secs=int(time.time()), topology_id=handle.topology_id, supervisor_id=self._id,
             host=self._host, port=handle.port,
             uptime_secs=int(time.monotonic() - handle.started_at), restarts=handle.restarts,
-            components=components, memory_bytes=handle.memory_bytes(),
-            warm_start=handle.warm == "taken")
+            components=checked.components, memory_bytes=handle.memory_bytes(),
+            warm_start=handle.warm == "taken", spark_ui_url=checked.spark_ui_url)
         try:
             self._state.worker_heartbeat(handle.topology_id, self._id, handle.port,
                                          record.encode())
@@ -169,7 +178,7 @@ class Reporter:
         if handle.ended_by == "timeout" or handle.errors_reported != 0:
             return
         message = f"worker exited with code {code}"
-        tail = log_tail(handle.worker_dir / LOG_FILE, handle.log_offset) \
+        tail = log_tail(handle.log_path, handle.log_offset) \
             if code and code > 0 and handle.log_offset is not None else ""
         self.report(handle, handle_executor(handle), f"{message}: {tail}" if tail else message)
 
@@ -226,3 +235,5 @@ class Reporter:
         with self._recorded_lock:
             for slot in [s for s in self._recorded if s[0] not in keep]:
                 del self._recorded[slot]
+        for slot in [s for s in list(self._histories) if s[0] not in keep]:
+            self._histories.pop(slot, None)

@@ -22,6 +22,7 @@ from nimbus.config import Config
 from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import Assignment
+from nimbus.state.worker_logs import ARTIFACTS_KEY, BACKUPS_KEY, MAX_MB_KEY
 from nimbus.supervisor.adoption import Adoption
 from nimbus.supervisor.cgroups import WorkerCgroups
 from nimbus.supervisor.class_archive import ClassArchive
@@ -34,12 +35,13 @@ from nimbus.supervisor.code_cache import (
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.lease import LeaseKeeper
 from nimbus.supervisor.lease_record import record_path
+from nimbus.supervisor.log_dirs import LogDirs
 from nimbus.supervisor.policy import DesiredWorker
 from nimbus.supervisor.reporting import Reporter
 from nimbus.supervisor.run_as_user import account_for, ensure_account, own_tree
 from nimbus.supervisor.slots import SlotRecord, WorkerTable
 from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
-from nimbus.supervisor.warm_pool import WarmPool, move_log
+from nimbus.supervisor.warm_pool import WarmPool
 from nimbus.supervisor.worker_env import worker_env
 from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
@@ -51,6 +53,10 @@ WORKER_KEY_PREFIXES = ("topology.", "worker.")
 #: ... and these (docs/runtime.md, "Configuration of a worker").
 WORKER_KEYS = ("storm.local.dir", "supervisor.worker.start.timeout.secs",
                "supervisor.worker.orphan.timeout.secs", "java.library.path")
+#: Where and how a worker writes its log (nimbus/worker/log_pump.py): this supervisor's
+#: values, whatever a topology's configuration says, since the supervisor serves and
+#: sweeps what they make.
+LOG_KEYS = (ARTIFACTS_KEY, MAX_MB_KEY, BACKUPS_KEY)
 
 # A topology whose code could not be fetched is tried again after this long, doubling
 # with each failure in a row up to the maximum.
@@ -67,8 +73,13 @@ def cluster_worker_conf(conf: Config, local_dir: Path) -> dict[str, Any]:
     out = {key: value for key, value in conf.as_dict().items()
            if (key.startswith(WORKER_KEY_PREFIXES) or key in WORKER_KEYS)
            and not is_secret_key(key)}
-    out["storm.local.dir"] = str(local_dir)
-    return out
+    return {**out, **own_keys(conf, local_dir)}
+
+
+def own_keys(conf: Config, local_dir: Path) -> dict[str, Any]:
+    """The keys a worker gets from this supervisor over any its topology sets: its
+    directory, and where and how its log is written."""
+    return {"storm.local.dir": str(local_dir), **{key: conf[key] for key in LOG_KEYS}}
 
 
 def peers(state: StormClusterState, topology_id: str) -> list[str]:
@@ -107,7 +118,7 @@ class WorkerStarter:
                  fetcher: Callable[[], CodeFetcher | None],
                  warm: Callable[[], WarmPool | None],
                  cgroups: Callable[[], WorkerCgroups | None],
-                 class_archive: Callable[[], ClassArchive | None]):
+                 class_archive: Callable[[], ClassArchive | None], log_dirs: LogDirs):
         self._conf = conf
         self._id = supervisor_id
         self._host = host
@@ -129,6 +140,7 @@ class WorkerStarter:
         self._warm = warm
         self._cgroups = cgroups
         self._class_archive = class_archive
+        self._log_dirs = log_dirs
         self.owned_code: set[str] = set()   # code already given to its own account
         self.warm_waiters = 0   # slots of this pass that wait for a starting warm worker
 
@@ -201,6 +213,14 @@ class WorkerStarter:
         handle.kind = kind
         if self._run_as_user:
             handle.run_as = self.account(want.topology_id, code_dir, spec.conf)
+        try:
+            handle.log_file = self._log_dirs.prepare(want.topology_id, want.port,
+                                                     want.worker_index, spec.conf,
+                                                     owner=handle.run_as)
+        except OSError as exc:  # it starts all the same, its log in its own directory
+            log.warning("worker %s:%d: cannot make its log directory under %s (%s): its "
+                        "output goes to its worker directory, neither rotated nor served",
+                        want.topology_id, want.port, self._log_dirs.root, exc)
         cgroups = self._cgroups()
         if cgroups is not None:
             handle.cgroups = cgroups
@@ -279,7 +299,9 @@ class WorkerStarter:
         try:
             worker_dir.mkdir(parents=True, exist_ok=True)
             spec.dump(worker_dir / SPEC_FILE)
-            move_log(warm_dir, worker_dir)
+            # The worker moves its log there itself once taken (nimbus/worker/warm.py).
+            log_file = self._log_dirs.prepare(want.topology_id, want.port,
+                                              want.worker_index, spec.conf)
         except OSError as exc:
             log.warning("worker %s:%d starts cold: cannot hand it to warm worker %s: %s",
                         want.topology_id, want.port, warm_dir, exc)
@@ -288,6 +310,11 @@ class WorkerStarter:
         handle.warm_dir = warm_dir
         handle.topology_id, handle.port, handle.worker_dir = (
             want.topology_id, want.port, worker_dir)
+        handle.log_file = log_file
+        try:
+            handle.log_offset = log_file.stat().st_size
+        except OSError:
+            handle.log_offset = 0
         handle.session_id, handle.restarts = session, record.restarts
         handle.worker_index, handle.num_workers = want.worker_index, spec.num_workers
         handle.kind = "pipeline"
@@ -328,7 +355,8 @@ class WorkerStarter:
         ``stormconf.json`` (Storm merges a topology's configuration over the cluster's
         the same way; a pipeline's own keys, such as its input directory, reach its
         ``build(spark, conf)`` like this). ``storm.local.dir`` stays this supervisor's,
-        made absolute, since the worker runs in its own directory."""
+        made absolute, since the worker runs in its own directory, and so do its log
+        keys (:func:`own_keys`)."""
         conf = cluster_worker_conf(self._conf(), self._local_dir)
         try:
             topology_conf = json.loads((code_dir / CONF_FILE).read_text(encoding="utf-8"))
@@ -338,7 +366,7 @@ class WorkerStarter:
             topology_conf = {}
         if isinstance(topology_conf, dict):
             conf.update({k: v for k, v in topology_conf.items() if isinstance(k, str)})
-        conf["storm.local.dir"] = str(self._local_dir)
+        conf.update(own_keys(self._conf(), self._local_dir))
         return conf
 
     def warm_spec(self, n: int, lease_fd: int, status_fd: int) -> WorkerSpec:

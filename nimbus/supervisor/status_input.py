@@ -11,7 +11,12 @@ line says, the supervisor writes only below the worker's own nodes:
   :data:`ERRORS_PER_MINUTE` errors a minute (ZooKeeper keeps the newest 10 per
   component anyway; the budget bounds the writes), the excess dropped with one log line;
 * a beat keeps at most :data:`MAX_BEAT_COMPONENTS` components, valid ids only, each with
-  the known progress fields only, as numbers or short strings.
+  the known progress fields only, as numbers or short strings, and its Spark ``progress``
+  and ``history`` as :mod:`nimbus.state.beat_progress` checks them (every field typed,
+  every text and list bounded, offsets as capped text); :func:`checked_beat` then keeps
+  the whole beat within :data:`~nimbus.state.beat_progress.MAX_BEAT_BYTES`, dropping the
+  largest components' details first, and keeps a Spark UI address only if it is an
+  ``http(s)`` URL.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nimbus.state.beat_progress import (
+    checked_history,
+    checked_progress,
+    checked_url,
+    fit_components,
+    merge_history,
+)
 from nimbus.state.component_ids import is_component_id
 
 #: The longest error text recorded (characters); the rest is cut, and says so.
@@ -80,9 +92,40 @@ def checked_components(raw: Any) -> dict[str, dict[str, Any]]:
             break
         if not is_component_id(name) or not isinstance(stats, dict):
             continue
-        out[name] = {key: value for key, value in stats.items()
-                     if key in BEAT_FIELDS and _plain(value)}
+        kept = {key: value for key, value in stats.items()
+                if key in BEAT_FIELDS and _plain(value)}
+        if "progress" in stats:
+            kept["progress"] = checked_progress(stats["progress"])
+        if "history" in stats:
+            kept["history"] = checked_history(stats["history"])
+        out[name] = kept
     return out
+
+
+@dataclass(frozen=True)
+class CheckedBeat:
+    """What a WorkerBeat may hold of one ``{"beat": ...}`` line, and each component's
+    history before the size bound cut any (what the slot's next process continues)."""
+
+    components: dict[str, dict[str, Any]]
+    spark_ui_url: str
+    histories: dict[str, list[list[Any]]]
+
+
+def checked_beat(raw: dict[str, Any], earlier: dict[str, list[list[Any]]] | None = None,
+                 now: float | None = None) -> CheckedBeat:
+    """The components (:func:`checked_components`, each history after the ``earlier``
+    points of its slot (``merge_history``), then fitted within the beat's size bound) and
+    the Spark UI address ("" unless an http(s) URL) of a beat."""
+    components = checked_components(raw.get("components"))
+    now = time.time() if now is None else now
+    histories = {}
+    for name, stats in components.items():
+        if "history" in stats or (earlier or {}).get(name):
+            stats["history"] = histories[name] = merge_history(
+                (earlier or {}).get(name, []), stats.get("history", []), now)
+    return CheckedBeat(fit_components(components), checked_url(raw.get("spark_ui_url")),
+                       histories)
 
 
 #: Most component names a worker may declare (``{"components": {"all": [...]}}``).

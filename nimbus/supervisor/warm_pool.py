@@ -21,10 +21,8 @@ Everything here runs on the supervisor's monitor thread, except :meth:`WarmPool.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Collection
@@ -47,7 +45,6 @@ WARM_KEY = "supervisor.warm.workers"
 # with each failure in a row (pyspark missing, too little memory) up to the maximum.
 RETRY_S = 5.0
 RETRY_MAX_S = 300.0
-ROTATED_SUFFIX = ".1"
 #: What :meth:`WarmPool.take` says when a matching warm worker is still starting.
 WAIT = "a warm worker is starting"
 
@@ -280,13 +277,3 @@ def make_warm_pool(size: int, root: Path, command: tuple[str, ...] | None,
     pool.clear_leftovers(set(in_use) | set(kept))
     log.info("keeping %d warm workers ready (%s)", size, WARM_KEY)
     return pool
-
-
-def move_log(warm_dir: Path, worker_dir: Path) -> None:
-    """Make the taken warm worker's log ``<worker_dir>/worker.log``, the worker's earlier
-    log becoming ``worker.log.1``. A rename: the process (and its JVM) keep writing to
-    the same file, now under its slot's name."""
-    target = worker_dir / LOG_FILE
-    with contextlib.suppress(FileNotFoundError):
-        os.replace(target, target.with_name(LOG_FILE + ROTATED_SUFFIX))
-    os.replace(warm_dir / LOG_FILE, target)

@@ -1,8 +1,11 @@
 """One worker process, its lease pipe and its status pipe (docs/runtime.md).
 
 The worker runs ``python -m nimbus.worker <worker-dir>`` in a process group of its own,
-with its output appended to ``<worker-dir>/worker.log``. Two pipes connect it to the
-supervisor, passed as inherited descriptors whose numbers ``worker.json`` names:
+with its output appended to its log file (:attr:`WorkerHandle.log_file`: the slot's
+``<log root>/<topology-id>/<port>/worker.log``, made by nimbus/supervisor/log_dirs.py;
+a warm worker's ``<warm-dir>/worker.log``). That is where its first words go: the worker
+then writes its log itself, rotated (nimbus/worker/log_pump.py). Two pipes connect it to
+the supervisor, passed as inherited descriptors whose numbers ``worker.json`` names:
 
 * lease (supervisor -> worker): ``lease <monotonic deadline>`` lines, see
   :mod:`nimbus.supervisor.lease`;
@@ -53,6 +56,8 @@ WORKER_COMMAND = (sys.executable, "-m", "nimbus.worker")
 #: A frozen worker is thawed only by a renewal with at least this long left (the worker
 #: allows itself as long to read the line after a thaw: nimbus/worker/lease.py).
 THAW_MARGIN_S = 1.0
+#: A warm worker's log in its directory, and a worker's of an earlier release (which
+#: wrote ``<worker-dir>/worker.log``).
 LOG_FILE = "worker.log"
 MAX_STATUS_LINE = 1 << 20   # a longer line is cut off and dropped: it is no status
 
@@ -90,7 +95,10 @@ class WorkerHandle:
         # before the first): it counts as running only from then (worker_state).
         self.last_beat_at: float | None = None
         self.last_error = ""             # the first line of its newest error
-        self.log_offset: int | None = None  # where its output begins in worker.log
+        # Its log (None: <worker_dir>/worker.log), and where this process's output
+        # begins in it (what it printed is quoted if it exits without a word).
+        self.log_file: Path | None = None
+        self.log_offset: int | None = None
         self.errors_reported = 0
         self.error_budget = ErrorBudget()   # errors it may still record (status_input)
         self.lease_deadline: float | None = None   # the newest deadline sent
@@ -132,6 +140,11 @@ class WorkerHandle:
         return f"{self.topology_id}:{self.port}"
 
     @property
+    def log_path(self) -> Path:
+        """Where its output goes (see :attr:`log_file`)."""
+        return self.log_file if self.log_file is not None else self.worker_dir / LOG_FILE
+
+    @property
     def is_taken_over(self) -> bool:
         """Whether an earlier process of this supervisor started it."""
         return isinstance(self.process, TakenOverProcess)
@@ -155,7 +168,9 @@ class WorkerHandle:
                 command = in_cgroup(self.cgroup, command)
                 env = {**(env if env is not None else os.environ),
                        CGROUP_ENV: str(self.cgroup)}
-            with open(self.worker_dir / LOG_FILE, "ab") as out:
+            with open(self.log_path, "ab") as out:
+                if self.run_as is not None:  # its log pump appends to it as its account
+                    os.fchown(out.fileno(), *self.run_as)
                 # Where this process's output begins in the log (a slot's processes
                 # share it): what it printed is quoted if it exits without a word.
                 self.log_offset = os.fstat(out.fileno()).st_size
@@ -399,6 +414,11 @@ class WorkerHandle:
             tidy_warm_dir(self.warm_dir)
         if self.record_path is not None:
             remove_record(self.record_path, self.pid)
+        if self.log_file is not None:
+            # Its logs are kept for logviewer.cleanup.age.mins from now, its end
+            # (nimbus/supervisor/log_sweep.py), however long it was silent before.
+            with contextlib.suppress(OSError):
+                os.utime(self.log_file.parent)
         self._reader_stop.set()
         if self._reader is not None:
             self._reader.join(timeout=5)

@@ -1,7 +1,7 @@
 """Seeded fuzzing of what nimbus-ha reads from outside: ZooKeeper records, configuration,
 topology bundles, Thrift frames, and garbage in the /storm nodes of a running nimbus.
 
-Used by ``tests/test_fuzz.py`` (a few hundred cases) and ``integration/fuzz.py`` (as many
+Used by ``tests/test_fuzz.py`` (a few hundred cases) and ``benchmarks/fuzz.py`` (as many
 as asked). Each target is a function ``fuzz_<target>(rng, cases, ...) -> Tally`` that
 draws its cases from ``rng`` (a ``random.Random``), so the same seed gives the same
 cases; a failure names its case number, and ``case_rng(seed, target, number)`` rebuilds

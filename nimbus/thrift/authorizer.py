@@ -1,78 +1,36 @@
 """Who may change a topology: Storm's SimpleACLAuthorizer rules, by TLS identity.
 
-``nimbus.authorizer: org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer``
-turns it on (it needs ``storm.thrift.transport: tls``, which says who is calling).
-Then kill, activate, deactivate and rebalance of a topology are allowed to
+The rules themselves are :mod:`nimbus.topology_acl`, shared by every door of the cluster
+(this Thrift service, the web UI, the supervisors' logviewers); their names are offered
+here too, where the Thrift handler and the UI have always imported them. What is the
+Thrift service's own: the warning a nimbus gives when its authorizer will refuse every
+supervisor's code download (:func:`supervisors_refused`).
 
-* every identity in ``nimbus.admins``,
-* the topology's submitter (the identity that submitted it),
-* every identity in the topology's ``topology.users``;
-
-anyone else gets ``AuthorizationException``. Every other call (submit, listing, code
-downloads) is open to any client the TLS handshake let in, as in Storm.
-
-The web UI (nimbus/ui) applies the same rules with the same code, for the identity of
-the client certificate its HTTPS caller presented: :meth:`SimpleAclAuthorizer.permit`
-for the actions, and :meth:`SimpleAclAuthorizer.permit_read` for a topology's own page
-(Storm's ``topoReadOnlyCommands``: also ``topology.readonly.users``).
+Every call but the topology operations and the reads (submit, listing) is open to any
+client the TLS handshake let in, as in Storm; code downloads follow their own rule
+(docs/security.md, "Tenants").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from nimbus.config import Config
+from nimbus.topology_acl import (
+    AUTHORIZER_KEY,
+    READONLY_USERS_KEY,
+    SIMPLE_ACL,
+    SUBMITTER_KEY,
+    TOPOLOGY_OPERATIONS,
+    USERS_KEY,
+    SimpleAclAuthorizer,
+    authorizer_from_conf,
+    read_refusal,
+    refusal,
+    topology_users,
+)
 
-from nimbus.config import Config, ConfigError
-from nimbus.thrift.tls import TRANSPORT_KEY, tls_enabled
-
-AUTHORIZER_KEY = "nimbus.authorizer"
-SIMPLE_ACL = ("org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer",
-              "simple-acl")
-TOPOLOGY_OPERATIONS = ("kill", "activate", "deactivate", "rebalance")
-USERS_KEY = "topology.users"
-READONLY_USERS_KEY = "topology.readonly.users"
-
-
-def topology_users(topo_conf: Mapping[str, Any], key: str = USERS_KEY) -> list[Any]:
-    """``topo_conf[key]`` when it is a list, else [] (what the Thrift handler checks)."""
-    users = topo_conf.get(key) or []
-    return users if isinstance(users, list) else []
-
-
-def refusal(identity: str | None, operation: str, name: str) -> str:
-    """The message of a refused ``operation`` (Thrift's AuthorizationException and the
-    UI's 403 say the same)."""
-    return (f"{identity or 'an unauthenticated client'} may not {operation} {name}: "
-            "not its submitter, not in its topology.users, not in nimbus.admins")
-
-
-def read_refusal(identity: str | None, name: str) -> str:
-    return (f"{identity or 'an unauthenticated client'} may not read {name}: not its "
-            "submitter, not in its topology.users or topology.readonly.users, not in "
-            "nimbus.admins")
-
-
-class SimpleAclAuthorizer:
-    """``permit(identity, owner, users)`` for a topology operation."""
-
-    def __init__(self, admins: Iterable[str]):
-        self.admins = frozenset(str(a) for a in admins)
-
-    def permit(self, identity: str | None, owner: str, users: Iterable[str]) -> bool:
-        if not identity:
-            return False
-        return identity in self.admins or identity == owner or identity in set(users)
-
-    def permit_read(self, identity: str | None, owner: str, users: Iterable[str],
-                    readonly_users: Iterable[str]) -> bool:
-        """May ``identity`` read a topology's own details (its page, configuration,
-        errors)? Storm's read-only topology operations: whoever may change it, and every
-        identity in its ``topology.readonly.users``."""
-        return self.permit(identity, owner, users) or (
-            bool(identity) and identity in set(readonly_users))
-
-    def is_admin(self, identity: str | None) -> bool:
-        return bool(identity) and identity in self.admins
+__all__ = ["AUTHORIZER_KEY", "READONLY_USERS_KEY", "SIMPLE_ACL", "SUBMITTER_KEY",
+           "TOPOLOGY_OPERATIONS", "USERS_KEY", "SimpleAclAuthorizer", "authorizer_from_conf",
+           "read_refusal", "refusal", "supervisors_refused", "topology_users"]
 
 
 def supervisors_refused(conf: Config) -> str:
@@ -84,18 +42,3 @@ def supervisors_refused(conf: Config) -> str:
             "supervisor that fetches code from this nimbus over Thrift (with localfs, or "
             "when its distributor cannot deliver) will be refused and run nothing; list "
             "the supervisors' certificate names there (docs/security.md)")
-
-
-def authorizer_from_conf(conf: Config) -> SimpleAclAuthorizer | None:
-    """The configured authorizer, None when ``nimbus.authorizer`` is unset; raises
-    ConfigError for one this release does not have, or one without TLS."""
-    name = conf[AUTHORIZER_KEY]
-    if name in (None, ""):
-        return None
-    if name not in SIMPLE_ACL:
-        raise ConfigError(f"{AUTHORIZER_KEY}: only {SIMPLE_ACL[0]} is supported, got {name!r}")
-    if not tls_enabled(conf):
-        raise ConfigError(f"{AUTHORIZER_KEY} needs callers with an identity: set "
-                          f"{TRANSPORT_KEY} to tls")
-    admins = conf["nimbus.admins"] or []
-    return SimpleAclAuthorizer(admins)

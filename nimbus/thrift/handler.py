@@ -444,10 +444,13 @@ class NimbusHandler:
     def _authorize_read(self, topology_id: str) -> None:
         """Storm's read-only topology operations (its info, configuration and topology):
         with nimbus.authorizer, only whoever may change it and its
-        ``topology.readonly.users`` may read them."""
+        ``topology.readonly.users`` may read them; and ``nimbus.ui.users`` and
+        ``nimbus.daemon.users``, which read every topology."""
         if self.authorizer is None:
             return
         base = self._known(topology_id)
+        if self._may_read_cluster():  # a UI (nimbus.ui.users) or a peer reads them all
+            return
         try:
             topo_conf = json.loads(self._code_file(topology_id, CONF_FILE).decode())
         except (storm.NotAliveException, ValueError):
@@ -636,8 +639,11 @@ class NimbusHandler:
             except storm.NotAliveException:
                 return False  # removed since the listing
 
-        rows = _readable(lambda: topology_rows(
-            self.reads, may_read if self.authorizer is not None else None, timeout_s))
+        # A UI reading through this nimbus sees every topology (it applies its own
+        # users' rights, as with getClusterRecords).
+        every = self.authorizer is None or self._may_read_cluster()
+        rows = _readable(lambda: topology_rows(self.reads, None if every else may_read,
+                                               timeout_s))
         return json.dumps(rows, sort_keys=True)
 
     def getLogSources(self, id: str) -> str:  # noqa: A002
@@ -647,3 +653,39 @@ class NimbusHandler:
         self._authorize_read(id)
         self._known(id)
         return json.dumps(_readable(lambda: log_sources(self.reads, id)), sort_keys=True)
+
+    def _may_read_cluster(self) -> bool:
+        """Whether the caller may read every topology's records (getClusterRecords):
+        ``nimbus.admins``, ``nimbus.ui.users`` and ``nimbus.daemon.users``."""
+        who = caller()
+        allowed = {str(u) for u in [*(self.conf["nimbus.ui.users"] or []),
+                                    *(self.conf["nimbus.daemon.users"] or [])]}
+        return self.authorizer is None or self.authorizer.is_admin(who) or (
+            who is not None and who in allowed)
+
+    def getClusterRecords(self) -> str:
+        """This nimbus's cluster summary (what getClusterInfo is built from) as JSON, the
+        records as they are in ZooKeeper: ``{"nimbuses": [NimbusInfo], "leader": str |
+        None, "storms": {id: StormBase}, "assignments": {id: Assignment},
+        "supervisors": {id: SupervisorInfo}, "replication": {id: int}, "taken_at":
+        float}``. For a UI with ``ui.source: thrift`` (nimbus/ui/thrift_view.py), which
+        applies each of its users' rights itself: with an authorizer, only
+        ``nimbus.admins``, ``nimbus.ui.users`` and ``nimbus.daemon.users`` may call it
+        (the supervisors' records hold every topology's worker errors)."""
+        if self.authorizer is not None and not self._may_read_cluster():
+            who = caller()
+            raise storm.AuthorizationException(
+                msg=f"{who or 'an unauthenticated client'} may not read the cluster's "
+                    "records: not in nimbus.admins, nimbus.ui.users or nimbus.daemon.users")
+        snap = self.cache.snapshot
+
+        def plain(record: Any) -> Any:
+            return json.loads(record.encode())
+
+        return json.dumps({
+            "nimbuses": [plain(n) for n in snap.nimbuses], "leader": snap.leader,
+            "storms": {t: plain(b) for t, b in snap.storms.items()},
+            "assignments": {t: plain(a) for t, a in snap.assignments.items()},
+            "supervisors": {s: plain(i) for s, i in snap.supervisors.items()},
+            "replication": dict(snap.replication), "taken_at": snap.taken_at},
+            sort_keys=True)

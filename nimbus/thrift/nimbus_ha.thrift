@@ -23,4 +23,9 @@ service NimbusHa extends storm.Nimbus {
   # supervisor (nimbus/master/log_sources.py).  Read rule of getTopologyInfo.
   string getLogSources(1: string id)
       throws (1: storm.NotAliveException e, 2: storm.AuthorizationException aze);
+  # This nimbus's cluster summary, its records as ZooKeeper holds them: for a UI with
+  # ui.source: thrift.  With an authorizer: nimbus.admins, nimbus.ui.users and
+  # nimbus.daemon.users only.
+  string getClusterRecords()
+      throws (1: storm.AuthorizationException aze);
 }

@@ -32,10 +32,11 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from nimbus.config import Config
-from nimbus.master import runtime_view
+from nimbus.master.runtime_view import set_checkpoints
 from nimbus.redaction import mask
 from nimbus.state.cluster_state import LayoutMissingError
-from nimbus.state.records import StormBase
+from nimbus.state.component_ids import is_component_id
+from nimbus.state.records import RecordError, StormBase
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
     authorizer_from_conf,
@@ -44,7 +45,7 @@ from nimbus.thrift.authorizer import (
     topology_users,
 )
 from nimbus.thrift.client import NimbusClient
-from nimbus.ui import storm_json
+from nimbus.ui import storm_json, topology_page
 from nimbus.ui.actions import ApiError, forbidden, not_found, run_action
 from nimbus.ui.dashboard import dashboard_data, restrict_topology
 from nimbus.ui.https import IDENTITY_KEY
@@ -76,6 +77,10 @@ URLS = Map([
     Rule("/api/v1/topology/summary", endpoint="topology_summary", methods=["GET"]),
     Rule("/api/v1/ui/dashboard", endpoint="dashboard", methods=["GET"]),
     Rule("/api/v1/topology/<topology_id>", endpoint="topology", methods=["GET"]),
+    # The topology page's data: Storm's component resource, and nimbus-ha's /page.
+    Rule("/api/v1/topology/<topology_id>/component/<component>", endpoint="component",
+         methods=["GET"]),
+    Rule("/api/v1/topology/<topology_id>/page", endpoint="topology_page", methods=["GET"]),
     Rule("/api/v1/topology/<topology_id>/<any(activate, deactivate):action>",
          endpoint="action", methods=["POST"]),
     Rule("/api/v1/topology/<topology_id>/<any(rebalance, kill):action>/<wait_time>",
@@ -186,14 +191,13 @@ class UIApp:
         snap = self.view.snapshot()
         self._check_id(topology_id)
         if self.authorizer is not None:
-            base = self.view.state.storm_base(topology_id)
+            base = self.view.storm_base(topology_id)
             if base is None:
                 raise not_found(topology_id)
             self._check_read(request, topology_id, base)
         # One topology: read now (beats and errors are not in the snapshot).
-        info = runtime_view.topology_info(
-            self.view.state, topology_id,
-            timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
+        info = self.view.topology_info(
+            topology_id, timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
         if info is None:
             raise not_found(topology_id)
         for errors in info["errors"].values():  # worker text: mask the cluster's secrets
@@ -204,6 +208,47 @@ class UIApp:
         return json_response(storm_json.topology_detail(
             snap, info, self.view.fetch_topology_conf(topology_id),
             int(self.conf["topology.message.timeout.secs"])))
+
+    # -- the topology page (nimbus/ui/topology_page.py) ----------------------------------
+    def on_topology_page(self, request: Request, topology_id: str) -> Response:
+        info, base = self._page_info(request, topology_id)
+        _may_read, may_change = self._rights(self._identity(request), topology_id, base)
+        return json_response(topology_page.page_data(info, may_change))
+
+    def on_component(self, request: Request, topology_id: str, component: str) -> Response:
+        if not is_component_id(component):
+            raise ApiError(404, "Not Found", f"{component[:100]!r} is not a component id "
+                                             "(letters, digits, '_', '.', '-'; at most 64)")
+        info, _base = self._page_info(request, topology_id)
+        detail = topology_page.component_detail(info, component)
+        if detail is None:
+            names = topology_page.known_components(info)
+            raise ApiError(404, "Not Found",
+                           f"topology {info['name']!r} has no component {component!r}; its "
+                           f"components: {', '.join(names[:20]) or 'none yet'}")
+        return json_response(detail)
+
+    def _page_info(self, request: Request,
+                   topology_id: str) -> tuple[dict[str, Any], StormBase]:
+        """The topology's runtime_view.topology_info (read now, with its components'
+        checkpoint locations, worker text masked) and StormBase, once the caller passed
+        the read rule of /api/v1/topology/:id; 404 for an unknown id."""
+        self.view.snapshot()  # 503 while the UI cannot read the cluster
+        self._check_id(topology_id)
+        try:
+            base = self.view.storm_base(topology_id)
+        except RecordError as exc:
+            raise ApiError(503, "Service Unavailable", f"cannot read this topology: "
+                                                       f"{exc}") from None
+        if base is None:
+            raise not_found(topology_id)
+        self._check_read(request, topology_id, base)
+        info = self.view.topology_info(
+            topology_id, timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
+        if info is None:
+            raise not_found(topology_id)
+        set_checkpoints(info, self.view.fetch_topology_conf(topology_id))
+        return topology_page.mask_info(info), base
 
     def on_dashboard(self, request: Request) -> Response:
         self.view.demand()
@@ -314,7 +359,7 @@ class UIApp:
                                f"{wait_time[:40]!r}")
             wait_secs = int(wait_time)
         num_workers = self._num_workers(request, body) if action == "rebalance" else None
-        base = self.view.state.storm_base(topology_id)
+        base = self.view.storm_base(topology_id)
         if base is None:
             raise not_found(topology_id)
         self._check_change(request, action, topology_id, base)

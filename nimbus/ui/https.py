@@ -3,7 +3,7 @@
 With ``storm.thrift.transport: tls`` the UI serves HTTPS and requires a client
 certificate that the cluster's CA (``storm.thrift.tls.ca.file``) signed, exactly as the
 Thrift port does; the certificate's common name is the caller's identity
-(:func:`nimbus.thrift.tls.peer_identity`, the same function). The WSGI environ carries
+(:func:`nimbus.cluster_tls.peer_identity`, the same function). The WSGI environ carries
 it as :data:`IDENTITY_KEY`; no header can set it. A certificate without a common name
 gets 403 for every request (it names nobody). The UI presents ``ui.https.cert.file``
 (default: ``storm.thrift.tls.cert.file``), so a certificate whose names match the
@@ -12,7 +12,7 @@ address browsers use can be given to the UI alone.
 ``ui.insecure.allow: true`` serves plain HTTP instead: every caller is then anonymous
 (:func:`ui_transport` says which).
 
-The TLS handshake runs in the server's gate (nimbus/ui/gate.py), without blocking,
+The TLS handshake runs in the server's gate (nimbus/web/gate.py), without blocking,
 many at once: a client that connects and never finishes its handshake holds no worker
 thread, and is dropped after ``ui.header.timeout.secs``.
 """
@@ -21,22 +21,16 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Any
-
-from cheroot.ssl import Adapter
-from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 from nimbus.config import Config, ConfigError
-from nimbus.thrift.tls import (
-    TRANSPORT_KEY,
-    NoIdentityError,
-    common_name,
-    peer_identity,
-    tls_enabled,
-)
-from nimbus.ui.gate import PeerRefusedError
+from nimbus.thrift.tls import TRANSPORT_KEY, common_name, tls_enabled
+from nimbus.web.client_cert import IDENTITY_KEY, ClientCertAdapter
 
-IDENTITY_KEY = "nimbus.ui.identity"
+# Where the UI's callers and handshakes are served (nimbus/web/client_cert.py), offered
+# here too, where the UI has always imported them.
+__all__ = ["CA_KEY", "CERT_KEYS", "IDENTITY_KEY", "INSECURE_KEY", "ClientCertAdapter",
+           "own_identity", "server_context", "ui_transport"]
+
 INSECURE_KEY = "ui.insecure.allow"
 CA_KEY = "storm.thrift.tls.ca.file"
 CERT_KEYS = (("ui.https.cert.file", "storm.thrift.tls.cert.file"),
@@ -90,31 +84,3 @@ def own_identity(conf: Config) -> str | None:
     except Exception:  # unreadable, not PEM, or the private helper gone: just unknown
         return None
     return common_name(decoded) or None
-
-
-class ClientCertAdapter(BuiltinSSLAdapter):
-    """cheroot's builtin adapter holding the server's context. The handshake is the
-    gate's (nimbus/ui/gate.py), without blocking and with a deadline; once it is done
-    the gate asks :meth:`peer_environ` for the caller's identity."""
-
-    def __init__(self, context: ssl.SSLContext):
-        # Not BuiltinSSLAdapter.__init__: it builds its own context and parses the
-        # certificate over a loopback connection in a thread of its own.
-        Adapter.__init__(self, None, None)
-        self.context = context
-        self._server_env: dict[str, Any] = {}
-
-    def wrap(self, sock: Any) -> tuple[ssl.SSLSocket, dict[str, Any]]:
-        return self.context.wrap_socket(sock, server_side=True,
-                                        do_handshake_on_connect=False), {}
-
-    @staticmethod
-    def peer_environ(sock: ssl.SSLSocket) -> dict[str, Any]:
-        """The environ entries of a connection whose handshake is done; PeerRefusedError
-        (answered 403) when its certificate has no common name, since the empty identity
-        must match nobody (issue 19, T2.14). OSError or ValueError when it is closed."""
-        try:
-            identity = peer_identity(sock)
-        except NoIdentityError as exc:
-            raise PeerRefusedError(str(exc)) from None
-        return {"wsgi.url_scheme": "https", "HTTPS": "on", IDENTITY_KEY: identity}

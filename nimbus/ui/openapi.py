@@ -8,6 +8,10 @@ from nimbus import __version__
 
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"},
        "description": "Topology id (from /api/v1/topology/summary)."}
+_COMPONENT = {"name": "component", "in": "path", "required": True,
+              "schema": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"},
+              "description": "Component id (a pipeline's query, main, or worker-<i> for "
+                             "errors of a worker itself)."}
 _WAIT = {"name": "wait-time", "in": "path", "required": True,
          "schema": {"type": "integer", "minimum": 0}, "description": "Seconds."}
 
@@ -72,6 +76,16 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/topology/{id}": _get("One topology: workers, components (bolts), "
                                           "errors, replication count", None, 403, 404,
                                           params=[_ID]),
+            "/api/v1/topology/{id}/component/{component}": _get(
+                "One component (Storm UI's component page; a bolt with one executor per "
+                "worker running it), with nimbus-ha's batchId, rates, Spark's newest "
+                "progress, the charts' history (last 15 minutes), its checkpoint and "
+                "Spark UI addresses", None, 403, 404, params=[_ID, _COMPONENT]),
+            "/api/v1/topology/{id}/page": _get(
+                "nimbus-ha's topology page data in one request: topology-info --json's "
+                "shape (workers with state and placement history, components with "
+                "progress, history and checkpoint, errors), may_change and generated_at",
+                None, 403, 404, params=[_ID]),
             "/api/v1/topology/{id}/activate": _post("Activate", [_ID]),
             "/api/v1/topology/{id}/deactivate": _post("Deactivate", [_ID]),
             "/api/v1/topology/{id}/rebalance/{wait-time}": _post(
@@ -83,7 +97,8 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/ui/dashboard": _get("nimbus-ha's dashboard data (one request per "
                                          "refresh)"),
             "/api/v1/openapi.json": _get("This document"),
-            "/": {"get": {"summary": "The dashboard page",
+            "/": {"get": {"summary": "The dashboard page (and each topology's page, at "
+                                     "#/topology/<id>)",
                           "responses": {"200": {"description": "HTML"}}}},
             "/static/{name}": {"get": {"summary": "The dashboard's script and style",
                                        "parameters": [{"name": "name", "in": "path",

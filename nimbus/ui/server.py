@@ -7,7 +7,7 @@ joins them all. It binds only ``ui.host`` (default 127.0.0.1).
 With ``storm.thrift.transport: tls`` it serves HTTPS and requires client certificates
 of the cluster's CA (nimbus/ui/https.py); plain HTTP then needs ``ui.insecure.allow``.
 
-Hostile clients (issue 19): the server's gate (nimbus/ui/gate.py) shakes hands and
+Hostile clients (issue 19): the server's gate (nimbus/web/gate.py) shakes hands and
 reads each request's head before a worker thread sees it, within
 ``ui.max.request.line.bytes``, ``ui.max.header.bytes`` and ``ui.header.timeout.secs``;
 a request whose Host header is not one of ``ui.allowed.hosts`` gets 421
@@ -27,11 +27,12 @@ from nimbus.thrift.authorizer import authorizer_from_conf
 from nimbus.thrift.client import NimbusClient, connect
 from nimbus.thrift.tls import tls_enabled
 from nimbus.ui.app import MAX_BODY_BYTES, UIApp
-from nimbus.ui.gate import GatedServer, HeadLimits
 from nimbus.ui.hosts import ANY, KEY, WILDCARD_BINDS, HostCheck, accepted_hosts, allowed_entries
 from nimbus.ui.https import ClientCertAdapter, own_identity, server_context, ui_transport
 from nimbus.ui.local_nimbus import LocalNimbus
+from nimbus.ui.thrift_view import ThriftClusterView
 from nimbus.ui.view import ClusterView
+from nimbus.web.gate import GatedServer, HeadLimits
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,18 @@ HTTP_THREADS = 8
 CONF_FETCH_TIMEOUT_S = 3.0
 MIN_LINE_BYTES = 256
 MAX_HEAD_BYTES = 1024 * 1024
+
+
+UI_SOURCES = ("zookeeper", "thrift")
+
+
+def ui_source(conf: Config) -> str:
+    """``ui.source``: where the UI reads the cluster; ConfigError for anything else."""
+    source = conf["ui.source"]
+    if source not in UI_SOURCES:
+        raise ConfigError(f"ui.source must be one of {', '.join(UI_SOURCES)}, got "
+                          f"{str(source)[:60]!r}")
+    return str(source)
 
 
 def head_limits(conf: Config) -> HeadLimits:
@@ -137,12 +150,16 @@ class UIServer:
         authorizer = authorizer_from_conf(self.conf)
         me = own_identity(self.conf)
         self._warn_about(authorizer, me, hosts)
-        if self.zk is None:
-            from nimbus.state.zk_client import make_zk_client
+        source = ui_source(self.conf)
+        if source == "thrift" and self._own_zk:
+            self.view = ThriftClusterView(self.conf, topology_conf_fetcher(self.conf))
+        else:  # inside a nimbus (nimbus.ui.enabled) the UI reads that nimbus's ZooKeeper
+            if self.zk is None:
+                from nimbus.state.zk_client import make_zk_client
 
-            self.zk = make_zk_client(self.conf)
-        self.view = ClusterView(self.conf, self.zk, topology_conf_fetcher(self.conf),
-                                replica_count_fetcher(self.conf))
+                self.zk = make_zk_client(self.conf)
+            self.view = ClusterView(self.conf, self.zk, topology_conf_fetcher(self.conf),
+                                    replica_count_fetcher(self.conf))
         self.view.start()
         self.view.wait_ready(wait_ready_s)
         app = UIApp(self.conf, self.view, ui_client(self.conf), own_identity=me,

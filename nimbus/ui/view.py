@@ -36,6 +36,7 @@ from kazoo.protocol.states import KazooState, ZnodeStat
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.config import Config
+from nimbus.master import runtime_view
 from nimbus.redaction import redact
 from nimbus.state import worker_state
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
@@ -120,7 +121,11 @@ class ClusterView:
                  fetch_replicas: Callable[[], dict[str, int]] | None = None):
         self.conf = conf
         self.zk = zk
-        self.state = StormClusterState(zk, conf.zk_root)
+        # None for a view that reads through a nimbus (nimbus/ui/thrift_view.py).
+        self.state: StormClusterState | None = (
+            StormClusterState(zk, conf.zk_root) if zk is not None else None)
+        # How often the snapshot is read again with no watch having fired.
+        self._reload_every_s = SAFETY_RELOAD_S
         self.timeline = Timeline()
         self._fetch_conf = fetch_conf
         self._fetch_replicas = fetch_replicas
@@ -168,20 +173,34 @@ class ClusterView:
         self._loop.wake()
 
     # -- reads for the REST API ------------------------------------------------------
+    #: What a failed read of the source may raise (logged briefly, retried).
+    SOURCE_ERRORS: tuple[type[BaseException], ...] = (KazooException,)
+    UNREACHABLE = "ZooKeeper is unreachable from the UI process"
+
     @property
     def connected(self) -> bool:
         return self.zk.state == KazooState.CONNECTED
 
     def snapshot(self) -> Snapshot:
-        """The newest snapshot; ViewUnavailableError if none or ZooKeeper is gone."""
+        """The newest snapshot; ViewUnavailableError if none or the source is gone."""
         snap = self._snapshot
         if snap is None and self._layout_error:
             raise ViewUnavailableError(self._layout_error)
         if snap is None or not self.connected:
-            raise ViewUnavailableError("ZooKeeper is unreachable from the UI process"
-                                       if snap is not None else
+            raise ViewUnavailableError(self.UNREACHABLE if snap is not None else
                                        "the UI has not read the cluster state yet")
         return snap
+
+    def storm_base(self, topology_id: str) -> StormBase | None:
+        """The topology's StormBase now (None: no such topology), for an action's or a
+        page's checks."""
+        return self.state.storm_base(topology_id)  # type: ignore[union-attr]
+
+    def topology_info(self, topology_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """``runtime_view.topology_info`` of one topology, read now (beats and errors are
+        not in the snapshot); None for an unknown id."""
+        return runtime_view.topology_info(self.state, topology_id,  # type: ignore[arg-type]
+                                          timeout_s=timeout_s)
 
     def refresh_now(self, timeout_s: float = 3.0) -> None:
         """Wait (bounded) for a reload that started after this call (read-your-writes
@@ -251,7 +270,7 @@ class ClusterView:
         errors while the dashboard is open, and set when the next step is due."""
         if self._loop.woken or time.monotonic() >= self._next_safety:
             self._reload_guarded()
-            self._next_safety = time.monotonic() + SAFETY_RELOAD_S
+            self._next_safety = time.monotonic() + self._reload_every_s
         demanded = time.monotonic() < self._demand_until
         if demanded and time.monotonic() >= self._next_rates:
             with_errors = time.monotonic() >= self._next_errors
@@ -287,7 +306,7 @@ class ClusterView:
                 self._fresh.notify_all()
             self._loop.sleep(2.0)  # bounds the wait should a watch be lost
             return
-        except KazooException as exc:
+        except self.SOURCE_ERRORS as exc:
             log.debug("UI reload failed: %s", exc)
             if not self._loop.sleep(0.5):
                 self._loop.wake()
@@ -299,7 +318,7 @@ class ClusterView:
         old = self._snapshot
         diff(self.timeline, old, snap)
         if self._layout_error:
-            log.info("the cluster's layout is there under %s: the UI shows it", self.state.root)
+            log.info("the cluster is there: the UI shows it")
         with self._fresh:
             self._snapshot, self._layout_error = snap, ""
             self._loaded = generation
@@ -387,7 +406,7 @@ class ClusterView:
     def _poll_live_guarded(self, with_errors: bool) -> None:
         try:
             self._poll_live(with_errors)
-        except KazooException as exc:
+        except self.SOURCE_ERRORS as exc:
             log.debug("UI heartbeat poll failed: %s", exc)
         except Exception:
             log.exception("UI heartbeat poll failed")

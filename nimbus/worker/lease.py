@@ -43,7 +43,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nimbus.worker import frozen
+from nimbus.worker import frozen, log_pump
+from nimbus.worker.log_pump import before_kill, current_log_file
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ def kill_process_group(reason: str) -> None:
     ``start_new_session``; ``ensure_group_leader`` makes sure), so the group is exactly
     the worker and everything it started.
     """
+    # Its last words go to its log file itself, not into the log pump's pipe: the pump
+    # dies with the group (a few milliseconds for what the pipe holds, no more).
+    before_kill()
     log.critical("lease lost (%s): killing process group %d", reason, os.getpgrp())
     _flush_logs()
     try:
@@ -95,8 +99,11 @@ def freeze_own_cgroup(end_after_s: float | None = None) -> bool:
         return False
     mark = None
     if end_after_s is not None:
-        # The reaper writes where this worker does (its log), as this process names it.
-        mark = frozen.arm(Path(cgroup), end_after_s, Path(f"/proc/{os.getpid()}/fd/1"))
+        # The reaper writes where this worker does: its log file (not the pump's pipe,
+        # which is frozen with this process), or its standard output without a pump.
+        mark = frozen.arm(Path(cgroup), end_after_s,
+                          current_log_file() or Path(f"/proc/{os.getpid()}/fd/1"))
+    log_pump.flush()  # what it said so far is in its log before the pump freezes too
     try:
         # The kernel freezes this thread on its way back from the write: the next line
         # runs only after a thaw.

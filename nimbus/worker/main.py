@@ -16,8 +16,10 @@ import threading
 from pathlib import Path
 
 from nimbus.redaction import install_log_redaction
+from nimbus.state.worker_logs import LogSettings, log_root, port_dir
 from nimbus.worker.exits import EXIT_STARTUP
 from nimbus.worker.lease import ensure_group_leader
+from nimbus.worker.log_pump import start_pump
 from nimbus.worker.run import install_stop_handlers, run
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.warm import run_warm
@@ -26,7 +28,8 @@ log = logging.getLogger("nimbus.worker")
 
 
 def configure_logging() -> None:
-    """Timestamped lines on stderr, which the supervisor sends to ``worker.log``."""
+    """Timestamped lines on stderr: into ``worker.log``, through the log pump once it
+    runs (nimbus/worker/log_pump.py), or where the supervisor sent it before."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
         format="%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s")
@@ -56,11 +59,22 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return EXIT_STARTUP
     install_log_redaction(spec.conf)
-    stop = threading.Event()
-    install_stop_handlers(stop)
-    log.info("worker pid %d (group %d): topology %s port %d, worker %d of %d, restarts %d",
-             os.getpid(), os.getpgrp(), spec.topology_id, spec.port, spec.worker_index,
-             spec.num_workers, spec.restarts)
-    code = run(spec, stop, args.worker_dir.resolve())
-    log.info("worker exits with code %d", code)
-    return code
+    try:
+        log_dir = port_dir(log_root(spec.conf), spec.topology_id, spec.port)
+    except ValueError as exc:
+        log.warning("worker logs not rotated: %s", exc)
+        pump = None
+    else:
+        pump = start_pump(log_dir, LogSettings.from_conf(spec.conf))
+    try:
+        stop = threading.Event()
+        install_stop_handlers(stop)
+        log.info("worker pid %d (group %d): topology %s port %d, worker %d of %d, "
+                 "restarts %d", os.getpid(), os.getpgrp(), spec.topology_id, spec.port,
+                 spec.worker_index, spec.num_workers, spec.restarts)
+        code = run(spec, stop, args.worker_dir.resolve())
+        log.info("worker exits with code %d", code)
+        return code
+    finally:
+        if pump is not None:
+            pump.stop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import sys
 import threading
 import time
@@ -18,7 +17,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nimbus.state.beat_progress import checked_url
 from nimbus.state.component_ids import InvalidComponentError, check_component_id
+from nimbus.topology_paths import checkpoint_location
 from nimbus.worker.exits import (
     EXIT_FAILED,
     EXIT_INVALID_TOPOLOGY,
@@ -27,6 +28,7 @@ from nimbus.worker.exits import (
     worker_component,
 )
 from nimbus.worker.lease import Lease
+from nimbus.worker.progress import QueryProgress
 from nimbus.worker.spec import WorkerSpec
 from nimbus.worker.stall import STALL_KEY, StallWatch
 from nimbus.worker.status import StatusWriter, format_error
@@ -107,25 +109,6 @@ def assigned(names: list[str], worker_index: int, num_workers: int) -> list[str]
     return [name for i, name in enumerate(sorted(names)) if i % num_workers == worker_index]
 
 
-def _number(value: Any, default: float) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return default
-
-
-def progress_of(query: StreamingQuery) -> dict[str, Any]:
-    """The beat's view of one query, from ``lastProgress`` (batch_id -1 before any)."""
-    progress = query.lastProgress
-    if not progress:
-        return {"batch_id": -1, "num_input_rows": 0, "input_rows_per_second": 0.0,
-                "processed_rows_per_second": 0.0, "timestamp": None}
-    return {"batch_id": int(progress.get("batchId", -1)),
-            "num_input_rows": int(progress.get("numInputRows") or 0),
-            "input_rows_per_second": _number(progress.get("inputRowsPerSecond"), 0.0),
-            "processed_rows_per_second": _number(progress.get("processedRowsPerSecond"), 0.0),
-            "timestamp": progress.get("timestamp")}
-
-
 #: topology.stall.timeout.secs when a worker's conf lacks it (the cluster default).
 DEFAULT_STALL_S = 300.0
 
@@ -147,6 +130,8 @@ class PipelineRunner:
         self._components: list[str] = []     # every component of the topology
         self._misplaced = ""                 # why an assign did not fit what runs here
         self.queries: dict[str, StreamingQuery] = {}
+        self._progress: dict[str, QueryProgress] = {}   # each query's beat and history
+        self._spark_ui_url = ""   # its SparkSession's UI, when the topology enables it
         # Component of the errors about the whole topology (worker-<i>).
         self.whole = worker_component(spec.worker_index)
         self.abandon = False   # exit without stopping the queries (one is stuck)
@@ -201,20 +186,32 @@ class PipelineRunner:
         if self._lease is not None:
             self._lease.on_assign = self._reassign
         self.status.components(self._components, mine)
-        root = spec.topology_checkpoint_dir
+        self._spark_ui_url = self._ui_url()
         for name in mine:
             if self.stop.is_set():
                 return EXIT_OK
+            # The one spelling of the location, shared with every screen that shows it.
+            location = checkpoint_location(spec.conf, spec.topology_id, name)
             try:
                 self.queries[name] = (writers[name]
-                                      .option("checkpointLocation", str(root / name))
+                                      .option("checkpointLocation", location)
                                       .queryName(f"{spec.topology_id}.{name}")
                                       .start())
             except Exception as exc:
                 return self._fail(name, f"cannot start the query: {format_error(exc)}",
                                   EXIT_FAILED)
-            log.info("started query %s.%s (checkpoint %s)", spec.topology_id, name, root / name)
+            self._progress[name] = QueryProgress()
+            log.info("started query %s.%s (checkpoint %s)", spec.topology_id, name, location)
         return self._watch()
+
+    def _ui_url(self) -> str:
+        """The SparkSession's UI address (``uiWebUrl``), "" when the topology turned the
+        UI off (``spark.ui.enabled``) or it is unknown."""
+        try:
+            return checked_url(self.spark.sparkContext.uiWebUrl)  # type: ignore[union-attr]
+        except Exception as exc:  # a JVM on its way down: no link, no failure
+            log.debug("no Spark UI address: %s", format_error(exc, 200))
+            return ""
 
     def _reassign(self, worker_index: int, num_workers: int) -> None:
         """The lease reader's thread: a rebalance kept this worker (see StatusWriter's
@@ -246,7 +243,7 @@ class PipelineRunner:
                     failure = self._failure(query)
                     if failure is not None:
                         return self._fail(name, failure, EXIT_FAILED)
-                    components[name] = progress_of(query)
+                    components[name] = self._progress[name].report(query, time.time())
                     waiting = bool((query.status or {}).get("isDataAvailable"))
                     # Input that waits while batches do not advance is a stall: the
                     # supervisor's metric lets an alert see it before the restart.
@@ -264,7 +261,7 @@ class PipelineRunner:
                 self.stop.wait(0.5)
                 return self._fail(self.whole, f"lost Spark: {format_error(exc)}",
                                   EXIT_FAILED)
-            self.status.beat(components)
+            self.status.beat(components, spark_ui_url=self._spark_ui_url)
             self.stop.wait(interval)
         return EXIT_OK
 

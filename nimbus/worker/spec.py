@@ -14,18 +14,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from nimbus.topology_paths import checkpoint_root_of
+
 SPEC_FILE = "worker.json"
 LOG_FILE = "worker.log"
-
-
-def checkpoint_root_of(conf: dict[str, Any]) -> Path:
-    """``topology.spark.checkpoint.dir`` of a worker's ``conf``, or
-    ``<storm.local.dir>/checkpoints``."""
-    configured = conf.get("topology.spark.checkpoint.dir")
-    if configured:
-        return Path(str(configured)).expanduser().absolute()
-    local_dir = conf.get("storm.local.dir") or "storm-local"
-    return Path(str(local_dir)).expanduser().absolute() / "checkpoints"
 
 
 class SpecError(ValueError):

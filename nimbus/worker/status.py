@@ -66,11 +66,14 @@ class StatusWriter:
         self._identity = {"topology_id": topology_id, "supervisor_id": supervisor_id,
                           "host": host, "port": port, "restarts": restarts}
 
-    def beat(self, components: dict[str, dict[str, Any]]) -> None:
-        """Send one beat with ``components`` ``{name: {...}}``."""
+    def beat(self, components: dict[str, dict[str, Any]], spark_ui_url: str = "") -> None:
+        """Send one beat with ``components`` ``{name: {...}}`` and, for a pipeline whose
+        Spark UI is on, that UI's address."""
         beat = {**self._identity,
                 "uptime_secs": int(time.monotonic() - self._started),
                 "components": components}
+        if spark_ui_url:
+            beat["spark_ui_url"] = spark_ui_url
         self._send({"beat": beat})
 
     def components(self, every: list[str], mine: list[str]) -> None:

@@ -41,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.redaction import install_log_redaction
+from nimbus.state.worker_logs import LogSettings, log_root, port_dir
 from nimbus.worker.exits import EXIT_FAILED, EXIT_OK, EXIT_STARTUP, EXIT_WARM_REFUSED
+from nimbus.worker.log_pump import LogPump, start_pump
 from nimbus.worker.run import install_stop_handlers, run
 from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
@@ -154,6 +156,16 @@ def run_warm(warm_dir: Path) -> int:
         log.error("%s", exc)
         return EXIT_STARTUP
     install_log_redaction(warm.conf)
+    # Its log is its warm directory's until it is taken, then its slot's.
+    pump = start_pump(warm_dir, LogSettings.from_conf(warm.conf))
+    try:
+        return _run_warm(warm_dir, warm, pump)
+    finally:
+        if pump is not None:
+            pump.stop()
+
+
+def _run_warm(warm_dir: Path, warm: WorkerSpec, pump: LogPump | None) -> int:
     stop = threading.Event()
     install_stop_handlers(stop)
     started = time.monotonic()
@@ -201,6 +213,11 @@ def run_warm(warm_dir: Path) -> int:
         log.error("taken, but %s", exc)
         return EXIT_STARTUP
     install_log_redaction(spec.conf)
+    if pump is not None:
+        try:
+            pump.move_to(port_dir(log_root(spec.conf), spec.topology_id, spec.port))
+        except (OSError, ValueError) as exc:
+            log.warning("its log stays %s: %s", pump.path, exc)
     log.info("taken after %.1f s warm: topology %s port %d, worker %d of %d, restarts %d",
              waited, spec.topology_id, spec.port, spec.worker_index, spec.num_workers,
              spec.restarts)

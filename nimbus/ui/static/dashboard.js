@@ -121,7 +121,8 @@ function drawTopologies(topologies) {
     const hidden = t.mayRead === false;
     const dash = () => h("span", {class: "muted", title: "you may not read this topology"}, "—");
     return h("tr", {"data-topology": t.id, class: hidden ? "unreadable" : null},
-      h("td", {}, h("strong", {}, t.name), h("br"), h("small", {class: "muted"}, t.id)),
+      h("td", {}, h("a", {href: `#/topology/${encodeURIComponent(t.id)}`, class: "topology-link"},
+                    h("strong", {}, t.name)), h("br"), h("small", {class: "muted"}, t.id)),
       h("td", {}, h("span", {class: `badge status ${t.status}`}, t.status)),
       h("td", {class: "num"},
         `${hidden ? "—" : t.workersAlive} / ${t.workersTotal} / ${t.workersWanted}`,

@@ -10,7 +10,7 @@ leader does (the assignment, then the index), and each reader's ZooKeeper reads 
 children it was sent (directory listings) are counted, per submit, for ``N`` in
 ``--sizes``.
 
-    .venv/bin/python integration/bench_supervisor_reads.py [--sizes 100,1000,5000] \
+    .venv/bin/python benchmarks/bench_supervisor_reads.py [--sizes 100,1000,5000] \
         [--submits 50]
 """
 

@@ -1,5 +1,5 @@
-"""A request's head (request line and headers) at the gate of the UI's and /metrics'
-HTTP servers (nimbus/ui/gate.py): what it may be, the answers refusing it, and handing
+"""A request's head (request line and headers) at the gate of nimbus-ha's HTTP servers
+(nimbus/web/gate.py): what it may be, the answers refusing it, and handing
 the bytes read of it to cheroot, which parses them as if it had read them itself.
 """
 

@@ -1,5 +1,6 @@
-"""The door of the UI's and /metrics' HTTP servers: a connection reaches a worker thread
-only once its request's head (request line and headers) is complete.
+"""The door of every HTTP server of nimbus-ha (the UI, /metrics, the supervisors'
+logviewers): a connection reaches a worker thread only once its request's head (request
+line and headers) is complete.
 
 cheroot hands each new connection to one of its few worker threads at once, and the
 worker then shakes hands (TLS) and reads the head with a timeout per read. So a client
@@ -10,7 +11,7 @@ request line, which cheroot buffers to its end (U12).
 :class:`RequestGate` takes the place of cheroot's connection manager, in the server's
 serving thread. It accepts, shakes hands and reads heads without blocking, any number of
 connections at once, and hands a connection to the workers when its head is complete,
-with the bytes it read (nimbus/ui/request_head.py; cheroot then parses them as usual).
+with the bytes it read (nimbus/web/request_head.py; cheroot then parses them as usual).
 On the way:
 
 * a request line longer than :attr:`HeadLimits.line_bytes` is answered 414, a head
@@ -46,7 +47,7 @@ from typing import Any
 
 from cheroot import wsgi
 
-from nimbus.ui.request_head import (
+from nimbus.web.request_head import (
     COMPLETE,
     PLAIN_HTTP_ANSWER,
     READ_BYTES,
@@ -422,7 +423,7 @@ class GatedServer(wsgi.Server):
     ``<name>-worker-<i>``; :meth:`serve` runs the gate until :meth:`stop`, which also
     joins the workers (and only closes the socket of a server never prepared). With
     ``ssl_adapter`` (an adapter with ``context`` and ``peer_environ(sock)``, see
-    nimbus/ui/https.py) every connection is TLS, its handshake done by the gate.
+    nimbus/web/client_cert.py) every connection is TLS, its handshake done by the gate.
     """
 
     def __init__(self, bind_addr: tuple[str, int], app: Any, *, name: str, threads: int,

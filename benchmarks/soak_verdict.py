@@ -5,7 +5,7 @@ unexpected, no leader write by a deposed leader, never two leaders at once. A **
 is a figure of availability the issue asks for (issue 20, item 7): the longest time
 without progress ≤ 15 × the session timeout, the longest time without a leader ≤ 3 ×,
 and, with spaced faults, every pipeline's longest stall ≤ 2 × (session timeout + warm
-restart). See ``integration/soak.py`` for how each figure is measured.
+restart). See ``benchmarks/soak.py`` for how each figure is measured.
 
 :func:`exit_status` keeps them apart, so that a run can be gated on correctness alone:
 0 when everything passed, 1 when a guarantee failed, 3 when every guarantee held but a

@@ -1,6 +1,6 @@
 """Benchmark: how fast the runtime recovers a PySpark pipeline, and what it costs.
 
-    .venv/bin/python integration/bench_runtime.py [--records 300000] [--trials 3]
+    .venv/bin/python benchmarks/bench_runtime.py [--records 300000] [--trials 3]
         [--leader-kills 5] [--warm-workers 1]
 
 Every figure is a ratio to a baseline measured in the same run:
@@ -55,7 +55,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The tests' helpers (testsupport/), as pytest finds them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
 
 from helpers import observer  # noqa: E402
 
@@ -277,7 +278,7 @@ def main() -> None:
             t0, wall0 = time.monotonic(), time.time()
             os.killpg(pid, signal.SIGKILL)
             worker_crash = timed_commit(runtime.feed, runtime.output, 1, since=t0)
-            log = runtime.supervisor(sid).worker_dir(runtime.topology_id, port) / "worker.log"
+            log = runtime.supervisor(sid).worker_log(runtime.topology_id, port)
             print("worker crash, seconds after the kill: " + ", ".join(
                 f"{what} {at - wall0:.2f}" for what, at in milestones(log, wall0))
                 + f", committed {worker_crash:.2f}")
@@ -296,7 +297,7 @@ def main() -> None:
             # ZooKeeper down for longer than a lease: the worker freezes, and the first
             # renewal once the server is back thaws it.
             sid, port, pid = after
-            log = runtime.supervisor(sid).worker_dir(runtime.topology_id, port) / "worker.log"
+            log = runtime.supervisor(sid).worker_log(runtime.topology_id, port)
             frozen_before = log.read_text().count(FROZEN)
             cluster.zk.kill9()
             wait_for(lambda: log.read_text().count(FROZEN) > frozen_before, TIMEOUT_S,
@@ -323,7 +324,7 @@ def main() -> None:
             # new process takes the frozen worker over and thaws it.
             sid, port, pid = runtime.worker()
             supervisor = runtime.supervisor(sid)
-            log = supervisor.worker_dir(runtime.topology_id, port) / "worker.log"
+            log = supervisor.worker_log(runtime.topology_id, port)
             frozen_before = log.read_text().count(FROZEN)
             supervisor.kill9_group()
             wait_for(lambda: log.read_text().count(FROZEN) > frozen_before, TIMEOUT_S,

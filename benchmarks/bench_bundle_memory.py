@@ -1,7 +1,7 @@
 """Benchmark: peak memory of the CLI and the nimbuses while a large bundle is submitted
 and replicated.
 
-    .venv/bin/python integration/bench_bundle_memory.py [--megabytes 2048] [--dir DIR]
+    .venv/bin/python benchmarks/bench_bundle_memory.py [--megabytes 2048] [--dir DIR]
 
 Writes a bundle directory of N MB of random data (incompressible, so the packed .tgz and
 the upload are N MB too), starts a real ZooKeeper and two nimbus processes (LocalCluster,

@@ -25,7 +25,7 @@ It prints every raw figure and the ratios the targets are judged by: torrent tim
 largest N / at N = 1 (target <= 2) and bundles all nimbuses sent (target <= 2); s3 bytes
 the nimbuses sent (target 0); localfs busiest / least busy nimbus (target <= 1.5).
 
-    .venv/bin/python integration/bench_fleet.py [--megabytes 64] [--cap-mb 32] \
+    .venv/bin/python benchmarks/bench_fleet.py [--megabytes 64] [--cap-mb 32] \
         [--fleet 1,8,32] [--backends torrent,localfs,s3] [--nimbuses 3]
 """
 

@@ -1,7 +1,7 @@
 """Seeded fuzz campaign against nimbus-ha's inputs (issue 9, "Bad input and fuzzing").
 
-    .venv/bin/python integration/fuzz.py --cases 10000 --seed 1 [--targets records,config]
-    .venv/bin/python integration/fuzz.py --replay nodes:17 --seed 1
+    .venv/bin/python benchmarks/fuzz.py --cases 10000 --seed 1 [--targets records,config]
+    .venv/bin/python benchmarks/fuzz.py --replay nodes:17 --seed 1
 
 Targets (``nimbus.testing.fuzz`` documents what counts as a failure for each):
 

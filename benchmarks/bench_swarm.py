@@ -24,7 +24,7 @@ that sends less than its quota for a while (little to share yet) may later excee
 for a moment. Over the run no host sends more than cap x elapsed time; each host's mean
 upload rate is printed to show it. The client-server seeder's bucket banks nothing.
 
-    .venv/bin/python integration/bench_swarm.py [--megabytes 64] [--cap-mb 16] \
+    .venv/bin/python benchmarks/bench_swarm.py [--megabytes 64] [--cap-mb 16] \
         [--peers 1,4,8] [--trials 1]
 """
 

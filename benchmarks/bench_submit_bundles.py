@@ -1,6 +1,6 @@
 """Benchmark: submitting large bundles (issue 21), as ratios to baselines of the same run.
 
-    .venv/bin/python integration/bench_submit_bundles.py [--megabytes 256] [--trials 3]
+    .venv/bin/python benchmarks/bench_submit_bundles.py [--megabytes 256] [--trials 3]
         [--datasets random,wheels,text] [--worker]
 
 Three bundle directories of N MiB each: ``random`` (incompressible bytes in 32 MiB files),

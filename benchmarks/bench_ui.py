@@ -10,7 +10,7 @@ and this script measures
   polling, then with one poller making the dashboard's request every second (what an
   open page does).
 
-    .venv/bin/python integration/bench_ui.py [--topologies 1000] [--seconds 20]
+    .venv/bin/python benchmarks/bench_ui.py [--topologies 1000] [--seconds 20]
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ growth of this process during an upload and a download of an N MiB bundle (and o
 s3fs baseline's ``put_file`` / ``get_file``, for comparison). ``--set key=value`` sets
 ``nimbus.codedistributor.s3.<key>`` (repeatable), e.g. ``--set transfer.concurrency=2``.
 
-    .venv/bin/python integration/bench_s3.py [--megabytes 256] [--trials 3] [--profile] \
+    .venv/bin/python benchmarks/bench_s3.py [--megabytes 256] [--trials 3] [--profile] \
         [--rss-megabytes 2048] [--set multipart.chunk.mb=8]
 """
 

@@ -1,6 +1,6 @@
 """Chaos soak: random faults against a whole cluster running exactly-once pipelines.
 
-    .venv/bin/python integration/soak.py --faults 200 --seed 1 [--pipelines 4]
+    .venv/bin/python benchmarks/soak.py --faults 200 --seed 1 [--pipelines 4]
         [--spacing LOW:HIGH] [--warm-workers N] [--no-class-archive]
 
 The cluster: a 3-server ZooKeeper ensemble on loopback, each server behind a delay
@@ -69,7 +69,7 @@ fault comes HIGH seconds after that commit. Every pipeline's longest stall is th
 checked against 2 × (session timeout + warm restart) (``stall_bound_s``).
 
 **Verdict.** After the JSON report comes the verdict, one line per figure with PASS or
-FAIL (``integration/soak_verdict.py``). Guarantees: 0 topologies lost, 0 records lost,
+FAIL (``benchmarks/soak_verdict.py``). Guarantees: 0 topologies lost, 0 records lost,
 duplicated or unexpected, 0 leader writes by a deposed leader, never two leaders at once.
 Targets: the longest time without progress (the worst pipeline's) ≤ 15 × the session
 timeout; the longest time without a leader ≤ 3 ×; with ``--spacing``, each pipeline's
@@ -96,7 +96,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from helpers import leadership_events
+# The tests' helpers (testsupport/), as pytest finds them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
+
+from helpers import leadership_events  # noqa: E402
 from kazoo.client import KazooClient
 from soak_verdict import STALL_BOUND_FACTOR, exit_status, judge, render, summary
 
@@ -682,12 +685,13 @@ def pipeline_worker(topology_id: str, workers: list[int]) -> int:
     """The pid among ``workers`` of the worker process running ``topology_id``, seen from
     outside: the one whose process tree (the worker, its Spark JVM) names the topology in
     a command line, a working directory or an open file. A cold worker runs in the slot's
-    directory ``<topology id>-<port>``; a warm one that took the slot writes to that
-    directory's ``worker.log`` (docs/runtime.md). The soak does not rely on more."""
-    needle = f"{topology_id}-"
+    directory ``<topology id>-<port>``; a warm one that took the slot writes its log in
+    ``.../workers-artifacts/<topology id>/<port>/`` (docs/logs.md). The soak does not rely
+    on more."""
+    needles = (f"{topology_id}-", f"/{topology_id}/")
     for pid in workers:
         if any(needle in name for member in [pid, *process_tree(pid)]
-               for name in process_names(member)):
+               for name in process_names(member) for needle in needles):
             return pid
     raise RuntimeError(f"no worker process of {topology_id} among the {WORKER_MODULE} "
                        f"processes {workers}: none names it in its command line, working "

@@ -1,7 +1,7 @@
 """Benchmark: the scale figures of issue 9 (N topologies, S supervisors), each beside
 its baseline at a small number of topologies measured in the same run.
 
-    .venv/bin/python integration/bench_scale.py [--topologies 5000] [--supervisors 100] \
+    .venv/bin/python benchmarks/bench_scale.py [--topologies 5000] [--supervisors 100] \
         [--baseline 100] [--nimbuses 2] [--session-timeout-ms 4000]
 
 What runs: one real ZooKeeper, ``--nimbuses`` real ``nimbus-ha nimbus`` processes (localfs,

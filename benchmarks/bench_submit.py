@@ -1,7 +1,7 @@
 """Benchmark: submission latency of a 10 MB topology with topology.min.replication.count 3
 versus 1 on a 3-nimbus loopback cluster, plus a plain copy of the same bytes as baseline.
 
-    .venv/bin/python integration/bench_submit.py [--trials 5] [--megabytes 10]
+    .venv/bin/python benchmarks/bench_submit.py [--trials 5] [--megabytes 10]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark: failover time after kill -9 of the leader (as a ratio to the ZooKeeper
 session timeout) and after SIGTERM (seconds), on a 3-nimbus loopback cluster.
 
-    .venv/bin/python integration/bench_failover.py [--trials 5] [--session-timeout-ms 4000] \
+    .venv/bin/python benchmarks/bench_failover.py [--trials 5] [--session-timeout-ms 4000] \
         [--topologies 100]
 
 With ``--topologies N`` the cluster first runs N topologies (32 KB bundles, each on all 3

@@ -16,7 +16,7 @@ the baselines included, is the best of ``--trials`` runs (fresh hosts each).
 For torrent it also prints the time for ``--peers`` fresh peers to finish together
 (beside the seeder and the first downloader, which seeds by then) versus 1 peer.
 
-    .venv/bin/python integration/bench_distributors.py [--megabytes 256] [--peers 8] \
+    .venv/bin/python benchmarks/bench_distributors.py [--megabytes 256] [--peers 8] \
         [--trials 3]
 """
 

@@ -1,0 +1,53 @@
+"""Who may read a topology's worker logs here: the topology read rule of every door of
+the cluster (nimbus/topology_acl.py), applied to the identity of the caller's client
+certificate.
+
+With ``nimbus.authorizer`` set (which needs ``storm.thrift.transport: tls``): the
+admins (``nimbus.admins``), the topology's submitter, its ``topology.users`` and its
+``topology.readonly.users``, as its supervisor recorded them when it started a worker of
+it here (nimbus/supervisor/log_dirs.py: the topology's code, and its configuration with
+it, may have left the host while its logs stay). Logs of which no record is readable are
+for the admins only: the logviewer does not guess. Without an authorizer every caller
+the handshake let in may read every log, as with the Thrift port and the UI.
+"""
+
+from __future__ import annotations
+
+from nimbus.config import Config
+from nimbus.state.worker_logs import META_FILE
+from nimbus.supervisor.log_dirs import LogMeta
+from nimbus.supervisor.logviewer.files import LogFileError, LogRoot
+from nimbus.topology_acl import authorizer_from_conf, read_refusal
+
+
+class LogAccess:
+    """The read rule for the logs under ``root``."""
+
+    def __init__(self, conf: Config, root: LogRoot):
+        self.authorizer = authorizer_from_conf(conf)
+        self._root = root
+
+    def may_read(self, identity: str | None, topology_id: str) -> bool:
+        """Whether ``identity`` may read ``topology_id``'s logs."""
+        return self.refusal(identity, topology_id) == ""
+
+    def check(self, identity: str | None, topology_id: str) -> None:
+        """LogFileError 403, saying why, unless ``identity`` may read them."""
+        why = self.refusal(identity, topology_id)
+        if why:
+            raise LogFileError(403, why)
+
+    def refusal(self, identity: str | None, topology_id: str) -> str:
+        """Why ``identity`` may not read ``topology_id``'s logs; "" if it may."""
+        authorizer = self.authorizer
+        if authorizer is None or authorizer.is_admin(identity):
+            return ""
+        meta = LogMeta.load(self._root.root / topology_id / META_FILE)
+        if meta is None or meta.topology_id != topology_id:
+            return (f"{identity or 'an unauthenticated client'} may not read the logs of "
+                    f"{topology_id}: this host has no readable record of who may (only "
+                    "nimbus.admins may read them)")
+        if authorizer.permit_read(identity, meta.submitter, meta.users,
+                                  meta.readonly_users):
+            return ""
+        return read_refusal(identity, f"the logs of {topology_id}")
