@@ -3,7 +3,7 @@
 For each backend (localfs, s3 on a real SeaweedFS, torrent, hdfs through pyarrow on a
 local directory), upload and download a bundle (256 MB by default) between simulated
 nimbus hosts on real servers. Baselines, measured in the same run
-(``nimbus.testing.transfer_baselines``):
+(``transfer_baselines``):
 
 * (a) for downloads: the file sent over loopback TCP with ``socket.sendfile`` by another
   process, and written to disk and hashed with sha256 by this one, the least any
@@ -30,9 +30,11 @@ import threading
 import time
 from pathlib import Path
 
+import _paths  # noqa: F401 - testsupport/ on sys.path
+from transfer_baselines import loopback_tcp, sha256sum, write_random_file
+
 from nimbus.state.zkserver import ZooKeeperServer
 from nimbus.testing.hosts import SimulatedHosts
-from nimbus.testing.transfer_baselines import loopback_tcp, sha256sum, write_random_file
 
 TOPOLOGY = "bench-1-1"
 

@@ -45,10 +45,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import _paths  # noqa: F401 - testsupport/ on sys.path
+from transfer_baselines import RateCappedServer, rate_capped_fetch
+
 from nimbus.state.zkserver import ZooKeeperServer
 from nimbus.supervisor.code_cache import CODE_FILES, CodeCache
 from nimbus.testing.hosts import SimulatedHosts
-from nimbus.testing.transfer_baselines import RateCappedServer, rate_capped_fetch
 
 TOPOLOGY = "fleet-1-1700000000"
 MiB = 1 << 20

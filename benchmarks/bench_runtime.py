@@ -55,21 +55,18 @@ import tempfile
 import time
 from pathlib import Path
 
-# The tests' helpers (testsupport/), as pytest finds them.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
+import _paths  # noqa: F401 - testsupport/ on sys.path
+from helpers import observer
+from processes import process_tree_rss_kib, workers_in
 
-from helpers import observer  # noqa: E402
-
-from nimbus.devcluster import LocalCluster, wait_for  # noqa: E402
-from nimbus.distribution.archive import pack_directory  # noqa: E402
-from nimbus.master import runtime_view  # noqa: E402
-from nimbus.testing.pipelines import (  # noqa: E402
+from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.distribution.archive import pack_directory
+from nimbus.master import runtime_view
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     CommittedOutput,
     RecordFeed,
     exactly_once_report,
-    process_tree_rss_kib,
-    workers_in,
 )
 
 SESSION_MS = 6000

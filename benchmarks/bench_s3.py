@@ -38,12 +38,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import _paths  # noqa: F401 - testsupport/ on sys.path
 from nimbus_ha_s3.distributor import PREFIX
 from nimbus_ha_s3.seaweed import SeaweedS3Server
+from transfer_baselines import sha256sum, write_random_file
 
 from nimbus.state.zkserver import ZooKeeperServer
 from nimbus.testing.hosts import SimulatedHosts
-from nimbus.testing.transfer_baselines import sha256sum, write_random_file
 
 TOPOLOGY = "bench-1-1"
 BUCKET = "bench"

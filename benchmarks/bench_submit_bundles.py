@@ -11,7 +11,7 @@ are) and ``text`` (about 900 text files from 2 KiB to 2 MiB). On a 2-nimbus clus
 same bytes (the stored tar the submit sends, packed beforehand, untimed):
 
 * (a) loopback TCP: a child process sends the bundle with ``sendfile``, this one writes
-  and sha256-hashes it (``nimbus.testing.transfer_baselines.loopback_tcp``);
+  and sha256-hashes it (``transfer_baselines.loopback_tcp``);
 * (t) ``tar -cf - -C DIR . | cat >/dev/null``: GNU tar packing the directory into a pipe
   (``tar -cf /dev/null`` itself would not read the files: GNU tar skips reading when its
   archive is /dev/null).
@@ -48,13 +48,14 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import _paths  # noqa: F401 - testsupport/ on sys.path
 from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
+from transfer_baselines import loopback_tcp
 
 from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
 from nimbus.distribution.archive import pack_directory_file
 from nimbus.state.records import WorkerBeat
-from nimbus.testing.transfer_baselines import loopback_tcp
 from nimbus.thrift.client import NimbusClient
 
 MB = 1 << 20

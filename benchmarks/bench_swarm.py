@@ -11,7 +11,7 @@ finish time (from the start signal until the last peer holds a verified copy) of
   ``nimbus.codedistributor.torrent.upload.rate.limit.bytes`` (libtorrent's session rate
   limit, loopback peers included). Peers keep seeding until the run ends, as nimbuses do.
 * **client-server**: every peer, a separate process, fetches the same bytes from one
-  seeder (:class:`nimbus.testing.transfer_baselines.RateCappedServer`) whose uplink is
+  seeder (:class:`transfer_baselines.RateCappedServer`) whose uplink is
   capped at the same rate, shared by all clients; each client writes and sha256s them.
 
 It prints every raw time, the cap and the bundle size, and the two ratios the swarm is
@@ -42,13 +42,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nimbus.state.zkserver import ZooKeeperServer
-from nimbus.testing.hosts import SimulatedHosts
-from nimbus.testing.transfer_baselines import (
+import _paths  # noqa: F401 - testsupport/ on sys.path
+from transfer_baselines import (
     RateCappedServer,
     rate_capped_fetch,
     write_random_file,
 )
+
+from nimbus.state.zkserver import ZooKeeperServer
+from nimbus.testing.hosts import SimulatedHosts
 
 TOPOLOGY = "swarm-1-1"
 CAP_KEY = "nimbus.codedistributor.torrent.upload.rate.limit.bytes"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/fuzz.py --cases 10000 --seed 1 [--targets records,config]
     .venv/bin/python benchmarks/fuzz.py --replay nodes:17 --seed 1
 
-Targets (``nimbus.testing.fuzz`` documents what counts as a failure for each):
+Targets (``fuzzing`` documents what counts as a failure for each):
 
 * ``records``: random bytes, truncated and flipped JSON, wrong and missing fields, bad
   and newer format versions, extra fields, deep nesting, non-UTF-8, lone surrogates,
@@ -44,7 +44,8 @@ import time
 import uuid
 from pathlib import Path
 
-from nimbus.testing import fuzz
+import _paths  # noqa: F401 - testsupport/ on sys.path
+import fuzzing as fuzz
 
 
 def million_entries(work: Path) -> fuzz.Tally:

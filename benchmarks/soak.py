@@ -96,21 +96,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-# The tests' helpers (testsupport/), as pytest finds them.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testsupport"))
-
-from helpers import leadership_events  # noqa: E402
+import _paths  # noqa: F401 - testsupport/ on sys.path
+from helpers import leadership_events
 from kazoo.client import KazooClient
 from soak_verdict import STALL_BOUND_FACTOR, exit_status, judge, render, summary
+from tcp_proxy import DelayProxy
 
 from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.master import runtime_view
 from nimbus.master.leader_lease import FRACTION as LEASE_FRACTION
-from nimbus.state.cluster_state import StormClusterState
-from nimbus.state.leader_audit import deposed_writes, read_trail
-from nimbus.state.zkserver import ZooKeeperEnsemble
-from nimbus.testing.pipelines import (
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -118,7 +114,9 @@ from nimbus.testing.pipelines import (
     exactly_once_report,
     processes_with_arg,
 )
-from nimbus.testing.tcp_proxy import DelayProxy
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.leader_audit import deposed_writes, read_trail
+from nimbus.state.zkserver import ZooKeeperEnsemble
 
 SESSION_MS = 6000
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",

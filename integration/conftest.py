@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from helpers import process_bundle, s3_store
+from required_plugins import require_plugin
 
 from nimbus.devcluster import LocalCluster
-from nimbus.testing.plugins import require_plugin
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def bundle(tmp_path) -> bytes:
 def backend(request, tmp_path):
     """(name, extra conf) of a code distributor, with any server it needs running.
 
-    A backend whose plugin is not installed fails (see nimbus.testing.plugins): it is
+    A backend whose plugin is not installed fails (see required_plugins): it is
     skipped only when NIMBUS_HA_ALLOW_MISSING_PLUGINS=1.
     """
     name = request.param

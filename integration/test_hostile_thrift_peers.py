@@ -16,15 +16,14 @@ import struct
 import time
 
 import pytest
-from thriftpy2.thrift import TMessageType
-
-from nimbus.testing.raw_thrift import (
+from raw_thrift import (
     assert_dropped,
     cluster_info_request,
     connect_raw,
     read_reply,
     send_then_end,
 )
+from thriftpy2.thrift import TMessageType
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from helpers import run_cli
 
 from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.pipeline_feed import processes_with_arg
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
-from nimbus.testing.pipelines import processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

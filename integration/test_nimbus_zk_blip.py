@@ -23,12 +23,12 @@ import time
 import pytest
 import yaml
 from helpers import observer
+from tcp_proxy import DelayProxy
 
 from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import SupervisorInfo
 from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
-from nimbus.testing.tcp_proxy import DelayProxy
 from nimbus.thrift.client import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

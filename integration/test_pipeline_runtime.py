@@ -17,19 +17,18 @@ from pathlib import Path
 
 import pytest
 from helpers import observer, run_cli
+from processes import acting, running
 
 from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.master import runtime_view
-from nimbus.testing.pipelines import (
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
     RecordFeed,
-    acting,
     exactly_once_report,
     processes_with_arg,
-    running,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -14,8 +14,8 @@ from helpers import observer, run_cli
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.state.records import ACTIVE, REBALANCING
-from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

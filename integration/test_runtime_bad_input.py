@@ -16,7 +16,7 @@ from helpers import observer, run_cli
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
+from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.thrift.client import connect
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

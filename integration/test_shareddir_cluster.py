@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import observer, stormdist
+from required_plugins import require_plugin
 
 from nimbus.config import load_config
 from nimbus.devcluster import wait_for
 from nimbus.state.zkserver import free_port, port_open
-from nimbus.testing.plugins import require_plugin
 from nimbus.thrift.client import NimbusClient, NimbusUnavailableError
 
 pytestmark = pytest.mark.slow

@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import leadership_events
+from tcp_proxy import DelayProxy
 from thriftpy2.thrift import TApplicationException
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tcp_proxy import DelayProxy
 from nimbus.thrift import NOT_LEADER_PREFIX
 from nimbus.thrift.client import connect
 

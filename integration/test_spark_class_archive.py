@@ -14,16 +14,11 @@ import signal
 from pathlib import Path
 
 import pytest
+from processes import workers_in
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.pipelines import (
-    WORDCOUNT,
-    CommittedOutput,
-    RecordFeed,
-    exactly_once_report,
-    workers_in,
-)
+from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import sys
 
 import pytest
+from spark_standalone import SparkStandalone
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.pipelines import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
-from nimbus.testing.spark_standalone import SparkStandalone
+from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -16,8 +16,8 @@ import yaml
 
 from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.state.zkserver import free_port
-from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import observer, s3_store
+from required_plugins import require_plugin
 
 from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.plugins import require_plugin
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -184,10 +184,10 @@ def test_with_tls_the_swarm_admits_cluster_certificates_only(tmp_path):
     the plugin's own suite.)"""
     require_plugin("torrent")
     import libtorrent as lt
+    from tls_certs import DAEMON, USER, CertificateAuthority
 
     from nimbus.config import load_config
-    from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
-    from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
+    from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
     from nimbus.thrift.tls import configure_clients
 
     ca = CertificateAuthority(tmp_path / "ca")

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import observer
+from processes import acting, frozen
 
 from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
 from nimbus.supervisor.cgroups import unified_root
-from nimbus.testing.pipelines import acting, frozen
 from nimbus.timing import WORKER_LEASE_FRACTION
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import observer
+from required_plugins import require_plugin
 
 from nimbus.devcluster import LocalCluster, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
-from nimbus.testing.plugins import require_plugin
+from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -17,13 +17,13 @@ import yaml
 from helpers import run_cli
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from tls_certs import DAEMON, USER, CertificateAuthority
 
 from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
+from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.state.zkserver import free_port
-from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
-from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
 from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients
 

@@ -191,7 +191,7 @@ def test_dashboard_shows_cluster_without_console_errors(env, browser, tmp_path):
     supervisor = env["cluster"].supervisors[0].id
     assert text_of(browser, f'tr[data-supervisor="{supervisor}"] td:nth-child(4)') == "—"
     # The test's own screenshot, for looking at a failure; docs/dashboard.png (a running
-    # pipeline) is taken by integration/screenshot_dashboard.py.
+    # pipeline) is taken by scripts/screenshot_dashboard.py.
     assert browser.save_screenshot(str(tmp_path / "dashboard.png"))
     assert severe(browser) == []
 
@@ -306,7 +306,7 @@ def test_topology_page_shows_workers_charts_progress_and_errors_as_text(env, bro
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from nimbus.testing.pipelines import WORDCOUNT, RecordFeed
+    from nimbus.pipeline_feed import WORDCOUNT, RecordFeed
 
     client = env["cluster"].client()
     feed = RecordFeed(tmp_path / f"in-{MARKUP}")
@@ -372,6 +372,7 @@ def test_topology_page_shows_workers_charts_progress_and_errors_as_text(env, bro
             assert dict(shown["actions"]) == {"activate": False, "deactivate": True,
                                               "rebalance": True, "kill": True}
             assert (shown["elements"], shown["pwned"]) == (0, None)
+            check_logs_panel(env, browser, pipeline)
             assert browser.save_screenshot(str(tmp_path / "topology-page.png"))
 
         # A worker that cannot start: restarting, its error (markup) shown as text.
@@ -408,6 +409,54 @@ def test_topology_page_shows_workers_charts_progress_and_errors_as_text(env, bro
     finally:
         for topology_id in (pipeline, crasher):   # the next test's cluster as it was
             post(env, f"/api/v1/topology/{topology_id}/kill/0")
+
+
+def check_logs_panel(env, browser, topology_id: str) -> None:
+    """The Logs panel shows worker-0's tail as the REST resource gives it (read from its
+    supervisor's logviewer), and a search finds the worker's own line in its log."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def tail_shown(driver) -> list[str] | None:
+        lines = [line.strip() for line in
+                 driver.find_element(By.ID, "tp-log-text").text.splitlines() if line.strip()]
+        rest = get(env, f"/api/v1/topology/{topology_id}/logs?worker=0").json()["lines"]
+        # The tail grows as Spark writes: the panel's last line is one of the newest.
+        return lines if lines and lines[-1] in [line.strip() for line in rest[-50:]] \
+            else None
+
+    try:
+        WebDriverWait(browser, 30, poll_frequency=0.5).until(tail_shown, "the log's tail")
+    except Exception:
+        answer = get(env, f"/api/v1/topology/{topology_id}/logs?worker=0")
+        raise AssertionError(f"{answer.status_code} {answer.text[-2000:]}\n"
+                             f"{browser.find_element(By.ID, 'tp-log-where').text}") from None
+    box = browser.find_element(By.ID, "tp-log-search")
+    box.clear()
+    box.send_keys("started query")
+    browser.find_element(By.ID, "tp-log-go").click()
+    where = WebDriverWait(browser, 15, poll_frequency=0.3).until(
+        lambda d: d.find_element(By.ID, "tp-log-where").text.startswith(
+            tuple(f"{n} match(es)" for n in range(1, 10))) and
+        d.find_element(By.ID, "tp-log-where").text, "the search's matches")
+    found = get(env, f"/api/v1/topology/{topology_id}/logs?worker=0&search=started+query")
+    matches = found.json()["matches"]
+    assert where.startswith(f"{len(matches)} match(es)")
+    assert all(m["matchString"] == "started query" and
+               m["afterString"].startswith(f" {topology_id}.main") for m in matches), matches
+    shown = browser.find_element(By.ID, "tp-log-text").text
+    assert f"started query {topology_id}.main" in shown
+    # Bad input: a clear error, never a 500.
+    assert get(env, f"/api/v1/topology/{topology_id}/logs?worker=x").status_code == 400
+    missing = get(env, f"/api/v1/topology/{topology_id}/logs?worker=7")
+    assert missing.status_code == 404 and "no worker 7" in missing.json()["errorMessage"]
+    browser.find_element(By.ID, "tp-log-tail").click()
+    # Storm UI's workerLogLink: the worker's log page on its supervisor's logviewer.
+    (worker,) = get(env, f"/api/v1/topology/{topology_id}").json()["workers"]
+    link = worker["workerLogLink"]
+    assert link.startswith("http://127.0.0.1:") and f"%2F{worker['port']}%2F" in link, link
+    page = requests.get(link, timeout=10)
+    assert page.status_code == 200 and "nimbus.worker" in page.text
 
 
 def test_failover_marks_new_leader_and_requests_never_500(env, browser):

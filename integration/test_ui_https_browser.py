@@ -18,11 +18,11 @@ import pytest
 import requests
 import yaml
 from helpers import observer
+from tls_certs import DAEMON, USER, CertificateAuthority, Identity
 
 from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority, Identity
 from nimbus.thrift.tls import configure_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -25,13 +25,13 @@ import pytest
 import requests
 import yaml
 from helpers import run_cli
+from tls_certs import DAEMON, USER, CertificateAuthority
 
 from nimbus.config import load_config
 from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_client import make_zk_client
-from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
 from nimbus.thrift.tls import configure_clients
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -24,10 +24,7 @@ from helpers import observer
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.runtime_demo import DEMO_SPARK_CONF
-from nimbus.state.records import WorkerBeat
-from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
-from nimbus.testing.pipelines import (
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -35,6 +32,9 @@ from nimbus.testing.pipelines import (
     exactly_once_report,
     processes_with_arg,
 )
+from nimbus.runtime_demo import DEMO_SPARK_CONF
+from nimbus.state.records import WorkerBeat
+from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

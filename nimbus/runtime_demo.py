@@ -22,8 +22,7 @@ import yaml
 from nimbus.devcluster import LocalCluster, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.master.runtime_view import newest_error
-from nimbus.state.cluster_state import StormClusterState
-from nimbus.testing.pipelines import (
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -31,6 +30,7 @@ from nimbus.testing.pipelines import (
     exactly_once_report,
     processes_with_arg,
 )
+from nimbus.state.cluster_state import StormClusterState
 from nimbus.thrift.client import NimbusClient
 
 # What a 2-core laptop can afford per worker; a real cluster sets its own.

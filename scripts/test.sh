@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/ruff check nimbus plugins tests integration testsupport benchmarks examples
+.venv/bin/ruff check nimbus plugins tests integration testsupport benchmarks scripts examples
 status=0
 .venv/bin/pytest tests plugins/*/tests -n "${NIMBUS_TEST_WORKERS:-2}" -p no:cacheprovider \
     --durations=10 "$@" || status=$?

@@ -149,8 +149,9 @@ def test_after_a_lost_session_nothing_is_served_until_read_again(
         make_zk, zk_root, zk_server, writer, fence, view):
     """Like the whole-directory view: what was held before a lost session is never acted
     on; the new session's reads are (here, a move made while the session was lost)."""
+    from faults import expire_session
+
     from nimbus.state.cluster_view import ViewNotLoadedError
-    from nimbus.testing.faults import expire_session
 
     place(writer, fence, tid(1), {"worker-0": ["me", 6700]})
     index = AssignmentIndex(writer, view)

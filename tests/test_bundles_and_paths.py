@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from fuzzing import Entry, write_archive, write_tar_header_bomb
 
 from nimbus.distribution.archive import (
     MAX_BUNDLE_ENTRIES,
@@ -19,7 +20,6 @@ from nimbus.distribution.archive import (
 )
 from nimbus.distribution.local_code import LocalCodeStore, UnsafePathError, atomic_dir, safe_join
 from nimbus.supervisor.code_cache import CodeCache, CodeVerificationError
-from nimbus.testing.fuzz import Entry, write_archive, write_tar_header_bomb
 
 
 def tar_with(tmp_path, member: tarfile.TarInfo, data: bytes = b"x"):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from faults import expire_session
 from waiting import wait_until
 
 from nimbus.state.cluster_state import Fence, LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import INACTIVE, Assignment, RecordError, StormBase
-from nimbus.testing.faults import expire_session
 
 
 def add(writer: StormClusterState, fence: Fence, index: int, name: str = "") -> str:

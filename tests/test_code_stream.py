@@ -15,13 +15,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from raw_thrift import assert_dropped, connect_raw, send_then_end
+from tls_certs import CertificateAuthority
 
 from nimbus.config import ConfigError, load_config
 from nimbus.distribution import code_stream
 from nimbus.distribution.file_transfer import DOWNLOAD_CHUNK_BYTES, FileTransfers, TransferError
 from nimbus.distribution.local_code import LocalCodeStore
-from nimbus.testing.raw_thrift import assert_dropped, connect_raw, send_then_end
-from nimbus.testing.tls_certs import CertificateAuthority
 from nimbus.thrift.client import connect, fetch_file
 from nimbus.thrift.server import ThriftServer
 from nimbus.thrift.tls import configure_clients, server_context

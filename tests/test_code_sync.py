@@ -193,8 +193,9 @@ class SteppedSync(CodeSync):
 def test_replica_change_while_the_sync_takes_the_retry_flag_is_not_lost(setup, view, monkeypatch):
     """Two replicas register in a row: the sync thread takes the flag of the first while
     kazoo's thread raises it for the second. The second must still retry at once."""
+    from faults import ObservedLock, run_until_done_or_blocked
+
     from nimbus.state.records import CodeMeta
-    from nimbus.testing.faults import ObservedLock, run_until_done_or_blocked
 
     state, store, distributor = setup
     state.zk.create(state.storm_path("wanted-3-3"),

@@ -4,13 +4,13 @@ import logging
 import threading
 
 import pytest
+from faults import expire_session
 from kazoo.protocol.states import KazooState
 
 from nimbus.devcluster import wait_for
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
 from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase
-from nimbus.testing.faults import expire_session
 
 pytestmark = pytest.mark.integration
 
@@ -160,9 +160,8 @@ def test_lock_node_with_lost_create_reply_is_adopted_not_left_blocking(make_zk, 
 
 def test_leader_stops_at_once_on_suspended_and_leads_again_on_reconnect(make_zk, zk_root,
                                                                         electors):
+    from faults import lose_connection
     from kazoo.protocol.states import KazooState
-
-    from nimbus.testing.faults import lose_connection
 
     zk, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1")
     electors.append(a)
@@ -263,7 +262,7 @@ def test_leadership_changes_from_two_threads_apply_one_at_a_time(make_zk, zk_roo
                                                                  monkeypatch):
     """The election thread claims while kazoo's thread drops the claim: the drop must
     follow the claim's callback, never overtake it, so the last word is "not leader"."""
-    from nimbus.testing.faults import ObservedLock, run_until_done_or_blocked
+    from faults import ObservedLock, run_until_done_or_blocked
 
     finished: list[bool] = []
     dropping: list[threading.Thread] = []

@@ -1,4 +1,4 @@
-"""A seeded fuzz campaign (nimbus.testing.fuzz) over every input nimbus-ha reads from
+"""A seeded fuzz campaign (fuzzing) over every input nimbus-ha reads from
 outside, plus the named cases each target must refuse with a clear error.
 
 1,270 seeded cases (700 records, 120 configurations, 300 archives, 150 Thrift requests)
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import fuzzing as fuzz
 import pytest
 
 from nimbus.config import (
@@ -32,7 +33,6 @@ from nimbus.state.records import (
     SupervisorInfo,
     WorkerBeat,
 )
-from nimbus.testing import fuzz
 
 SEED = 20240917
 

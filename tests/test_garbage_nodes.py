@@ -1,7 +1,7 @@
 """Garbage in every /storm node type, against a real ZooKeeper and a real nimbus (in this
 process, with its real Thrift server), and a real supervisor facing a garbage assignment.
 
-For each node, ``nimbus.testing.fuzz.check_node_case`` writes the garbage, lets every
+For each node, ``fuzzing.check_node_case`` writes the garbage, lets every
 reader of the nimbus run twice (summary cache, code sync, duty cycle), and checks: the
 nimbus still serves getClusterInfo and getTopologyInfo and lists the healthy topology
 beside the garbage, no exception escaped anywhere (no traceback logged), the garbage
@@ -18,6 +18,8 @@ import threading
 import uuid
 
 import pytest
+from fuzzing import HEALTHY, STAND_IN_PORT, STAND_IN_SUPERVISOR, FuzzNimbus, NodeCase
+from fuzzing import check_node_case as run_case
 from test_supervisor import STUB_WORKER, _beat, _code, _sha, _submit_directly, _supervisor, _tar
 
 from nimbus.config import load_config
@@ -26,8 +28,6 @@ from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import Assignment, StormBase
 from nimbus.state.zkserver import free_port
-from nimbus.testing.fuzz import HEALTHY, STAND_IN_PORT, STAND_IN_SUPERVISOR, FuzzNimbus, NodeCase
-from nimbus.testing.fuzz import check_node_case as run_case
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ GROUND = {"nimbus", "config", "redaction", "log_policy", "background_loop", "tim
 # Composition roots and entry points: they wire the rest; nothing imports them but one
 # another.
 ROOTS = {"cli", "devcluster", "dev_watch", "foreground", "runtime_demo", "top", "scaffold",
-         "plugin_api", "testing", "logs"}
+         "plugin_api", "testing", "logs", "pipeline_feed"}
 LAYERS: list[set[str]] = [
     GROUND,
     {"state"},

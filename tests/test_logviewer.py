@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from tls_certs import DAEMON, USER, CertificateAuthority
 
 from nimbus.config import load_config
 from nimbus.state.worker_logs import INDEX_RECORD, META_FILE
 from nimbus.supervisor.log_dirs import LogMeta
 from nimbus.supervisor.logviewer.server import Logviewer
-from nimbus.testing.tls_certs import DAEMON, USER, CertificateAuthority
 from nimbus.web.logviewer_client import LogviewerClient, LogviewerError
 
 ALPHA, BETA = "alpha-1-100", "beta-2-200"

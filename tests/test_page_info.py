@@ -18,13 +18,13 @@ import tarfile
 
 import pytest
 from nimbus_fixtures import idle_nimbus_conf
+from raw_thrift import framed, message
+from tls_certs import USER, CertificateAuthority
 
 from nimbus.config import load_config
 from nimbus.devcluster import free_port, wait_for
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat
-from nimbus.testing.raw_thrift import framed, message
-from nimbus.testing.tls_certs import USER, CertificateAuthority
 from nimbus.thrift import handler, page_info, storm
 from nimbus.thrift.client import NimbusClient, connect
 from nimbus.thrift.tls import configure_clients

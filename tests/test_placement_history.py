@@ -6,6 +6,7 @@ transaction, only when a placement changes, and the node removed with the topolo
 from __future__ import annotations
 
 import pytest
+from faults import expire_session
 from test_scheduler import _set_status, cluster, slots  # noqa: F401 - cluster: a fixture
 
 from nimbus.devcluster import wait_for
@@ -20,7 +21,6 @@ from nimbus.state.records import (
     RecordError,
     StormBase,
 )
-from nimbus.testing.faults import expire_session
 
 
 def assignment(start: int, **slots_of: tuple[str, int]) -> Assignment:

@@ -157,10 +157,10 @@ def test_a_running_nimbus_never_logs_or_serves_its_secrets(zk_server, zk_root, t
     configuration, an error, a warning and a crashing thread holding the secrets: the log
     shows none of them, and getNimbusConf/getTopologyConf over Thrift show them redacted."""
     import yaml
+    from required_plugins import require_plugin
 
     from nimbus.devcluster import NimbusProcess, free_port, wait_for
     from nimbus.distribution.archive import pack_directory
-    from nimbus.testing.plugins import require_plugin
     from nimbus.thrift.client import NimbusClient, connect
 
     require_plugin("s3")  # declares nimbus.codedistributor.s3.secret.key

@@ -3,8 +3,7 @@
 import sys
 
 import pytest
-
-from nimbus.testing.plugins import ALLOW_MISSING_ENV, missing_plugins_allowed, require_plugin
+from required_plugins import ALLOW_MISSING_ENV, missing_plugins_allowed, require_plugin
 
 
 @pytest.fixture
@@ -33,7 +32,7 @@ def test_missing_plugin_is_skipped_only_when_allowed(s3_missing, monkeypatch):
 
 
 def test_plugin_without_its_entry_point_fails(monkeypatch):
-    import nimbus.testing.plugins as plugins
+    import required_plugins as plugins
 
     monkeypatch.delenv(ALLOW_MISSING_ENV, raising=False)
     monkeypatch.setattr(plugins, "installed_distributors", lambda: {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from faults import expire_session
 
 from nimbus.config import load_config
 from nimbus.devcluster import wait_for
@@ -18,7 +19,6 @@ from nimbus.master.scheduler import Scheduler
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
-from nimbus.testing.faults import expire_session
 
 pytestmark = pytest.mark.integration
 TIMEOUT_S, LAUNCH_S = 30, 120

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from tls_certs import CertificateAuthority
 
 from nimbus.cli import _bundle, main
 from nimbus.config import load_config
@@ -47,7 +48,6 @@ from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.zkserver import free_port
 from nimbus.supervisor.code_cache import CODE_FILES, CodeCache
-from nimbus.testing.tls_certs import CertificateAuthority
 from nimbus.thrift.client import NimbusClient, TransferRefusedError, connect
 from nimbus.thrift.server import ThriftServer
 from nimbus.thrift.tls import configure_clients, server_context

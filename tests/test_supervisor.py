@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from faults import expire_session
 from kazoo.exceptions import NoNodeError
 from supervisor_index import index_work
 
@@ -46,7 +47,6 @@ from nimbus.supervisor.policy import (
     worker_index,
 )
 from nimbus.supervisor.worker_handle import WorkerHandle
-from nimbus.testing.faults import expire_session
 
 TOPOLOGY = "demo-1-1700000000"
 

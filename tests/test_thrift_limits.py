@@ -11,14 +11,7 @@ import threading
 import time
 
 import pytest
-from thriftpy2.thrift import TMessageType
-
-from nimbus.config import load_config
-from nimbus.devcluster import wait_for
-from nimbus.master.daemon import NimbusDaemon
-from nimbus.state.cluster_state import StormClusterState
-from nimbus.state.zkserver import free_port
-from nimbus.testing.raw_thrift import (
+from raw_thrift import (
     DROP_TIMEOUT_S,
     assert_dropped,
     cluster_info_request,
@@ -27,6 +20,13 @@ from nimbus.testing.raw_thrift import (
     read_reply,
     send_then_end,
 )
+from thriftpy2.thrift import TMessageType
+
+from nimbus.config import load_config
+from nimbus.devcluster import wait_for
+from nimbus.master.daemon import NimbusDaemon
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.zkserver import free_port
 from nimbus.thrift import storm
 from nimbus.thrift.client import CHUNK_BYTES, connect
 from nimbus.thrift.server import ThriftServer

@@ -16,15 +16,7 @@ import threading
 import time
 
 import pytest
-from thriftpy2.thrift import TMessageType
-
-from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port, wait_for
-from nimbus.distribution import file_transfer
-from nimbus.distribution.archive import pack_directory
-from nimbus.distribution.file_transfer import FileTransfers, TransferError
-from nimbus.distribution.local_code import LocalCodeStore
-from nimbus.testing.raw_thrift import (
+from raw_thrift import (
     DROP_TIMEOUT_S,
     assert_dropped,
     cluster_info_request,
@@ -32,7 +24,15 @@ from nimbus.testing.raw_thrift import (
     message,
     read_reply,
 )
-from nimbus.testing.tls_certs import CertificateAuthority
+from thriftpy2.thrift import TMessageType
+from tls_certs import CertificateAuthority
+
+from nimbus.config import ConfigError, load_config
+from nimbus.devcluster import free_port, wait_for
+from nimbus.distribution import file_transfer
+from nimbus.distribution.archive import pack_directory
+from nimbus.distribution.file_transfer import FileTransfers, TransferError
+from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.thrift import storm
 from nimbus.thrift.server import ThriftServer, client_gone, current_client
 from nimbus.thrift.tls import client_context, configure_clients, server_context

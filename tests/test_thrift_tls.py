@@ -11,11 +11,11 @@ import sys
 
 import pytest
 import yaml
+from tls_certs import USER, CertificateAuthority
 
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tls_certs import USER, CertificateAuthority
 from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients
 

@@ -21,13 +21,13 @@ import ssl
 
 import pytest
 import requests
+from raw_thrift import DROP_TIMEOUT_S, assert_dropped, cluster_info_request
+from tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 from ui_fixtures import conf_for, write_cluster
 
 from nimbus.config import ConfigError, load_config
 from nimbus.metrics import MetricsServer, SupervisorMetrics
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.testing.raw_thrift import DROP_TIMEOUT_S, assert_dropped, cluster_info_request
-from nimbus.testing.tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 from nimbus.thrift import storm
 from nimbus.thrift.client import (
     CONNECTION_ERRORS,

@@ -18,11 +18,11 @@ import uuid
 import pytest
 import requests
 import yaml
+from tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 
 from nimbus.config import ConfigError, load_config
 from nimbus.devcluster import free_port, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from faults import lose_connection
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.protocol import serialization
@@ -25,13 +26,12 @@ from kazoo.protocol.connection import _CONNECTION_DROP
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.cache import TreeCache, TreeEvent
 from kazoo.retry import KazooRetry
+from tcp_proxy import DelayProxy
 
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.revalidating_tree_cache import Revalidation
 from nimbus.state.watched_tree import WatchedTree
-from nimbus.testing.faults import lose_connection
-from nimbus.testing.tcp_proxy import DelayProxy
 
 TIMEOUT_S = 15.0
 DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor", "workerbeats")

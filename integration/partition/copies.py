@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nimbus.testing.pipelines import WORKER_MODULE, frozen, processes_with_arg
+from processes import frozen
+
+from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 
 CONCURRENT_MARKERS = ("Concurrent update to the log", "Multiple streaming jobs detected",
                       "ConcurrentModificationException")

@@ -272,7 +272,7 @@ class PartitionLab:
 
     def topology_workers(self, topology_id: str) -> dict[int, str]:
         """Live worker processes of ``topology_id`` (pid -> supervisor name), from /proc."""
-        from nimbus.testing.pipelines import WORKER_MODULE, processes_with_arg
+        from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 
         found = {}
         for pid in processes_with_arg(WORKER_MODULE, f"{topology_id}-"):

@@ -14,6 +14,7 @@ from checker import Report
 from copies import CopySampler
 from labcluster import PartitionLab
 from labprocess import LabSupervisor, wait_until
+from processes import running
 from steps import (
     COMMIT_TIMEOUT_S,
     SPARK_CONF,
@@ -27,7 +28,7 @@ from steps import (
     wait_worker,
 )
 
-from nimbus.testing.pipelines import WORDCOUNT, CommittedOutput, RecordFeed, running
+from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed
 
 
 class Pipeline:

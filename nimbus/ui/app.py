@@ -45,7 +45,7 @@ from nimbus.thrift.authorizer import (
     topology_users,
 )
 from nimbus.thrift.client import NimbusClient
-from nimbus.ui import storm_json, topology_page
+from nimbus.ui import storm_json, topology_page, worker_logs
 from nimbus.ui.actions import ApiError, forbidden, not_found, run_action
 from nimbus.ui.dashboard import dashboard_data, restrict_topology
 from nimbus.ui.https import IDENTITY_KEY
@@ -81,6 +81,7 @@ URLS = Map([
     Rule("/api/v1/topology/<topology_id>/component/<component>", endpoint="component",
          methods=["GET"]),
     Rule("/api/v1/topology/<topology_id>/page", endpoint="topology_page", methods=["GET"]),
+    Rule("/api/v1/topology/<topology_id>/logs", endpoint="topology_logs", methods=["GET"]),
     Rule("/api/v1/topology/<topology_id>/<any(activate, deactivate):action>",
          endpoint="action", methods=["POST"]),
     Rule("/api/v1/topology/<topology_id>/<any(rebalance, kill):action>/<wait_time>",
@@ -214,6 +215,19 @@ class UIApp:
         info, base = self._page_info(request, topology_id)
         _may_read, may_change = self._rights(self._identity(request), topology_id, base)
         return json_response(topology_page.page_data(info, may_change))
+
+    def on_topology_logs(self, request: Request, topology_id: str) -> Response:
+        """The Logs panel (nimbus/ui/worker_logs.py): ``?worker=N`` the tail of worker N's
+        log (``&bytes=``, default 64 KiB), or with ``&search=S`` the matches of S in it."""
+        worker = _whole(request.args.get("worker"), "worker", 0, 1_000_000)
+        size = _whole(request.args.get("bytes", str(worker_logs.TAIL_BYTES)), "bytes", 1,
+                      worker_logs.MAX_TAIL_BYTES)
+        info, _base = self._page_info(request, topology_id)
+        snap = self.view.snapshot()
+        needle = request.args.get("search")
+        if needle is not None:
+            return json_response(worker_logs.search(snap, info, worker, needle))
+        return json_response(worker_logs.tail(snap, info, worker, size))
 
     def on_component(self, request: Request, topology_id: str, component: str) -> Response:
         if not is_component_id(component):
@@ -422,3 +436,11 @@ class UIApp:
             raise ApiError(400, "Bad Request",
                            f"numWorkers must be a whole number >= 1, not {str(raw)[:40]!r}")
         return raw
+
+
+def _whole(text: str | None, name: str, low: int, high: int) -> int:
+    """A query parameter that must be a whole number in [low, high]; 400 otherwise."""
+    if text is None or not text.isdigit() or len(text) > 9 or not low <= int(text) <= high:
+        raise ApiError(400, "Bad Request", f"{name} must be a whole number from {low} to "
+                                           f"{high}, not {str(text)[:40]!r}")
+    return int(text)

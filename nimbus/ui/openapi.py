@@ -29,6 +29,7 @@ def _errors(*codes: int) -> dict[str, Any]:
                404: "Unknown topology",
                405: "Wrong method", 409: "Wrong state (the topology is being killed)",
                413: "Body larger than 1 MiB",
+               502: "The worker's logviewer did not answer as it should",
                503: "No leader reachable, or ZooKeeper unreachable"}
     return {str(c): {"description": reasons[c], "content": {"application/json": {
         "schema": {"$ref": "#/components/schemas/Error"}}}} for c in codes}
@@ -86,6 +87,17 @@ def openapi_document() -> dict[str, Any]:
                 "shape (workers with state and placement history, components with "
                 "progress, history and checkpoint, errors), may_change and generated_at",
                 None, 403, 404, params=[_ID]),
+            "/api/v1/topology/{id}/logs": _get(
+                "nimbus-ha's Logs panel: the tail of one worker's log (whole lines, "
+                "masked), or with search the logviewer's matches in it, read from its "
+                "supervisor's logviewer (docs/logs.md)", None, 400, 403, 404, 502,
+                params=[_ID, {"name": "worker", "in": "query", "required": True,
+                              "schema": {"type": "integer", "minimum": 0}},
+                        {"name": "bytes", "in": "query",
+                         "schema": {"type": "integer", "minimum": 1,
+                                    "maximum": 1048576, "default": 65536}},
+                        {"name": "search", "in": "query",
+                         "schema": {"type": "string", "maxLength": 200}}]),
             "/api/v1/topology/{id}/activate": _post("Activate", [_ID]),
             "/api/v1/topology/{id}/deactivate": _post("Deactivate", [_ID]),
             "/api/v1/topology/{id}/rebalance/{wait-time}": _post(

@@ -18,6 +18,7 @@ from nimbus.master import runtime_view
 from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.pretty import pretty_uptime
 from nimbus.ui.view import Snapshot
+from nimbus.ui.worker_logs import worker_log_link
 
 LEADER, NOT_LEADER, OFFLINE = "Leader", "Not a Leader", "Offline"
 ALL_TIME = ":all-time"
@@ -148,7 +149,8 @@ def topology_detail(snap: Snapshot, info: dict[str, Any], topology_conf: dict[st
                 "assignedCpu": 0.0,
                 "componentNumTasks": {c: 1 for c in w["components"]},
                 "uptime": pretty_uptime(w["uptime_secs"]), "uptimeSeconds": w["uptime_secs"],
-                "workerLogLink": "",
+                "workerLogLink": worker_log_link(snap, w["supervisor_id"], info["id"],
+                                                 w["port"]),
                 # nimbus-ha's (nimbus/state/worker_state.py): whether it runs, and why not
                 "state": w["state"], "alive": w["alive"], "beatAgeSecs": w["beat_age_secs"],
                 "backoffSecs": w["backoff_secs"], "lastError": w["last_error"],

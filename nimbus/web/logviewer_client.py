@@ -82,6 +82,16 @@ class LogviewerClient:
             while chunk := response.read(READ_BYTES):
                 yield chunk
 
+    def search(self, path: str, needle: str, num_matches: int = 20) -> dict[str, Any]:
+        """Storm's answer to ``search`` in ``path``: ``{"searchString", "matches":
+        [{"byteOffset", "beforeString", "matchString", "afterString", ...}], ...}``."""
+        query = {"file": path, "search-string": needle, "num-matches": num_matches}
+        with self._request(f"/api/v1/search?{urlencode(query, quote_via=quote)}") as response:
+            data = _json(response.read(), self.address)
+        if not isinstance(data, dict):
+            raise LogviewerError(0, f"{self.address}: search answered no object")
+        return data
+
     # -- the connection ------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
         if self.https:

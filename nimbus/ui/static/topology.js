@@ -96,6 +96,7 @@ function drawTopologyPage(data) {
   drawWorkers(data.workers, open);
   drawComponents(data, open);
   drawErrors(data.errors, open);
+  drawLogWorkers(data);   // logs.js
 }
 
 // -- workers --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ real Thrift file server per simulated host (the transport localfs downloads over
 from __future__ import annotations
 
 import pytest
+from faults import expire_session
 
 from nimbus.distribution.distributors import resolve_distributor_class
 from nimbus.state.cluster_state import StormClusterState
@@ -13,7 +14,6 @@ from nimbus.testing.conformance import (
     DistributorConformance,
     flip_byte,
 )
-from nimbus.testing.faults import expire_session
 from nimbus.testing.hosts import SimulatedHosts
 from nimbus.testing.kit import DistributorKit
 

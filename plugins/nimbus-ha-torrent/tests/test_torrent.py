@@ -278,7 +278,7 @@ def test_downloaders_trade_pieces_with_each_other(hosts, tmp_path, zk_root):
 # -- the swarm closed by certificates (storm.thrift.transport: tls) ---------------------
 @pytest.fixture(scope="module")
 def cluster_ca(tmp_path_factory):
-    from nimbus.testing.tls_certs import CertificateAuthority
+    from tls_certs import CertificateAuthority
 
     return CertificateAuthority(tmp_path_factory.mktemp("ca"))
 
@@ -313,7 +313,7 @@ def test_tls_torrents_carry_the_cluster_ca(hosts, cluster_ca, tmp_path):
 def test_a_host_without_a_cluster_certificate_cannot_join(hosts, cluster_ca, tmp_path):
     """A peer presenting a certificate of another CA (with the cluster's CA file, which is
     public) is refused by every member: its download stalls, and nothing is written."""
-    from nimbus.testing.tls_certs import CertificateAuthority
+    from tls_certs import CertificateAuthority
 
     (source,) = hosts(1, tls_conf(cluster_ca.issue("nimbus-a")))
     _, meta = upload(source, tmp_path, big_bytes=100_000)
@@ -348,10 +348,9 @@ def test_a_seeding_supervisor_is_announced_again_after_its_session_expired(
         zk_server, zk_root, make_zk):
     """Issue 27: a supervisor stays announced while it seeds; after a session expiry the
     announcement comes back on the new session (a left one does not)."""
+    from faults import expire_session
     from kazoo.client import KazooClient
     from nimbus_ha_torrent.members import SwarmMembers
-
-    from nimbus.testing.faults import expire_session
 
     zk = KazooClient(hosts=zk_server.hosts, timeout=4)
     zk.start(timeout=15)

@@ -1,6 +1,6 @@
 """Take docs/topology-page.png: a PySpark pipeline's topology page on a dev cluster.
 
-    .venv/bin/python integration/screenshot_topology_page.py [--out docs/topology-page.png]
+    .venv/bin/python scripts/screenshot_topology_page.py [--out docs/topology-page.png]
 
 ZooKeeper, 2 nimbuses and 2 supervisors; the word-count pipeline fed a varying stream of
 records, deactivated and activated again (a second placement), then run for a few
@@ -24,7 +24,7 @@ from urllib.request import urlopen
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.pipelines import (
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,

@@ -785,9 +785,9 @@ def _random_struct(rng: random.Random, cls: Any, depth: int = 0) -> Any:
 
 def thrift_case(rng: random.Random, max_frame: int) -> tuple[str, bytes, bool]:
     """(kind, bytes to send, whether a reply must come back)."""
+    from raw_thrift import framed, message
     from thriftpy2.thrift import TMessageType
 
-    from nimbus.testing.raw_thrift import framed, message
     from nimbus.thrift import nimbus_ha
 
     service = nimbus_ha.NimbusHa  # Storm's methods and nimbus-ha's own

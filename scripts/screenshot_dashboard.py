@@ -1,6 +1,6 @@
 """Take docs/dashboard.png: the dashboard of a dev cluster with a PySpark pipeline running.
 
-    .venv/bin/python integration/screenshot_dashboard.py [--out docs/dashboard.png]
+    .venv/bin/python scripts/screenshot_dashboard.py [--out docs/dashboard.png]
 
 ZooKeeper, 2 nimbuses and 2 supervisors; the word-count pipeline fed records for a while,
 then one worker killed so that the page shows a restart and its error. Needs chromium and
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nimbus.devcluster import LocalCluster, wait_for
 from nimbus.distribution.archive import pack_directory
-from nimbus.testing.pipelines import (
+from nimbus.pipeline_feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
