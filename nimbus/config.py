@@ -360,8 +360,34 @@ def load_config(
                 raise ConfigError(f"{source}: key {key!r} {problem} "
                                   f"{redact_value(key, value)!r:.200}")
             values[key] = value
+    _apply_aliases(values)
     _check_semantics(values)
     return Config(values, indirect={base: ref for base, ref in indirect.items()})
+
+
+#: nimbus-ha's names of settings that Storm names otherwise: (ours, Storm's, ours -> Storm's
+#: value). Ours is -1 unless set; set, it decides, and setting both to different values is
+#: an error.
+ALIASES = (
+    ("supervisor.logviewer.port", "logviewer.port", lambda port: port),
+    ("supervisor.worker.log.retention.hours", "logviewer.cleanup.age.mins",
+     lambda hours: hours * 60.0),
+)
+
+
+def _apply_aliases(values: dict[str, Any]) -> None:
+    for ours, storms, convert in ALIASES:
+        if values[ours] == -1:
+            continue
+        if values[ours] < 0:
+            raise ConfigError(f"key {ours!r} must be 0 or more (or -1: {storms} decides), "
+                              f"got {values[ours]}")
+        wanted = convert(values[ours])
+        default = builtin_defaults()[storms]
+        if values[storms] != default and values[storms] != wanted:
+            raise ConfigError(f"keys {ours!r} and {storms!r} name the same setting and "
+                              f"disagree ({values[ours]} and {values[storms]}): set one")
+        values[storms] = type(default)(wanted)
 
 
 #: ``<secret key>.file`` and ``<secret key>.env``: a secret read from a file (owner-only)

@@ -194,3 +194,18 @@ def test_dev_cluster_passes_the_reference_not_the_secret(tmp_path):
     secret.chmod(0o600)
     chosen, _ = dev_cluster_conf(load_config(overrides=[f"{SECRET_KEY}.file={secret}"]))
     assert chosen == {f"{SECRET_KEY}.file": str(secret)}
+
+
+def test_the_logviewer_settings_answer_to_both_names():
+    """Storm's names (logviewer.port, logviewer.cleanup.age.mins) and nimbus-ha's
+    (supervisor.logviewer.port, supervisor.worker.log.retention.hours) set one setting."""
+    conf = load_config(overrides={"supervisor.worker.log.retention.hours": 2,
+                                  "supervisor.logviewer.port": 9001})
+    assert (conf["logviewer.cleanup.age.mins"], conf["logviewer.port"]) == (120.0, 9001)
+    assert load_config(overrides={"logviewer.port": 9002})["logviewer.port"] == 9002
+    same = load_config(overrides={"supervisor.logviewer.port": 9003, "logviewer.port": 9003})
+    assert same["logviewer.port"] == 9003
+    with pytest.raises(ConfigError, match="name the same setting and disagree"):
+        load_config(overrides={"supervisor.logviewer.port": 9001, "logviewer.port": 9002})
+    with pytest.raises(ConfigError, match="'supervisor.worker.log.retention.hours' must be"):
+        load_config(overrides={"supervisor.worker.log.retention.hours": -3})
