@@ -33,7 +33,6 @@ from werkzeug.wrappers import Request, Response
 
 from nimbus.config import Config
 from nimbus.master.runtime_view import set_checkpoints
-from nimbus.redaction import mask
 from nimbus.state.cluster_state import LayoutMissingError
 from nimbus.state.component_ids import is_component_id
 from nimbus.state.records import RecordError, StormBase
@@ -189,25 +188,9 @@ class UIApp:
         return json_response(storm_json.topology_summary(self.view.snapshot()))
 
     def on_topology(self, request: Request, topology_id: str) -> Response:
-        snap = self.view.snapshot()
-        self._check_id(topology_id)
-        if self.authorizer is not None:
-            base = self.view.storm_base(topology_id)
-            if base is None:
-                raise not_found(topology_id)
-            self._check_read(request, topology_id, base)
-        # One topology: read now (beats and errors are not in the snapshot).
-        info = self.view.topology_info(
-            topology_id, timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
-        if info is None:
-            raise not_found(topology_id)
-        for errors in info["errors"].values():  # worker text: mask the cluster's secrets
-            for error in errors:
-                error["error"] = mask(str(error.get("error", "")))
-        for worker in info["workers"]:
-            worker["last_error"] = mask(str(worker["last_error"]))
+        info, _base = self._page_info(request, topology_id)
         return json_response(storm_json.topology_detail(
-            snap, info, self.view.fetch_topology_conf(topology_id),
+            self.view.snapshot(), info, self.view.fetch_topology_conf(topology_id),
             int(self.conf["topology.message.timeout.secs"])))
 
     # -- the topology page (nimbus/ui/topology_page.py) ----------------------------------
