@@ -29,8 +29,9 @@ import requests
 import yaml
 from helpers import process_bundle
 from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.zkserver import free_port
 

@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 from helpers import leadership_claims, stormdist
+from waiting import wait_for
 
-from nimbus.devcluster import wait_for
 from nimbus.thrift import storm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

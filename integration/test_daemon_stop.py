@@ -7,8 +7,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-
-from nimbus.devcluster import wait_for
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from helpers import process_bundle
 from processes import frozen, running
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.state.zkserver import free_port, port_open
 from nimbus.thrift.client import NimbusClient

@@ -8,8 +8,9 @@ import signal
 import pytest
 from helpers import leadership_claims, observer, stormdist
 from thriftpy2.thrift import TApplicationException, TException
+from waiting import wait_for
 
-from nimbus.devcluster import sample_topology, wait_for
+from nimbus.devcluster import sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift.client import connect
 

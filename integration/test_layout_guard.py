@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from helpers import observer, stormdist, wipe
-
-from nimbus.devcluster import wait_for
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

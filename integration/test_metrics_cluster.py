@@ -12,8 +12,9 @@ import urllib.request
 import pytest
 import yaml
 from helpers import run_cli
+from waiting import wait_for
 
-from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
+from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import processes_with_arg
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED

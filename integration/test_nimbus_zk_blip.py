@@ -24,8 +24,9 @@ import pytest
 import yaml
 from helpers import observer
 from tcp_proxy import DelayProxy
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
+from nimbus.devcluster import LocalCluster, NimbusProcess
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import SupervisorInfo
 from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode

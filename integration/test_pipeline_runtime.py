@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 from helpers import observer, run_cli
 from processes import acting, running
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
+from nimbus.devcluster import LocalCluster, SupervisorProcess
 from nimbus.distribution.archive import pack_directory
 from nimbus.master import runtime_view
 from nimbus.pipeline_feed import (

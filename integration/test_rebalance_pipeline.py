@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 from helpers import observer, run_cli
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from helpers import observer, stormdist
 from required_plugins import require_plugin
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.state.zkserver import free_port, port_open
 from nimbus.thrift.client import NimbusClient, NimbusUnavailableError
 

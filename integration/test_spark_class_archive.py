@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 from processes import workers_in
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
 

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 from spark_standalone import SparkStandalone
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
 

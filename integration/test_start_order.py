@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from waiting import wait_for
 
-from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
+from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.state.zkserver import free_port

@@ -97,8 +97,8 @@ def test_apache_thrift_client_rebalances_and_reads_runtime_info(make_cluster, bu
     """rebalance, getClusterInfo's supervisors and getTopologyInfo's executors and errors,
     decoded by Apache Thrift; the supervisor's records are written as a supervisor would."""
     from helpers import observer
+    from waiting import wait_for
 
-    from nimbus.devcluster import wait_for
     from nimbus.state.records import ErrorInfo, SupervisorInfo
 
     _, ttypes, connect = apache
@@ -156,8 +156,9 @@ def test_apache_thrift_client_reads_the_page_info_of_a_running_topology(tmp_path
     pages), decoded by Apache Thrift, from the leader and from a follower, about a
     process topology whose two workers run on a real supervisor."""
     from helpers import observer
+    from waiting import wait_for
 
-    from nimbus.devcluster import LocalCluster, wait_for
+    from nimbus.devcluster import LocalCluster
     from nimbus.state.records import ErrorInfo
 
     _, ttypes, connect = apache

@@ -8,8 +8,7 @@ import threading
 
 import pytest
 from helpers import observer
-
-from nimbus.devcluster import wait_for
+from waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

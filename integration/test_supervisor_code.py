@@ -25,8 +25,9 @@ import pytest
 import yaml
 from helpers import observer, s3_store
 from required_plugins import require_plugin
+from waiting import wait_for
 
-from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology, wait_for
+from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -21,8 +21,9 @@ import pytest
 import yaml
 from helpers import observer
 from processes import acting, frozen
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
+from nimbus.devcluster import LocalCluster, SupervisorProcess
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
 from nimbus.supervisor.cgroups import unified_root

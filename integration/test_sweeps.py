@@ -11,8 +11,9 @@ import pytest
 import yaml
 from helpers import observer
 from required_plugins import require_plugin
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, sample_topology, wait_for
+from nimbus.devcluster import LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 

@@ -18,9 +18,10 @@ from helpers import run_cli
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from tls_certs import DAEMON, USER, CertificateAuthority
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 from nimbus.state.zkserver import free_port

@@ -17,8 +17,9 @@ import pytest
 import requests
 import yaml
 from helpers import observer, run_cli
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.ui.server import UIServer
 

@@ -19,9 +19,10 @@ import requests
 import yaml
 from helpers import observer
 from tls_certs import DAEMON, USER, CertificateAuthority, Identity
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import LocalCluster, free_port, wait_for
+from nimbus.devcluster import LocalCluster, free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift.tls import configure_clients
 

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import observer, run_cli
 from processes import running
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.master import runtime_view
 from nimbus.pipeline_feed import (

@@ -26,9 +26,10 @@ import requests
 import yaml
 from helpers import run_cli
 from tls_certs import DAEMON, USER, CertificateAuthority
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import LocalCluster, SupervisorProcess, wait_for
+from nimbus.devcluster import LocalCluster, SupervisorProcess
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_client import make_zk_client

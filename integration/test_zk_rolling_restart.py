@@ -21,8 +21,9 @@ import time
 
 import pytest
 from helpers import observer
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.devcluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.pipeline_feed import (
     WORDCOUNT,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 
+from waiting import wait_for
+
 from nimbus.background_loop import BackgroundLoop
-from nimbus.devcluster import wait_for
 
 
 class Steps:

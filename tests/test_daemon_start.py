@@ -8,9 +8,9 @@ import sys
 import threading
 
 import pytest
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import threading
 import pytest
 from faults import expire_session
 from kazoo.protocol.states import KazooState
+from waiting import wait_for
 
-from nimbus.devcluster import wait_for
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
 from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase

@@ -21,9 +21,9 @@ import pytest
 from fuzzing import HEALTHY, STAND_IN_PORT, STAND_IN_SUPERVISOR, FuzzNimbus, NodeCase
 from fuzzing import check_node_case as run_case
 from test_supervisor import STUB_WORKER, _beat, _code, _sha, _submit_directly, _supervisor, _tar
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import Assignment, StormBase

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from thriftpy2.thrift import TApplicationException
+from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import wait_for
 from nimbus.master.summary_cache import ClusterSnapshot
 from nimbus.metrics import (
     MetricsServer,

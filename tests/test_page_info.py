@@ -20,9 +20,10 @@ import pytest
 from nimbus_fixtures import idle_nimbus_conf
 from raw_thrift import framed, message
 from tls_certs import USER, CertificateAuthority
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import free_port, wait_for
+from nimbus.devcluster import free_port
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat
 from nimbus.thrift import handler, page_info, storm

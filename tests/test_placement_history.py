@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from faults import expire_session
 from test_scheduler import _set_status, cluster, slots  # noqa: F401 - cluster: a fixture
+from waiting import wait_for
 
-from nimbus.devcluster import wait_for
 from nimbus.master import placement_history as ph
 from nimbus.master import runtime_view
 from nimbus.state.cluster_state import NotLeaderError

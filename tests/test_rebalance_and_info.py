@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from nimbus_fixtures import idle_nimbus_conf
+from waiting import wait_for
 
 from nimbus.cli import main
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.distribution.archive import NO_KIND_MESSAGE, BundleError, bundle_kind
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat

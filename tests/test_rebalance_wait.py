@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from nimbus_fixtures import idle_nimbus_conf
 from thriftpy2.thrift import TApplicationException
 from ui_fixtures import Harness, conf_for, write_cluster
+from waiting import wait_for
 
 from nimbus import metrics
 from nimbus.cli import main
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.master import rebalancing
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.cluster_state import StormClusterState

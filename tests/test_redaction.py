@@ -158,8 +158,9 @@ def test_a_running_nimbus_never_logs_or_serves_its_secrets(zk_server, zk_root, t
     shows none of them, and getNimbusConf/getTopologyConf over Thrift show them redacted."""
     import yaml
     from required_plugins import require_plugin
+    from waiting import wait_for
 
-    from nimbus.devcluster import NimbusProcess, free_port, wait_for
+    from nimbus.devcluster import NimbusProcess, free_port
     from nimbus.distribution.archive import pack_directory
     from nimbus.thrift.client import NimbusClient, connect
 

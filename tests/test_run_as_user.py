@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from supervisor_index import index_work
 from test_supervisor import STUB_WORKER, FakePeers, _code, _free_port, _sha, _tar
+from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import wait_for
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, StormBase
 from nimbus.supervisor.code_cache import CodeCache

@@ -11,9 +11,9 @@ import re
 
 import pytest
 from faults import expire_session
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.master.elector import LeaderElector
 from nimbus.master.scheduler import Scheduler
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState

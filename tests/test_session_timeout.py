@@ -7,8 +7,8 @@ import logging
 
 import pytest
 from kazoo.client import KazooClient
+from waiting import wait_for
 
-from nimbus.devcluster import wait_for
 from nimbus.state.session_timeout import (
     SessionTimeout,
     session_timeout_of,

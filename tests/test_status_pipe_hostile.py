@@ -25,8 +25,8 @@ from test_supervisor import (
     _tar,
     stub_worker,  # noqa: F401 - a fixture
 )
+from waiting import wait_for
 
-from nimbus.devcluster import wait_for
 from nimbus.state.beat_progress import MAX_BEAT_BYTES
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, WorkerBeat

@@ -28,10 +28,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from tls_certs import CertificateAuthority
+from waiting import wait_for
 
 from nimbus.cli import _bundle, main
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.distribution import code_stream
 from nimbus.distribution.archive import (
     ChangedWhilePackedError,

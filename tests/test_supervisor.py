@@ -22,9 +22,9 @@ import pytest
 from faults import expire_session
 from kazoo.exceptions import NoNodeError
 from supervisor_index import index_work
+from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import wait_for
 from nimbus.master import runtime_view
 from nimbus.state import worker_state
 from nimbus.state.cluster_state import StormClusterState

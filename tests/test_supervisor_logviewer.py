@@ -10,9 +10,10 @@ import sys
 import threading
 
 import requests
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import free_port, wait_for
+from nimbus.devcluster import free_port
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.supervisor.daemon import Supervisor
 

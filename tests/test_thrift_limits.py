@@ -21,9 +21,9 @@ from raw_thrift import (
     send_then_end,
 )
 from thriftpy2.thrift import TMessageType
+from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import wait_for
 from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zkserver import free_port

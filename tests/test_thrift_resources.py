@@ -26,9 +26,10 @@ from raw_thrift import (
 )
 from thriftpy2.thrift import TMessageType
 from tls_certs import CertificateAuthority
+from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port, wait_for
+from nimbus.devcluster import free_port
 from nimbus.distribution import file_transfer
 from nimbus.distribution.archive import pack_directory
 from nimbus.distribution.file_transfer import FileTransfers, TransferError

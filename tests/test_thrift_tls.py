@@ -12,9 +12,10 @@ import sys
 import pytest
 import yaml
 from tls_certs import USER, CertificateAuthority
+from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port, wait_for
+from nimbus.devcluster import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import storm
 from nimbus.thrift.tls import configure_clients

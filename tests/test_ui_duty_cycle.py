@@ -10,10 +10,11 @@ import urllib.request
 
 import pytest
 from ui_fixtures import Harness, conf_for, write_cluster
+from waiting import wait_for
 from werkzeug.test import Client
 
 from nimbus.config import load_config
-from nimbus.devcluster import free_port, wait_for
+from nimbus.devcluster import free_port
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.ui.app import UIApp
 from nimbus.ui.local_nimbus import LocalNimbus

@@ -93,7 +93,7 @@ def test_supervisor_and_topology_summaries(ui):
 def test_store_backed_replication_counts_come_from_the_nimbuses(make_zk, zk_server, zk_root):
     """s3 and hdfs register no replicas in ZooKeeper: the count the nimbuses report in
     getClusterInfo (the store's redundancy) is what the UI shows then."""
-    from nimbus.devcluster import wait_for
+    from waiting import wait_for
 
     state = StormClusterState(make_zk(), zk_root)
     state.setup()

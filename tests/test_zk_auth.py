@@ -11,9 +11,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import make_digest_acl, make_digest_acl_credential
+from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port, wait_for
+from nimbus.devcluster import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_auth import zk_security

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from kazoo.client import KazooClient
+from waiting import wait_for
 
-from nimbus.devcluster import wait_for
 from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
 
 pytestmark = pytest.mark.integration

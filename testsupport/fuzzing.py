@@ -859,7 +859,7 @@ def fuzz_thrift(seed: int, cases: int, port: int, max_frame: int,
     ``serves()`` must be true after every case (say, getClusterInfo answers) and
     ``idle()`` (no connection open) soon after the last. With ``logs`` (the server's),
     a case after which a traceback was logged (an exception nobody expected) fails."""
-    from nimbus.devcluster import wait_for
+    from waiting import wait_for
 
     tally = Tally("thrift")
     for number in range(first, first + cases):
@@ -945,8 +945,8 @@ class FuzzNimbus:
 
     def __enter__(self) -> FuzzNimbus:
         from kazoo.client import KazooClient
+        from waiting import wait_for
 
-        from nimbus.devcluster import wait_for
         from nimbus.distribution.archive import pack_directory
         from nimbus.master.daemon import NimbusDaemon
         from nimbus.state.cluster_state import StormClusterState
@@ -996,8 +996,7 @@ class FuzzNimbus:
         """(Re)make the stand-in supervisor's heartbeat (ephemeral: a session lost on a
         loaded machine takes it along) and wait until the healthy worker is on it."""
         from kazoo.exceptions import NodeExistsError
-
-        from nimbus.devcluster import wait_for
+        from waiting import wait_for
 
         try:
             self.zk.create(self.state.path("supervisors", STAND_IN_SUPERVISOR),
@@ -1042,7 +1041,7 @@ class FuzzNimbus:
     def settle(self, timeout_s: float = 30.0) -> None:
         """Wake every reader and wait until each has run twice since: the summary cache,
         the code sync and the duty cycle."""
-        from nimbus.devcluster import wait_for
+        from waiting import wait_for
 
         daemon = self.daemon
         runs, cycles = daemon.sync.runs, daemon.cycles
@@ -1131,8 +1130,7 @@ def node_case(rng: random.Random, fz: FuzzNimbus, number: int) -> NodeCase:
 def check_node_case(fz: FuzzNimbus, case: NodeCase) -> str | None:
     """Write ``case``'s garbage, let the nimbus read it, check it coped, then undo it."""
     from kazoo.exceptions import NodeExistsError, NoNodeError
-
-    from nimbus.devcluster import wait_for
+    from waiting import wait_for
 
     zk = fz.zk
     problems: list[str] = []

@@ -13,8 +13,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
+from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, sample_topology, wait_for
+from nimbus.devcluster import LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 

@@ -45,7 +45,8 @@ class TestLocalfsConformance(DistributorKit):
 
 def test_registration_comes_back_after_session_expiry(hosts, zk_server, make_zk, zk_root):
     """A replica registration lost with an expired session is re-created by itself."""
-    from nimbus.devcluster import wait_for
+    from waiting import wait_for
+
     from nimbus.testing.conformance import _write_code
 
     group = hosts(1)

@@ -368,7 +368,7 @@ def test_a_silent_endpoint_fails_within_the_timeouts(tmp_path):
     import signal
     import time
 
-    from nimbus.devcluster import wait_for
+    from waiting import wait_for
 
     server = SeaweedS3Server(tmp_path / "seaweed").start()
     try:
