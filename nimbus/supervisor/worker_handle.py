@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nimbus.state.worker_logs import LOG_FILE
 from nimbus.supervisor.cgroups import (
     CGROUP_ENV,
     WorkerCgroups,
@@ -58,7 +59,6 @@ WORKER_COMMAND = (sys.executable, "-m", "nimbus.worker")
 THAW_MARGIN_S = 1.0
 #: A warm worker's log in its directory, and a worker's of an earlier release (which
 #: wrote ``<worker-dir>/worker.log``).
-LOG_FILE = "worker.log"
 MAX_STATUS_LINE = 1 << 20   # a longer line is cut off and dropped: it is no status
 
 # (handle, decoded status object) -> None; called on the handle's reader thread.

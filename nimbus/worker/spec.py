@@ -17,7 +17,6 @@ from typing import Any
 from nimbus.topology_paths import checkpoint_root_of
 
 SPEC_FILE = "worker.json"
-LOG_FILE = "worker.log"
 
 
 class SpecError(ValueError):
