@@ -30,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
 
 MB = 1024 * 1024
 TARGET_GROWTH_MB = 64

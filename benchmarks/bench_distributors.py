@@ -33,7 +33,7 @@ from pathlib import Path
 import _paths  # noqa: F401 - testsupport/ on sys.path
 from transfer_baselines import loopback_tcp, sha256sum, write_random_file
 
-from nimbus.state.zkserver import ZooKeeperServer
+from nimbus.dev.zookeeper import ZooKeeperServer
 from nimbus.testing.hosts import SimulatedHosts
 
 TOPOLOGY = "bench-1-1"

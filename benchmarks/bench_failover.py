@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nimbus.devcluster import LocalCluster, NimbusProcess, sample_topology, wait_for
+from nimbus.dev.cluster import LocalCluster, NimbusProcess, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift.client import connect
 

@@ -48,7 +48,7 @@ from typing import Any
 import _paths  # noqa: F401 - testsupport/ on sys.path
 from transfer_baselines import RateCappedServer, rate_capped_fetch
 
-from nimbus.state.zkserver import ZooKeeperServer
+from nimbus.dev.zookeeper import ZooKeeperServer
 from nimbus.supervisor.code_cache import CODE_FILES, CodeCache
 from nimbus.testing.hosts import SimulatedHosts
 
@@ -84,12 +84,14 @@ def light_supervisor(index: int, job: dict[str, Any], events: dict[str, Any],
     from kazoo.client import KazooClient
 
     from nimbus.supervisor.distributor_source import DistributorSource
+    from nimbus.thrift.client import fetch_file
 
     work = Path(job["work"]) / f"supervisor-{index}"
     zk = KazooClient(hosts=job["zk_hosts"], timeout=10.0)
     zk.start(timeout=30)
-    source = DistributorSource(job["conf"], zk, job["zk_root"], f"bench-{index}", work)
-    cache = CodeCache(work / "stormdist", 1 << 40, distributor=source)
+    source = DistributorSource(job["conf"], zk, job["zk_root"], f"bench-{index}", work,
+                               fetch_file=fetch_file)
+    cache = CodeCache(work / "stormdist", 1 << 40, fetch_file, distributor=source)
     try:
         results.put(("ready", index, None))
         events["go"].wait(RUN_TIMEOUT_S)

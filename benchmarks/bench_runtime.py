@@ -59,15 +59,15 @@ import _paths  # noqa: F401 - testsupport/ on sys.path
 from helpers import observer
 from processes import process_tree_rss_kib, workers_in
 
-from nimbus.devcluster import LocalCluster, wait_for
-from nimbus.distribution.archive import pack_directory
-from nimbus.master import runtime_view
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster, wait_for
+from nimbus.dev.feed import (
     WORDCOUNT,
     CommittedOutput,
     RecordFeed,
     exactly_once_report,
 )
+from nimbus.distribution.archive import pack_directory
+from nimbus.state import runtime_view
 
 SESSION_MS = 6000
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",

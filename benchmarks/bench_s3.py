@@ -43,7 +43,7 @@ from nimbus_ha_s3.distributor import PREFIX
 from nimbus_ha_s3.seaweed import SeaweedS3Server
 from transfer_baselines import sha256sum, write_random_file
 
-from nimbus.state.zkserver import ZooKeeperServer
+from nimbus.dev.zookeeper import ZooKeeperServer
 from nimbus.testing.hosts import SimulatedHosts
 
 TOPOLOGY = "bench-1-1"

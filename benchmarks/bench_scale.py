@@ -58,7 +58,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from nimbus.devcluster import LocalCluster, NimbusProcess, sample_topology, wait_for
+from nimbus.dev.cluster import LocalCluster, NimbusProcess, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import storm
 from nimbus.thrift.client import connect

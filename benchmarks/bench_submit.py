@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nimbus.devcluster import LocalCluster, wait_for
+from nimbus.dev.cluster import LocalCluster, wait_for
 
 
 def main() -> None:

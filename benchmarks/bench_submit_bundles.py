@@ -53,7 +53,7 @@ from kazoo.client import KazooClient
 from prometheus_client.parser import text_string_to_metric_families
 from transfer_baselines import loopback_tcp
 
-from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
+from nimbus.dev.cluster import LocalCluster, NimbusProcess, wait_for
 from nimbus.distribution.archive import pack_directory_file
 from nimbus.state.records import WorkerBeat
 from nimbus.thrift.client import NimbusClient

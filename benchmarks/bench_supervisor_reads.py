@@ -25,10 +25,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from nimbus.dev.zookeeper import ZooKeeperServer
 from nimbus.state.cluster_state import Fence, StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import INACTIVE, Assignment, StormBase
-from nimbus.state.zkserver import ZooKeeperServer
 from nimbus.supervisor.own_assignments import OwnAssignments
 
 

@@ -49,7 +49,7 @@ from transfer_baselines import (
     write_random_file,
 )
 
-from nimbus.state.zkserver import ZooKeeperServer
+from nimbus.dev.zookeeper import ZooKeeperServer
 from nimbus.testing.hosts import SimulatedHosts
 
 TOPOLOGY = "swarm-1-1"

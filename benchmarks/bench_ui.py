@@ -28,10 +28,10 @@ import requests
 import yaml
 from kazoo.client import KazooClient
 
-from nimbus.devcluster import wait_for
+from nimbus.dev.cluster import wait_for
+from nimbus.dev.zookeeper import ZooKeeperServer, free_port
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, NimbusInfo, StormBase, SupervisorInfo
-from nimbus.state.zkserver import ZooKeeperServer, free_port
 
 
 def write_cluster(state: StormClusterState, n: int) -> None:

@@ -141,7 +141,7 @@ def main() -> int:
             tallies.append(million_entries(work))
             print(tallies[-1].line(), flush=True)
         if {"thrift", "nodes"} & set(targets):
-            from nimbus.state.zkserver import ZooKeeperServer
+            from nimbus.dev.zookeeper import ZooKeeperServer
 
             zk = ZooKeeperServer(work / "zookeeper").start()
             try:

@@ -102,11 +102,8 @@ from kazoo.client import KazooClient
 from soak_verdict import STALL_BOUND_FACTOR, exit_status, judge, render, summary
 from tcp_proxy import DelayProxy
 
-from nimbus.devcluster import LocalCluster, NimbusProcess, wait_for
-from nimbus.distribution.archive import pack_directory
-from nimbus.master import runtime_view
-from nimbus.master.leader_lease import FRACTION as LEASE_FRACTION
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster, NimbusProcess, wait_for
+from nimbus.dev.feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -114,9 +111,12 @@ from nimbus.pipeline_feed import (
     exactly_once_report,
     processes_with_arg,
 )
+from nimbus.dev.zookeeper import ZooKeeperEnsemble
+from nimbus.distribution.archive import pack_directory
+from nimbus.master.leader_lease import FRACTION as LEASE_FRACTION
+from nimbus.state import runtime_view
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.leader_audit import deposed_writes, read_trail
-from nimbus.state.zkserver import ZooKeeperEnsemble
 
 SESSION_MS = 6000
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",

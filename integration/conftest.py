@@ -6,7 +6,7 @@ import pytest
 from helpers import process_bundle, s3_store
 from required_plugins import require_plugin
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
 
 
 @pytest.fixture

@@ -31,9 +31,9 @@ from helpers import process_bundle
 from prometheus_client import CollectorRegistry, Gauge, make_wsgi_app
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
-from nimbus.state.zkserver import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ import zipfile
 import pytest
 from helpers import observer, process_bundle, run_cli, stormdist
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
 from nimbus.thrift import storm
 from nimbus.thrift.client import connect
 

@@ -18,9 +18,9 @@ from helpers import process_bundle
 from processes import frozen, running
 from waiting import wait_for
 
-from nimbus.config import load_config
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
-from nimbus.state.zkserver import free_port, port_open
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
+from nimbus.dev.zookeeper import free_port, port_open
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.thrift.client import NimbusClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -87,7 +87,7 @@ def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
         if not restart:
             # A worker on the supervisor about to be killed: it freezes at its lease's end,
             # waiting for a supervisor that never comes; stopping the cluster ends it.
-            client = NimbusClient(load_config(work / "client.yaml"), deadline_s=60)
+            client = NimbusClient(load_cluster_config(work / "client.yaml"), deadline_s=60)
             topology_id = client.submit("sleeper", process_bundle(tmp_path / "sleeper"), {})
             [worker] = wait_for(lambda: processes_with_arg(WORKER_MODULE, topology_id) or None,
                                 60, "the worker")
@@ -107,10 +107,10 @@ def test_a_killed_daemon_is_reported_and_the_cluster_goes_on(tmp_path, restart):
             str(client_file)
         assert client_file.stat().st_mode & 0o777 == 0o600
         # Its supervisors share one checkpoint directory, as a real cluster's must.
-        assert load_config(work / "supervisor-0.yaml")["topology.spark.checkpoint.dir"] == \
+        assert load_cluster_config(work / "supervisor-0.yaml")["topology.spark.checkpoint.dir"] == \
             str(work / "checkpoints")
         assert "storm.local.dir" not in client_file.read_text()
-        client = NimbusClient(load_config(client_file), deadline_s=60)
+        client = NimbusClient(load_cluster_config(client_file), deadline_s=60)
         survivor = f"127.0.0.1:{base + 1}"
         wait_for(lambda: [f"{n.host}:{n.port}" for n in client.cluster_info().nimbuses
                           if n.isLeader] == [survivor], 60, "the other nimbus to lead")

@@ -10,7 +10,7 @@ from helpers import leadership_claims, observer, stormdist
 from thriftpy2.thrift import TApplicationException, TException
 from waiting import wait_for
 
-from nimbus.devcluster import sample_topology
+from nimbus.dev.cluster import sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift.client import connect
 

@@ -34,7 +34,7 @@ def test_a_leader_stuck_in_a_plugin_call_is_replaced(make_cluster, bundle, monke
     assert leader.process.returncode == EXIT_CODE
     log = leader.log_text()
     fired = log.index("the leader's duty cycle has not completed for")
-    assert "--- thread leader-duties" in log[fired:] and "delete_shared" in log[fired:]
+    assert "--- thread nimbus-cycle" in log[fired:] and "delete_shared" in log[fired:]
     assert "lost leadership" in log[fired:], "it gave the lock up before exiting"
     cluster.wait_for_leader(exclude=leader.address, timeout_s=60)
     took_over = [t for t, gained in leadership_events(other.log_text())

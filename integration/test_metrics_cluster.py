@@ -14,9 +14,9 @@ import yaml
 from helpers import run_cli
 from waiting import wait_for
 
-from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology
+from nimbus.dev.cluster import DaemonProcess, LocalCluster, sample_topology
+from nimbus.dev.feed import processes_with_arg
 from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import processes_with_arg
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -26,10 +26,10 @@ from helpers import observer
 from tcp_proxy import DelayProxy
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, NimbusProcess
+from nimbus.dev.cluster import LocalCluster, NimbusProcess
+from nimbus.dev.zookeeper import ZooKeeperEnsemble, server_mode
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import SupervisorInfo
-from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
 from nimbus.thrift.client import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -20,10 +20,8 @@ from helpers import observer, run_cli
 from processes import acting, running
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, SupervisorProcess
-from nimbus.distribution.archive import pack_directory
-from nimbus.master import runtime_view
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster, SupervisorProcess
+from nimbus.dev.feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -31,6 +29,8 @@ from nimbus.pipeline_feed import (
     exactly_once_report,
     processes_with_arg,
 )
+from nimbus.distribution.archive import pack_directory
+from nimbus.state import runtime_view
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -13,9 +13,9 @@ import yaml
 from helpers import observer, run_cli
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
 from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

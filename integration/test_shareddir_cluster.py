@@ -15,8 +15,8 @@ from helpers import observer, stormdist
 from required_plugins import require_plugin
 from waiting import wait_for
 
-from nimbus.config import load_config
-from nimbus.state.zkserver import free_port, port_open
+from nimbus.dev.zookeeper import free_port, port_open
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.thrift.client import NimbusClient, NimbusUnavailableError
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_dev_cluster_gives_config_and_set_to_every_daemon(tmp_path):
             assert daemon_conf["storm.codedistributor.class"] == "shareddir", name
             assert daemon_conf[PREFIX + "path"] == str(share), name
             assert daemon_conf[PREFIX + "replication.count"] == 2, name
-        client = NimbusClient(load_config(work / "nimbus-0.yaml"))
+        client = NimbusClient(load_cluster_config(work / "nimbus-0.yaml"))
         topology = tmp_path / "topology"
         topology.mkdir()
         (topology / "topology.yaml").write_text('command: ["sleep", "3600"]\n')

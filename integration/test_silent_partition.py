@@ -32,7 +32,7 @@ from tcp_proxy import DelayProxy
 from thriftpy2.thrift import TApplicationException
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import NOT_LEADER_PREFIX
 from nimbus.thrift.client import connect

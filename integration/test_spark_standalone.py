@@ -13,9 +13,9 @@ import pytest
 from spark_standalone import SparkStandalone
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.feed import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
 from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed, exactly_once_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

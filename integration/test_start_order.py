@@ -15,10 +15,10 @@ import requests
 import yaml
 from waiting import wait_for
 
-from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology
+from nimbus.dev.cluster import DaemonProcess, LocalCluster, sample_topology
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
-from nimbus.state.zkserver import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

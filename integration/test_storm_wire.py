@@ -158,7 +158,7 @@ def test_apache_thrift_client_reads_the_page_info_of_a_running_topology(tmp_path
     from helpers import observer
     from waiting import wait_for
 
-    from nimbus.devcluster import LocalCluster
+    from nimbus.dev.cluster import LocalCluster
     from nimbus.state.records import ErrorInfo
 
     _, ttypes, connect = apache

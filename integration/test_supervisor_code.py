@@ -27,7 +27,7 @@ from helpers import observer, s3_store
 from required_plugins import require_plugin
 from waiting import wait_for
 
-from nimbus.devcluster import DaemonProcess, LocalCluster, sample_topology
+from nimbus.dev.cluster import DaemonProcess, LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -187,38 +187,35 @@ def test_with_tls_the_swarm_admits_cluster_certificates_only(tmp_path):
     import libtorrent as lt
     from tls_certs import DAEMON, USER, CertificateAuthority
 
-    from nimbus.config import load_config
-    from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
-    from nimbus.thrift.tls import configure_clients
+    from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
+    from nimbus.thrift.client import NimbusClient
 
     ca = CertificateAuthority(tmp_path / "ca")
     daemons = ca.issue("cluster", DAEMON)
-    configure_clients(load_config(overrides=ca.issue("alice", USER).conf()))
-    try:
-        with LocalCluster(tmp_path / "cluster", 2, supervisors=2, slots_per_supervisor=1,
-                          conf={**CONF, **TORRENT, **daemons.conf(),
-                                "nimbus.supervisor.users": ["cluster"],
-                                "nimbus.daemon.users": ["cluster"]}) as c:
+    with LocalCluster(tmp_path / "cluster", 2, supervisors=2, slots_per_supervisor=1,
+                      conf={**CONF, **TORRENT, **daemons.conf(),
+                            "nimbus.supervisor.users": ["cluster"],
+                            "nimbus.daemon.users": ["cluster"]}) as c:
+        try:
+            as_alice = NimbusClient(c.client_conf(**ca.issue("alice", USER).conf()),
+                                    deadline_s=60)
+            topology_id = as_alice.submit(
+                "sleeper", sleeper(tmp_path),
+                {"topology.workers": 2, "topology.min.replication.count": 2})
+            wait_for(lambda: len(processes_with_arg(WORKER_MODULE, topology_id)) == 2,
+                     90, "a worker on each supervisor")
+            for supervisor in c.supervisors:
+                log = supervisor.log_text()
+                assert "supervisor fetches code through code distributor 'torrent'" in log
+                assert f"fetched and verified the code of {topology_id} (from the code " \
+                       "distributor)" in log
+            state = observer(c)
             try:
-                topology_id = c.client().submit(
-                    "sleeper", sleeper(tmp_path),
-                    {"topology.workers": 2, "topology.min.replication.count": 2})
-                wait_for(lambda: len(processes_with_arg(WORKER_MODULE, topology_id)) == 2,
-                         90, "a worker on each supervisor")
-                for supervisor in c.supervisors:
-                    log = supervisor.log_text()
-                    assert "supervisor fetches code through code distributor 'torrent'" in log
-                    assert f"fetched and verified the code of {topology_id} (from the code " \
-                           "distributor)" in log
-                state = observer(c)
-                try:
-                    meta = state.code_meta(topology_id)
-                    assert lt.torrent_info(meta.metafile).ssl_cert() == ca.ca_file.read_text()
-                finally:
-                    state.zk.stop()
-            except BaseException:
-                for daemon in [*c.nimbuses, *c.supervisors]:
-                    print(f"--- {daemon.log_file.name} ---\n{daemon.log_text()[-3000:]}")
-                raise
-    finally:
-        configure_clients(load_config(overrides={}))
+                meta = state.code_meta(topology_id)
+                assert lt.torrent_info(meta.metafile).ssl_cert() == ca.ca_file.read_text()
+            finally:
+                state.zk.stop()
+        except BaseException:
+            for daemon in [*c.nimbuses, *c.supervisors]:
+                print(f"--- {daemon.log_file.name} ---\n{daemon.log_text()[-3000:]}")
+            raise

@@ -23,7 +23,7 @@ from helpers import observer
 from processes import acting, frozen
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, SupervisorProcess
+from nimbus.dev.cluster import LocalCluster, SupervisorProcess
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
 from nimbus.supervisor.cgroups import unified_root

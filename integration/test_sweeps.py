@@ -13,9 +13,9 @@ from helpers import observer
 from required_plugins import require_plugin
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, sample_topology
+from nimbus.dev.cluster import LocalCluster, sample_topology
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
 from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

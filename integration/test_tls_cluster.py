@@ -20,13 +20,12 @@ from kazoo.exceptions import NoAuthError
 from tls_certs import DAEMON, USER, CertificateAuthority
 from waiting import wait_for
 
-from nimbus.config import load_config
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
-from nimbus.state.zkserver import free_port
 from nimbus.thrift import storm
-from nimbus.thrift.tls import configure_clients
+from nimbus.thrift.client import NimbusClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
@@ -40,12 +39,7 @@ def test_a_tls_cluster_runs_topologies_and_authorizes_by_identity(tmp_path):
     topology.mkdir()
     (topology / "topology.yaml").write_text(yaml.safe_dump(
         {"command": [sys.executable, "-c", "import time; time.sleep(3600)"]}))
-    # This process's clients (the cluster helper's leader lookups, the submit) are alice.
-    configure_clients(load_config(overrides=ca.issue("alice", USER).conf()))
-    try:
-        run_cluster(tmp_path, ca, daemons, topology)
-    finally:
-        configure_clients(load_config(overrides={}))
+    run_cluster(tmp_path, ca, daemons, topology)
 
 
 def run_cluster(tmp_path, ca, daemons, topology) -> None:
@@ -72,17 +66,21 @@ def run_cluster(tmp_path, ca, daemons, topology) -> None:
 
         alice, bob, ops = as_identity("alice"), as_identity("bob"), as_identity("ops")
         carol = as_identity("carol")
-        topology_id = cluster.client().submit("sleeper", pack_directory(topology),
+        # This process's client presents alice's certificate (the cluster helper's own
+        # leader lookups present the daemons'): she submits.
+        as_alice = NimbusClient(cluster.client_conf(**ca.issue("alice", USER).conf()),
+                                deadline_s=60)
+        topology_id = as_alice.submit("sleeper", pack_directory(topology),
                                               {"topology.min.replication.count": 2,
                                                "topology.readonly.users": ["carol"]})
         wait_for(lambda: len(processes_with_arg(WORKER_MODULE, topology_id)) == 1, 60,
                  "the supervisor to fetch the code over TLS and run the worker")
         reads_without_zookeeper_credentials(cluster, topology_id, alice, bob, carol)
-        # The cluster's records are for UIs (nimbus.ui.users) and admins: this process
-        # calls as alice, who submitted a topology and is neither.
+        # The cluster's records are for UIs (nimbus.ui.users) and admins: alice submitted
+        # a topology and is neither.
         with pytest.raises(storm.AuthorizationException, match="alice may not read the "
                            "cluster's records"):
-            cluster.client().read(lambda c: c.getClusterRecords())
+            as_alice.read(lambda c: c.getClusterRecords())
         ui_without_zookeeper_credentials(tmp_path, ca, base, topology_id)
 
         refused = run_cli("kill", "sleeper", "--wait", "0", "--config", str(bob))

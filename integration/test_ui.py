@@ -19,7 +19,7 @@ import yaml
 from helpers import observer, run_cli
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
 from nimbus.distribution.archive import pack_directory
 from nimbus.ui.server import UIServer
 
@@ -307,7 +307,7 @@ def test_topology_page_shows_workers_charts_progress_and_errors_as_text(env, bro
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from nimbus.pipeline_feed import WORDCOUNT, RecordFeed
+    from nimbus.dev.feed import WORDCOUNT, RecordFeed
 
     client = env["cluster"].client()
     feed = RecordFeed(tmp_path / f"in-{MARKUP}")

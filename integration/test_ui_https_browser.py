@@ -21,10 +21,10 @@ from helpers import observer
 from tls_certs import DAEMON, USER, CertificateAuthority, Identity
 from waiting import wait_for
 
-from nimbus.config import load_config
-from nimbus.devcluster import LocalCluster, free_port
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
-from nimbus.thrift.tls import configure_clients
+from nimbus.thrift.client import NimbusClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
@@ -78,9 +78,6 @@ def env(tmp_path_factory):
         **ids["cluster"].conf(), "nimbus.authorizer": SIMPLE_ACL,
         "nimbus.admins": ["ops", "ui"]})
     ui = log = None
-    # This process's clients (the cluster helper's leader lookups, the submits) need a
-    # certificate too: alice's, then each owner's.
-    configure_clients(load_config(overrides=ids["alice"].conf()))
     try:
         cluster.start()
         directory = tmp / "sleeper"
@@ -88,9 +85,9 @@ def env(tmp_path_factory):
         (directory / "topology.yaml").write_text('command: ["sleep", "3600"]\n')
         bundle = pack_directory(directory)
         topologies = {}
-        for owner in ("alice", "bob"):
-            configure_clients(cluster.client_conf(**ids[owner].conf()))  # as the owner
-            topologies[owner] = cluster.client().submit(f"{owner}s", bundle, {})
+        for owner in ("alice", "bob"):  # each submits with a certificate of its own
+            as_owner = NimbusClient(cluster.client_conf(**ids[owner].conf()), deadline_s=60)
+            topologies[owner] = as_owner.submit(f"{owner}s", bundle, {})
         port = free_port()
         config = tmp / "ui.yaml"
         config.write_text(yaml.safe_dump({**cluster.conf_values, **ids["ui"].conf(),
@@ -115,7 +112,6 @@ def env(tmp_path_factory):
             ui.wait(timeout=30)
         if log is not None:
             log.close()
-        configure_clients(load_config(overrides={}))
         cluster.stop()
 
 

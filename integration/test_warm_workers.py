@@ -17,10 +17,8 @@ from helpers import observer, run_cli
 from processes import running
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
-from nimbus.distribution.archive import pack_directory
-from nimbus.master import runtime_view
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -28,6 +26,8 @@ from nimbus.pipeline_feed import (
     exactly_once_report,
     processes_with_arg,
 )
+from nimbus.distribution.archive import pack_directory
+from nimbus.state import runtime_view
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -28,12 +28,11 @@ from helpers import run_cli
 from tls_certs import DAEMON, USER, CertificateAuthority
 from waiting import wait_for
 
-from nimbus.config import load_config
-from nimbus.devcluster import LocalCluster, SupervisorProcess
+from nimbus.dev.cluster import LocalCluster, SupervisorProcess
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_client import make_zk_client
-from nimbus.thrift.tls import configure_clients
+from nimbus.thrift.client import NimbusClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -110,7 +109,6 @@ def env(tmp_path_factory):
                                  "supervisor.worker.log.max.mb": 0.01,
                                  "supervisor.worker.log.backups": 2,
                                  "logviewer.cleanup.age.mins": RETENTION_MIN})
-    configure_clients(load_config(overrides=ids["alice"].conf()))  # this process is alice
     zk = None
     try:
         cluster.start()
@@ -121,8 +119,9 @@ def env(tmp_path_factory):
             files[name].write_text(yaml.safe_dump({
                 **{k: v for k, v in base.items() if k != "storm.local.dir"},
                 **identity.conf()}))
-        topology_id = cluster.client().submit("chatty", pack_directory(topology),
-                                              {"topology.workers": 2})
+        as_alice = NimbusClient(cluster.client_conf(**ids["alice"].conf()), deadline_s=60)
+        topology_id = as_alice.submit("chatty", pack_directory(topology),
+                                      {"topology.workers": 2})
         zk = make_zk_client(cluster.client_conf(), name="test-observer")
         env = Cluster(cluster, files, ids, topology_id,
                       StormClusterState(zk, "/storm"), secret)
@@ -139,7 +138,6 @@ def env(tmp_path_factory):
             zk.stop()
             zk.close()
         cluster.stop()
-        configure_clients(load_config(overrides={}))
 
 
 def _lines(data: bytes) -> list[tuple[int, int, float]]:

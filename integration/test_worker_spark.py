@@ -16,7 +16,7 @@ import pytest
 from worker_harness import WorkerHarness, group_members, process_alive, wait_until
 
 from nimbus.state.beat_progress import checked_history, checked_progress
-from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK
+from nimbus.worker_protocol.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK
 
 pytestmark = pytest.mark.slow
 

@@ -23,9 +23,9 @@ import pytest
 from helpers import observer
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster
-from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster
+from nimbus.dev.demo import DEMO_SPARK_CONF
+from nimbus.dev.feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -33,9 +33,9 @@ from nimbus.pipeline_feed import (
     exactly_once_report,
     processes_with_arg,
 )
-from nimbus.runtime_demo import DEMO_SPARK_CONF
+from nimbus.dev.zookeeper import ZooKeeperEnsemble, server_mode
+from nimbus.distribution.archive import pack_directory
 from nimbus.state.records import WorkerBeat
-from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +13,10 @@ from typing import Any
 import click
 
 from nimbus import __version__, log_policy
-from nimbus.config import Config, ConfigError, load_config
-from nimbus.foreground import Foreground
+from nimbus.config import Config, ConfigError
+from nimbus.daemon_base import run_in_foreground
+from nimbus.dev import commands as dev_commands
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.redaction import install_log_redaction, mask
 
 log = logging.getLogger("nimbus.cli")
@@ -27,11 +28,13 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 
 
 def _conf(config_path: str | None, overrides: tuple[str, ...]) -> Config:
-    from nimbus.thrift.tls import configure_clients
+    from nimbus.cluster_security import ClusterSecurity
 
     try:
-        conf = load_config(config_path, overrides)
-        configure_clients(conf)  # every Thrift client of this command (TLS if configured)
+        conf = load_cluster_config(config_path, overrides)
+        # The command's security, checked now: its clients (NimbusClient(conf)) get it,
+        # and a daemon's own (ClusterSecurity.for_daemon) shares its client context.
+        ClusterSecurity.for_client(conf)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     except (OSError, ValueError) as exc:  # unreadable PEM files
@@ -86,16 +89,14 @@ def main(log_level: str) -> None:
 @_fail_cleanly
 def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Run one nimbus in the foreground (SIGTERM or Ctrl-C to stop)."""
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     conf = _conf(config_path, overrides)
     daemon = NimbusDaemon(conf)
-    foreground = Foreground(daemon.start, daemon.stop, daemon.stopping, "nimbus-shutdown")
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: foreground.request_stop())
-    foreground.start()
-    click.echo(f"nimbus {daemon.address} running", err=True)
-    foreground.run_forever()
+    # A failed start has already released what it took (NimbusDaemon._release).
+    run_in_foreground(daemon, "nimbus-shutdown", stop_if_start_fails=False,
+                      started=lambda: click.echo(f"nimbus {daemon.address} running",
+                                                 err=True))
 
 
 @main.command()
@@ -105,22 +106,13 @@ def nimbus(config_path: str | None, overrides: tuple[str, ...]) -> None:
 def supervisor(config_path: str | None, overrides: tuple[str, ...]) -> None:
     """Run one supervisor in the foreground: it runs the workers the leader assigns to
     this host's slots (supervisor.slots.ports). SIGTERM or Ctrl-C stops it and them."""
-    from nimbus.supervisor.daemon import Supervisor
+    from nimbus.daemons.supervisor import build_supervisor
 
     conf = _conf(config_path, overrides)
-    daemon = Supervisor(conf)  # exits 1 here if a slot port is taken
-    foreground = Foreground(daemon.start, daemon.stop, daemon.stopping,
-                            "supervisor-shutdown")
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: foreground.request_stop())
-    try:
-        foreground.start()
-    except BaseException:
-        daemon.stop()
-        raise
-    click.echo(f"supervisor {daemon.id} running on {daemon.host} with slots "
-               + ",".join(map(str, daemon.ports)), err=True)
-    foreground.run_forever()
+    daemon = build_supervisor(conf)  # exits 1 here if a slot port is taken
+    run_in_foreground(daemon, "supervisor-shutdown", started=lambda: click.echo(
+        f"supervisor {daemon.id} running on {daemon.host} with slots "
+        + ",".join(map(str, daemon.ports)), err=True))
 
 
 @contextlib.contextmanager
@@ -388,7 +380,7 @@ def _console() -> Any:
 @main.command("topology-info")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the view as JSON (see nimbus/master/runtime_view.py).")
+              help="Print the view as JSON (see nimbus/state/runtime_view.py).")
 @config_option
 @set_option
 @_fail_cleanly
@@ -501,14 +493,8 @@ def ui(config_path: str | None, overrides: tuple[str, ...]) -> None:
     from nimbus.ui.server import UIServer
 
     server = UIServer(_conf(config_path, overrides))
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: server.stop())
-    try:
-        server.start()
-        click.echo(f"UI serving on {server.url}", err=True)
-        server.wait()
-    finally:
-        server.stop()
+    run_in_foreground(server, "ui-shutdown",
+                      started=lambda: click.echo(f"UI serving on {server.url}", err=True))
 
 
 @main.command("secure-zookeeper")
@@ -538,95 +524,8 @@ def secure_zookeeper(config_path: str | None, overrides: tuple[str, ...]) -> Non
     click.echo(f"set the cluster's ACL on {count} nodes under {conf.zk_root}")
 
 
-@main.command()
-@click.option("--port", type=int, default=2181, show_default=True,
-              help="Client port (of the first server, with --ensemble; the others follow).")
-@click.option("--dir", "data_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("zookeeper-data"), show_default=True)
-@click.option("--ensemble", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Run this many servers as one ensemble (3 tolerates one failure).")
-@_fail_cleanly
-def zookeeper(port: int, data_dir: Path, ensemble: int) -> None:
-    """Run a real ZooKeeper server (or ensemble) on 127.0.0.1 for development (foreground)."""
-    from nimbus.state.zkserver import (
-        ZooKeeperEnsemble,
-        ZooKeeperServer,
-        ZooKeeperUnavailableError,
-    )
-
-    server: ZooKeeperServer | ZooKeeperEnsemble = (
-        ZooKeeperServer(data_dir, port=port) if ensemble == 1 else
-        ZooKeeperEnsemble(data_dir, size=ensemble, ports=[port + i for i in range(ensemble)]))
-    try:
-        server.start()
-    except ZooKeeperUnavailableError as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"ZooKeeper listening on {server.hosts} (data in {data_dir}); Ctrl-C stops it")
-    processes = [server.process] if isinstance(server, ZooKeeperServer) else \
-        [member.process for member in server.servers]
-    try:
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        for process in processes:
-            process.wait()
-    except (KeyboardInterrupt, SystemExit):
-        pass
-    finally:
-        server.stop()
-
-
-@main.command("dev-cluster")
-@click.option("--nimbuses", type=int, default=3, show_default=True)
-@click.option("--supervisors", type=int, default=0, show_default=True,
-              help="Also run this many supervisors, each with its own storm.local.dir "
-                   "and two slot ports.")
-@click.option("--base-port", type=int, default=6627, show_default=True)
-@click.option("--dir", "work_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("dev-cluster"), show_default=True)
-@click.option("--demo", is_flag=True,
-              help="Submit a sample topology, kill -9 the leader and show the failover.")
-@click.option("--warm-workers", type=int, default=0, show_default=True,
-              help="supervisor.warm.workers of each supervisor: warm SparkSessions kept "
-                   "ready (each a JVM on this one machine).")
-@click.option("--restart", is_flag=True,
-              help="Start a nimbus or supervisor again when it exits (it is always "
-                   "reported, and the rest of the cluster goes on either way).")
-@config_option
-@set_option
-@_fail_cleanly
-def dev_cluster(nimbuses: int, supervisors: int, base_port: int, work_dir: Path,
-                demo: bool, warm_workers: int, restart: bool, config_path: str | None,
-                overrides: tuple[str, ...]) -> None:
-    """ZooKeeper plus N nimbuses (and supervisors) on loopback, for a first look
-    (Ctrl-C or SIGTERM stops all).
-
-    A daemon that exits (kill -9 one to watch a failover) is reported with its pid and
-    how it ended, and the rest goes on; --restart starts it again. It exits non-zero
-    only if ZooKeeper dies.
-
-    --config and --set are validated as for every command and passed to every nimbus and
-    supervisor (e.g. --set storm.codedistributor.class=s3 and the plugin's keys), except
-    the keys that place the cluster on loopback (ZooKeeper, ports, seeds, local dirs).
-    """
-    from nimbus.devcluster import dev_cluster_conf, run_dev_cluster
-    from nimbus.redaction import is_secret_key
-
-    conf = _conf(config_path, overrides)
-    chosen, ignored = dev_cluster_conf(conf)
-    for key in ignored:
-        click.echo(f"dev-cluster sets {key} itself: the configured value is ignored", err=True)
-    for override in overrides:
-        key = override.partition("=")[0].strip()
-        if is_secret_key(key) and not key.endswith((".env", ".file")):
-            click.echo(f"warning: {key} is a secret and its value is on this command line, "
-                       f"which ps shows to every user of the host: pass {key}.env=VARIABLE "
-                       f"or {key}.file=PATH instead (docs/security.md)", err=True)
-    demos = None
-    if demo:
-        from nimbus.runtime_demo import run_demos
-
-        demos = run_demos
-    run_dev_cluster(work_dir, nimbuses, base_port, demos, supervisors=supervisors, conf=chosen,
-                    warm_workers=warm_workers, restart=restart)
+dev_commands.register(main, conf=_conf, config_option=config_option, set_option=set_option,
+                      fail_cleanly=_fail_cleanly)  # zookeeper, dev-cluster
 
 
 @main.command("new-plugin")

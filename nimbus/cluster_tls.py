@@ -21,6 +21,8 @@ would refuse. A server refuses a client whose certificate has no common name
 This module is on the ground floor (docs/architecture.md) so that every server and
 client can use it: the Thrift service (:mod:`nimbus.thrift.tls` adds the caller of the
 call being served), the HTTP servers (:mod:`nimbus.web.client_cert`) and the supervisors.
+It keeps no state: each process builds its contexts once, in its one security object
+(:class:`nimbus.cluster_security.ClusterSecurity`), and passes them to what needs them.
 """
 
 from __future__ import annotations
@@ -49,14 +51,21 @@ _X509_V_ERR_INVALID_PURPOSE = 26
 _USAGE_NAMES = {ExtendedKeyUsageOID.SERVER_AUTH: "serverAuth",
                 ExtendedKeyUsageOID.CLIENT_AUTH: "clientAuth"}
 
-_client_context: ssl.SSLContext | None = None
+#: (CA, certificate, key): the PEM files of ``storm.thrift.tls.*``.
+TlsFiles = tuple[str, str, str]
 
 
 def tls_enabled(conf: Config) -> bool:
     return str(conf[TRANSPORT_KEY] or "") in TLS_NAMES
 
 
-def _files(conf: Config) -> tuple[str, str, str]:
+def tls_files(conf: Config) -> TlsFiles | None:
+    """The PEM files of ``conf`` (CA, certificate, key), or None without TLS; a
+    ConfigError when one of them is not a file."""
+    return _files(conf) if tls_enabled(conf) else None
+
+
+def _files(conf: Config) -> TlsFiles:
     paths = []
     for key in FILE_KEYS:
         value = conf[key]
@@ -187,9 +196,13 @@ def server_context(conf: Config) -> ssl.SSLContext | None:
     """A server's context (client certificates required), or None without TLS: the
     Thrift port's, /metrics' and the logviewers', each with this process's certificate.
     A ConfigError when this process's certificate is not marked for servers."""
-    if not tls_enabled(conf):
-        return None
-    ca, cert, key = _files(conf)
+    files = tls_files(conf)
+    return None if files is None else server_context_of(files)
+
+
+def server_context_of(files: TlsFiles) -> ssl.SSLContext:
+    """:func:`server_context` of these files."""
+    ca, cert, key = files
     _require_server_role(cert)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -201,11 +214,16 @@ def server_context(conf: Config) -> ssl.SSLContext | None:
 
 def client_context(conf: Config) -> ssl.SSLContext | None:
     """A client's context (it presents its certificate, trusts only the cluster's CA, and
-    accepts only servers whose certificate is marked for servers). A ConfigError when
-    this process's certificate is one no server accepts from a client."""
-    if not tls_enabled(conf):
-        return None
-    ca, cert, key = _files(conf)
+    accepts only servers whose certificate is marked for servers), or None without TLS.
+    A ConfigError when this process's certificate is one no server accepts from a
+    client."""
+    files = tls_files(conf)
+    return None if files is None else client_context_of(files)
+
+
+def client_context_of(files: TlsFiles) -> ssl.SSLContext:
+    """:func:`client_context` of these files."""
+    ca, cert, key = files
     _require_client_role(cert)
     context = ClusterClientContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -215,17 +233,6 @@ def client_context(conf: Config) -> ssl.SSLContext | None:
     # in their certificates' names; a peer is trusted because the cluster's CA signed it.
     context.check_hostname = False
     return context
-
-
-def configure_clients(conf: Config) -> None:
-    """Make every Thrift client of this process (nimbus.thrift.client.connect) use the
-    transport ``conf`` names. Called by each daemon and the CLI when they load ``conf``."""
-    global _client_context
-    _client_context = client_context(conf)
-
-
-def current_client_context() -> ssl.SSLContext | None:
-    return _client_context
 
 
 def common_name(peer_cert: dict | None) -> str:

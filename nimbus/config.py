@@ -209,8 +209,11 @@ class Config(Mapping[str, Any]):
     """An immutable, validated configuration with typed accessors for the core keys."""
 
     def __init__(self, values: Mapping[str, Any],
-                 indirect: Mapping[str, tuple[str, str]] | None = None):
+                 indirect: Mapping[str, tuple[str, str]] | None = None,
+                 defaults: Mapping[str, Any] | None = None):
         self._values = dict(values)
+        # The defaults it was loaded against (built in, and the plugins' keys it knew).
+        self._defaults = dict(defaults) if defaults is not None else builtin_defaults()
         #: secret key -> (``<key>.file`` or ``<key>.env``, its file or variable): where
         #: a secret was read from, so that it is passed on as that, never in clear.
         self.indirect = dict(indirect or {})
@@ -227,19 +230,31 @@ class Config(Mapping[str, Any]):
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
+    def check_layer(self, values: Mapping[str, Any], source: str) -> None:
+        """Check ``values`` as :func:`load_config` checks each layer, against the keys this
+        configuration knows (built in, and the plugins' it was loaded with): a known key
+        of the wrong type is a ConfigError naming ``source`` and the key. Unknown keys
+        pass, as Storm lets a topology's configuration carry keys of its own."""
+        for key, value in values.items():
+            if not isinstance(key, str) or key not in self._defaults:
+                continue
+            default = self._defaults[key]
+            problem = _value_problem(key, default, value, default is None)
+            if problem:
+                raise ConfigError(f"{source}: key {key!r} {problem} "
+                                  f"{redact_value(key, value)!r:.200}")
+
     def redacted(self) -> dict[str, Any]:
         """The values with every secret replaced: what may leave the process."""
         return redact(self._values)
 
     def redacted_changes(self) -> dict[str, Any]:
-        """The keys whose value differs from the defaults (built in and of the installed
-        plugins), secrets replaced: what a daemon logs of its configuration."""
-        from nimbus.distribution.distributors import plugin_config_defaults
-
-        defaults = {**builtin_defaults(), **plugin_config_defaults()}
+        """The keys whose value differs from the defaults it was loaded against (built
+        in, and the plugins' keys), secrets replaced: what a daemon logs of its
+        configuration."""
         missing = object()
         return redact({key: value for key, value in self._values.items()
-                       if defaults.get(key, missing) != value})
+                       if self._defaults.get(key, missing) != value})
 
     # Typed views of the keys the core uses, so callers do not repeat conversions.
     @property
@@ -294,22 +309,16 @@ def load_config(
     """Load defaults, then the YAML file at ``path``, then overrides, validating each layer.
 
     ``overrides`` are ``key=value`` strings (as given to ``--set``) or a mapping.
-    ``extra_defaults`` are keys declared by code-distributor plugins; when omitted, the
-    installed plugins are asked for them. ``unchecked_prefixes`` maps the key prefix of
-    an installed plugin that cannot report its keys (it fails to import) to the reason:
-    keys under it are accepted without a type check, with a warning. When
-    ``extra_defaults`` is omitted they come from the installed plugins too.
+    ``extra_defaults`` are keys declared by code-distributor plugins (none when omitted:
+    :func:`nimbus.distribution.distributors.load_cluster_config` asks the installed
+    plugins for theirs). ``unchecked_prefixes`` maps the key prefix of an installed
+    plugin that cannot report its keys (it fails to import) to the reason: keys under it
+    are accepted without a type check, with a warning.
     """
     defaults = builtin_defaults()
     nullable_strings = {key for key, value in defaults.items() if value is None}
-    if extra_defaults is None:
-        from nimbus.distribution.distributors import plugin_settings
-
-        extra_defaults, found_unchecked = plugin_settings()
-        if unchecked_prefixes is None:
-            unchecked_prefixes = found_unchecked
     unchecked_prefixes = dict(unchecked_prefixes or {})
-    defaults.update(extra_defaults)
+    defaults.update(extra_defaults or {})
     values = dict(defaults)
 
     layers: list[tuple[str, Mapping[str, Any]]] = []
@@ -362,7 +371,8 @@ def load_config(
             values[key] = value
     _apply_aliases(values)
     _check_semantics(values)
-    return Config(values, indirect={base: ref for base, ref in indirect.items()})
+    return Config(values, indirect={base: ref for base, ref in indirect.items()},
+                  defaults=defaults)
 
 
 #: nimbus-ha's names of settings that Storm names otherwise: (ours, Storm's, ours -> Storm's

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from nimbus.cluster_tls import current_client_context
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config
 from nimbus.thrift.client import NimbusClient
 from nimbus.web.logviewer_client import LogviewerClient, LogviewerError
@@ -81,12 +81,16 @@ class Slot:
 
 
 class LogsCommand:
-    """One run of ``nimbus-ha logs``; :meth:`run` returns the exit status."""
+    """One run of ``nimbus-ha logs``; :meth:`run` returns the exit status. ``security``:
+    whose certificate it presents to the nimbus and the logviewers; by default that of
+    ``conf``'s TLS settings (:meth:`ClusterSecurity.for_client`)."""
 
     def __init__(self, conf: Config, name: str, options: LogsOptions, out: BinaryIO,
                  warn: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep,
+                 security: ClusterSecurity | None = None):
         self.conf = conf
+        self.security = security if security is not None else ClusterSecurity.for_client(conf)
         self.name = name
         self.options = options
         self._out = out
@@ -118,7 +122,7 @@ class LogsCommand:
     # -- where -------------------------------------------------------------------------
     def _discover(self) -> list[dict[str, Any]]:
         """The logviewers that may hold the topology's logs (a nimbus says)."""
-        answer = NimbusClient(self.conf).log_sources(self.name)
+        answer = NimbusClient(self.conf, security=self.security).log_sources(self.name)
         self.topology_id = str(answer["topology_id"])
         sources = [s for s in answer.get("sources", []) if isinstance(s, dict)]
         if not sources:
@@ -129,7 +133,7 @@ class LogsCommand:
     def _select(self, sources: list[dict[str, Any]], initial: bool
                 ) -> list[tuple[Slot, list[dict[str, Any]]]]:
         """(slot, its files oldest first) of every slot to show, new ones only."""
-        context = current_client_context()
+        context = self.security.client_context
         found: list[tuple[Slot, list[dict[str, Any]]]] = []
         answered = refused = 0
         for source in sources:
@@ -300,12 +304,15 @@ class LogsCommand:
 
 
 def run_logs(conf: Config, name: str, options: LogsOptions,
-             out: BinaryIO | None = None, warn: Callable[[str], None] | None = None) -> int:
-    """Run ``nimbus-ha logs`` (see the module docstring); LogsError when nothing can be
-    shown. ``--follow`` runs until interrupted."""
+             out: BinaryIO | None = None, warn: Callable[[str], None] | None = None,
+             security: ClusterSecurity | None = None) -> int:
+    """Run ``nimbus-ha logs`` (see the module docstring) as ``security`` (by default
+    ``conf``'s); LogsError when nothing can be shown. ``--follow`` runs until
+    interrupted."""
     stream = out if out is not None else sys.stdout.buffer
     return LogsCommand(conf, name, options, stream,
-                       warn or (lambda text: print(text, file=sys.stderr, flush=True))).run()
+                       warn or (lambda text: print(text, file=sys.stderr, flush=True)),
+                       security=security).run()
 
 
 def compile_grep(pattern: str | None) -> re.Pattern[str] | None:

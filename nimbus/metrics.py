@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config, ConfigError
 from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
@@ -74,13 +75,19 @@ CODE_SYNC_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 
 
 # -- serving ---------------------------------------------------------------------------------
-def metrics_tls_context(conf: Config | None) -> ssl.SSLContext | None:
+def metrics_tls_context(conf: Config | None, security: ClusterSecurity | None = None
+                        ) -> ssl.SSLContext | None:
     """The server context of /metrics with ``storm.thrift.transport: tls`` (client
-    certificates of the cluster's CA required, as on the Thrift port), else None."""
-    if conf is None or not tls_enabled(conf):
+    certificates of the cluster's CA required, as on the Thrift port), else None: that
+    of the daemon's ``security`` when given (every server of a process shares it), else
+    made of ``conf``."""
+    if security is not None:
+        if not security.tls:
+            return None
+    elif conf is None or not tls_enabled(conf):
         return None
     try:
-        return tls_server_context(conf)
+        return security.server_context() if security is not None else tls_server_context(conf)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"the TLS files of /metrics ({', '.join(FILE_KEYS)}): "
                           f"{exc}") from None
@@ -100,12 +107,13 @@ class MetricsServer:
     their TLS handshake hold up no other scrape, and are dropped after
     ``METRICS_LIMITS.timeout_s``. With ``conf`` of a cluster with
     ``storm.thrift.transport: tls`` it serves HTTPS and requires a client certificate of
-    the cluster's CA (docs/security.md); a ConfigError then names unusable TLS files.
+    the cluster's CA (docs/security.md), with the server context of the daemon's
+    ``security`` when given; a ConfigError then names unusable TLS files.
     """
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int, name: str,
-                 conf: Config | None = None):
-        context = metrics_tls_context(conf)
+                 conf: Config | None = None, security: ClusterSecurity | None = None):
+        context = metrics_tls_context(conf, security)
         self._http = GatedServer(
             (host or "0.0.0.0", port), make_wsgi_app(registry), name=name,
             threads=METRICS_THREADS, limits=METRICS_LIMITS, server_name="nimbus-ha-metrics",
@@ -141,13 +149,14 @@ class MetricsServer:
 
 
 def serve_metrics(registry: CollectorRegistry, host: str, port: int,
-                  name: str, conf: Config | None = None) -> MetricsServer | None:
+                  name: str, conf: Config | None = None,
+                  security: ClusterSecurity | None = None) -> MetricsServer | None:
     """A bound (not yet started) :class:`MetricsServer`, or None when ``port`` is 0 (off).
-    Pass the daemon's ``conf``: with TLS in the cluster, /metrics is HTTPS with client
-    certificates."""
+    Pass the daemon's ``conf`` and ``security``: with TLS in the cluster, /metrics is
+    HTTPS with client certificates."""
     if not port:
         return None
-    return MetricsServer(registry, host, port, name, conf=conf)
+    return MetricsServer(registry, host, port, name, conf=conf, security=security)
 
 
 # -- nimbus ----------------------------------------------------------------------------------
@@ -217,13 +226,15 @@ class NimbusMetrics:
     ``min_replication(topology_id)`` gives a topology's minimum, or None if unknown.
     """
 
-    def __init__(self, distributor: str, is_leader: Callable[[], bool],
-                 snapshot: Callable[[], Any],
+    def __init__(self, distributor: str, is_leader: Callable[[], bool] | None = None,
+                 snapshot: Callable[[], Any] | None = None,
                  min_replication: Callable[[str], int | None] = lambda _id: None,
                  clock: Callable[[], float] = time.monotonic,
                  served_bytes: Callable[[], int] = lambda: 0,
                  code_missing: Callable[[], int] = lambda: 0):
-        """``code_missing()``: how many live topologies' code this nimbus lacks."""
+        """The scrape-time readers (``is_leader``, ``snapshot`` and the rest) may be
+        given here or later, once the nimbus they read is built (:meth:`watch`).
+        ``code_missing()``: how many live topologies' code this nimbus lacks."""
         self.registry = CollectorRegistry()
         self.distributor = distributor
         self._clock = clock
@@ -251,8 +262,9 @@ class NimbusMetrics:
         # The age of the last completed leader duty cycle (the watchdog's measure).
         self.duty_cycle_age = Gauge(
             "nimbus_leader_duty_cycle_age_seconds",
-            "Seconds since this nimbus last completed a duty cycle (leader duties: kills, "
-            "orphan code, scheduling); nimbus.leader.watchdog.secs bounds it while leading",
+            "Seconds since this nimbus last completed its cycle (with the leader's duties "
+            "when due: kills, orphan code, scheduling); nimbus.leader.watchdog.secs bounds "
+            "it while leading",
             registry=self.registry)
         self.thrift_calls = Counter(
             "nimbus_thrift_calls",
@@ -268,6 +280,14 @@ class NimbusMetrics:
             registry=self.registry)
         for directory in NIMBUS_DIRECTORIES:
             self.stale_view_nodes.labels(directory)   # exported as 0 until one is found
+        if is_leader is not None and snapshot is not None:
+            self.watch(is_leader, snapshot, min_replication, served_bytes, code_missing)
+
+    def watch(self, is_leader: Callable[[], bool], snapshot: Callable[[], Any],
+              min_replication: Callable[[str], int | None] = lambda _id: None,
+              served_bytes: Callable[[], int] = lambda: 0,
+              code_missing: Callable[[], int] = lambda: 0) -> None:
+        """Read these at each scrape (once: the nimbus's own gauges)."""
         self.registry.register(_NimbusCollector(is_leader, snapshot, min_replication,
                                                 served_bytes, code_missing))
 
@@ -278,7 +298,8 @@ class NimbusMetrics:
             self._queued_at = self._clock()
 
     def on_leadership(self, leader: bool) -> None:
-        """The elector's change callback: count it and time the wait for the lock."""
+        """A change of leadership the cycle saw: count it and time the wait for the
+        lock."""
         now = self._clock()
         self.leader_changes.labels("gained" if leader else "lost").inc()
         with self._queued_lock:

@@ -22,15 +22,15 @@ import time
 from pathlib import Path
 from urllib.request import urlopen
 
-from nimbus.devcluster import LocalCluster, wait_for
-from nimbus.distribution.archive import pack_directory
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster, wait_for
+from nimbus.dev.feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
     RecordFeed,
     processes_with_arg,
 )
+from nimbus.distribution.archive import pack_directory
 from nimbus.ui.server import UIServer
 
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from nimbus.state.zkserver import free_port
+from nimbus.dev.zookeeper import free_port
 
 
 def idle_nimbus_conf(zk_server: Any, zk_root: str, tmp_path: Path) -> Path:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nimbus.master.summary_cache import ClusterSnapshot
 from nimbus.metrics import NimbusMetrics, SupervisorMetrics, exported_metric_names
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "conf" / "prometheus-alerts.yaml"

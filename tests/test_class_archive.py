@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from nimbus.supervisor.class_archive import ClassArchive
-from nimbus.worker.class_archive import archive_key, archive_path, java_options
+from nimbus.supervisor.class_archive import ClassArchive, archive_key, archive_path
+from nimbus.worker.class_archive import java_options
 
 
 def test_java_options_name_an_existing_archive_after_the_topologys_own(tmp_path):

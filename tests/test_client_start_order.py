@@ -10,12 +10,12 @@ from click.testing import CliRunner
 
 from nimbus.cli import main
 from nimbus.config import ConfigError, load_config
+from nimbus.dev.zookeeper import free_port
 from nimbus.state.cluster_state import (
     ClusterNotSetUpError,
     LayoutMissingError,
     StormClusterState,
 )
-from nimbus.state.zkserver import free_port
 from nimbus.thrift.client import NimbusClient, NimbusUnavailableError
 
 

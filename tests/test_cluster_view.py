@@ -191,6 +191,46 @@ def test_the_summary_rebuilds_only_what_changed(make_zk, zk_root, writer, fence,
         cache.stop()
 
 
+def test_the_summary_holds_replica_hosts_and_tells_its_listeners(writer, fence, view):
+    """The one read model: each snapshot has a new version, the hosts registered as
+    replicas (a UI shows them), and every listener hears of it until it stops
+    listening."""
+    from types import SimpleNamespace
+
+    from nimbus.master.summary_cache import ClusterSummaryCache
+
+    topology_id = add(writer, fence, 1)
+    writer.begin_code(fence, topology_id)
+    view.start()
+    cache = ClusterSummaryCache(view.state, SimpleNamespace(
+        get_replication_count=lambda t: len(view.replica_hosts(t))), view)
+    cache.SAFETY_INTERVAL_S = 3600
+    told: list[int] = []
+
+    def listener() -> None:
+        told.append(cache.snapshot.version)
+
+    cache.listen(listener)
+    assert not cache.snapshot.loaded and cache.layout_error == ""
+    cache.start()
+    try:
+        first = cache.refresh_now()
+        assert first.loaded and first.replica_hosts == {topology_id: []}
+        assert writer.register_replica(topology_id, "host1:6627", "x")
+        wait_until(lambda: cache.snapshot.replica_hosts == {topology_id: ["host1:6627"]})
+        later = cache.snapshot
+        assert later.version > first.version and later.replication == {topology_id: 1}
+        assert first.version in told
+        wait_until(lambda: told[-1] == cache.snapshot.version)
+        cache.unlisten(listener)
+        cache.refresh_now()  # one loop thread: no reload started before this one tells
+        heard = len(told)
+        assert cache.refresh_now().version > later.version
+        assert len(told) == heard, "no longer listening"
+    finally:
+        cache.stop()
+
+
 def test_background_audit_mends_a_node_the_view_missed(make_zk, zk_root, writer, fence):
     """The auditor thread (fast here) finds a topology whose change the view missed,
     re-reads it and says so; it is named, and joined on close."""

@@ -18,13 +18,14 @@ import pytest
 from raw_thrift import assert_dropped, connect_raw, send_then_end
 from tls_certs import CertificateAuthority
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import ConfigError, load_config
 from nimbus.distribution import code_stream
 from nimbus.distribution.file_transfer import DOWNLOAD_CHUNK_BYTES, FileTransfers, TransferError
 from nimbus.distribution.local_code import LocalCodeStore
-from nimbus.thrift.client import connect, fetch_file
+from nimbus.thrift.client import connect, fetch_file, file_fetcher
 from nimbus.thrift.server import ThriftServer
-from nimbus.thrift.tls import configure_clients, server_context
+from nimbus.thrift.tls import server_context
 
 TOPOLOGY = "streamed-1-1"
 SIZE = 5 * 1024 * 1024 + 123  # three chunks, the last one short
@@ -176,9 +177,11 @@ def test_over_tls_the_stream_needs_a_certificate_and_carries_the_code(serve, tmp
                           downloads=transfers)
     server.start()
     try:
-        configure_clients(load_config(overrides=ca.issue("peer").conf()))
+        # As a peer's root binds it: fetch_file with the process's security.
+        fetch = file_fetcher(ClusterSecurity.for_client(
+            load_config(overrides=ca.issue("peer").conf())))
         dest = tmp_path / "copy.jar"
-        got = fetch_file(f"127.0.0.1:{server.port}", f"{TOPOLOGY}/stormjar.jar", dest)
+        got = fetch(f"127.0.0.1:{server.port}", f"{TOPOLOGY}/stormjar.jar", dest)
         assert got == hashlib.sha256(data).hexdigest()
         assert dest.read_bytes() == data
         assert handler.chunk_calls == 0
@@ -186,5 +189,4 @@ def test_over_tls_the_stream_needs_a_certificate_and_carries_the_code(serve, tmp
         send_then_end(plain, code_stream.MAGIC + b"0" * code_stream.SESSION_ID_BYTES)
         assert_dropped(plain)
     finally:
-        configure_clients(load_config(overrides={}))
         server.stop()

@@ -187,7 +187,7 @@ def test_only_secret_keys_take_a_file():
 
 
 def test_dev_cluster_passes_the_reference_not_the_secret(tmp_path):
-    from nimbus.devcluster import dev_cluster_conf
+    from nimbus.dev.cluster import dev_cluster_conf
 
     secret = tmp_path / "payload"
     secret.write_text("nimbus:s3cr3t")

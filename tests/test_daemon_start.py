@@ -34,7 +34,7 @@ def conf_for(zk_server, zk_root, tmp_path, port, **extra):
 @pytest.mark.parametrize("distributor", ["localfs", "torrent"])
 def test_taken_thrift_port_releases_zookeeper_and_distributor(zk_server, zk_root, tmp_path,
                                                               taken_port, distributor):
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     conf = conf_for(zk_server, zk_root, tmp_path, taken_port,
                     **{"storm.codedistributor.class": distributor})
@@ -62,7 +62,7 @@ def test_cli_exits_non_zero_with_the_reason(zk_server, zk_root, tmp_path, taken_
 
 
 def test_unreachable_zookeeper_is_a_clear_error():
-    from nimbus.devcluster import free_port
+    from nimbus.dev.zookeeper import free_port
     from nimbus.state.zk_client import make_zk_client
 
     closed_port = free_port()  # nothing listens there: connections are refused
@@ -82,8 +82,8 @@ def test_the_ui_served_from_inside_a_nimbus(zk_server, zk_root, tmp_path):
     import json
     import urllib.request
 
-    from nimbus.devcluster import free_port
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
+    from nimbus.dev.zookeeper import free_port
 
     ui_port = free_port()
     conf = conf_for(zk_server, zk_root, tmp_path, free_port(),
@@ -108,8 +108,8 @@ def test_the_ui_served_from_inside_a_nimbus(zk_server, zk_root, tmp_path):
 
 def test_a_taken_ui_port_fails_the_start_and_releases_everything(zk_server, zk_root,
                                                                  tmp_path, taken_port):
-    from nimbus.devcluster import free_port
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
+    from nimbus.dev.zookeeper import free_port
 
     conf = conf_for(zk_server, zk_root, tmp_path, free_port(),
                     **{"nimbus.ui.enabled": True, "ui.port": taken_port})

@@ -9,12 +9,12 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from nimbus.cli import main
-from nimbus.config import load_config
-from nimbus.devcluster import DEV_CLUSTER_KEYS, dev_cluster_conf
+from nimbus.dev.cluster import DEV_CLUSTER_KEYS, dev_cluster_conf
+from nimbus.distribution.distributors import load_cluster_config
 
 
 def test_only_changed_keys_are_passed_and_loopback_keys_are_ignored():
-    conf = load_config(overrides={"nimbus.code.sync.freq.secs": 300,  # the default
+    conf = load_cluster_config(overrides={"nimbus.code.sync.freq.secs": 300,  # the default
                                   "topology.min.replication.count": 3,
                                   "storm.zookeeper.servers": ["zk1.example.com"],
                                   "nimbus.thrift.port": 7000})
@@ -48,7 +48,7 @@ def test_the_daemons_config_files_are_private(tmp_path):
     """They may hold a store's keys or ZooKeeper's digest: mode 0600 (issue 30)."""
     import stat
 
-    from nimbus.devcluster import LocalCluster
+    from nimbus.dev.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path / "dev", 2, supervisors=1,
                            conf={"nimbus.codedistributor.s3.secret.key": "s3cret"})
@@ -63,10 +63,10 @@ def test_a_secret_on_the_command_line_is_warned_about_and_a_reference_is_not(
         tmp_path, monkeypatch):
     """`ps` shows dev-cluster's own command line: a secret given in clear with --set gets
     a warning that says how to pass it instead; a `.env` reference does not."""
-    import nimbus.devcluster
+    import nimbus.dev.cluster
 
     started = []
-    monkeypatch.setattr(nimbus.devcluster, "run_dev_cluster",
+    monkeypatch.setattr(nimbus.dev.cluster, "run_dev_cluster",
                         lambda *args, **kwargs: started.append(kwargs["conf"]))
     monkeypatch.setenv("ZK_DIGEST", "ops:hunter2")
     result = CliRunner().invoke(main, [
@@ -94,7 +94,7 @@ def test_the_client_file_holds_no_distributor_key(tmp_path):
 
     import yaml
 
-    from nimbus.devcluster import LocalCluster, write_client_conf
+    from nimbus.dev.cluster import LocalCluster, write_client_conf
 
     cluster = LocalCluster(tmp_path / "dev", 2, conf={
         "storm.codedistributor.class": "s3",
@@ -104,4 +104,4 @@ def test_the_client_file_holds_no_distributor_key(tmp_path):
     values = yaml.safe_load(path.read_text())
     assert not [k for k in values if k.startswith("nimbus.codedistributor.")]
     assert values["nimbus.seeds"] == cluster.conf_values["nimbus.seeds"]
-    assert load_config(path).seeds == load_config(cluster.config_file).seeds
+    assert load_cluster_config(path).seeds == load_cluster_config(cluster.config_file).seeds

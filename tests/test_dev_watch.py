@@ -1,4 +1,4 @@
-"""dev-cluster's watch over its daemons (nimbus.dev_watch), with real child processes."""
+"""dev-cluster's watch over its daemons (nimbus.dev.watch), with real child processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nimbus.dev_watch import DaemonWatch, how_it_ended
+from nimbus.dev.watch import DaemonWatch, how_it_ended
 
 
 class Daemon:

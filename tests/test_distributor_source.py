@@ -18,6 +18,7 @@ from nimbus.distribution.hookspecs import ROLE_SUPERVISOR, hookimpl
 from nimbus.state.records import CodeMeta
 from nimbus.supervisor.code_cache import CODE_FILES, CodeCache
 from nimbus.supervisor.distributor_source import DistributorSource
+from nimbus.thrift.client import fetch_file
 
 TOPOLOGY = "demo-1-1700000000"
 FILES = {"stormjar.jar": b"not really a jar", "stormconf.json": b"{}", "stormcode.ser": b""}
@@ -96,7 +97,7 @@ def source(tmp_path, make_zk, zk_root, monkeypatch):
         else:
             zk.create(path, meta.encode(), makepath=True)
         src = DistributorSource({"storm.codedistributor.class": plugin.name}, zk, zk_root,
-                                "sup-1", tmp_path / "supervisor")
+                                "sup-1", tmp_path / "supervisor", fetch_file=fetch_file)
         made.append(src)
         return src
 

@@ -1,13 +1,13 @@
 """Leader election and fenced writes against a real ZooKeeper server (in-process)."""
 
 import logging
-import threading
 
 import pytest
 from faults import expire_session
 from kazoo.protocol.states import KazooState
 from waiting import wait_for
 
+from nimbus.master.cycle import Bell, NimbusCycle
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
 from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase
@@ -15,12 +15,56 @@ from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase
 pytestmark = pytest.mark.integration
 
 
-def make_elector(make_zk, zk_root, address, has_code=lambda: True, **kw):
+class CodeFacts:
+    """The code sync's side of the cycle: a check, and a count of the syncs asked for."""
+
+    def __init__(self, check):
+        self._check = check
+        self.syncs_asked = 0
+
+    def check_code(self):
+        return self._check()
+
+    def wake(self, _event=None):
+        self.syncs_asked += 1
+
+
+class Observer:
+    def __init__(self, told):
+        self._told = told
+
+    def on_leadership(self, leader):
+        self._told(leader)
+
+
+class Candidate:
+    """A nimbus's elector driven by the real cycle (no registration, view, duties or
+    summary): what each test here queues."""
+
+    def __init__(self, zk, state, address, has_code, on_change=None):
+        self.bell = Bell()
+        self.code = CodeFacts(has_code)
+        self.elector = LeaderElector(zk, state, address, wake=self.bell.ring)
+        self.cycle = NimbusCycle(self.bell, None, None, self.code, self.elector, None, None,
+                                 Observer(on_change) if on_change else None)
+        self.cycle.start()
+
+    def __getattr__(self, name):
+        return getattr(self.elector, name)
+
+    def wake(self):
+        self.cycle.wake()
+
+    def stop(self):
+        self.cycle.stop()
+        self.elector.stop()
+
+
+def make_elector(make_zk, zk_root, address, has_code=lambda: True, on_change=None):
     zk = make_zk()
     state = StormClusterState(zk, zk_root)
     state.setup()
-    elector = LeaderElector(zk, state, address, has_all_code=has_code, **kw)
-    return zk, state, elector
+    return zk, state, Candidate(zk, state, address, has_code, on_change)
 
 
 def base(name="t", status=ACTIVE):
@@ -86,10 +130,8 @@ def test_write_by_deposed_leader_is_refused(zk_server, make_zk, zk_root, elector
 
 def test_leader_without_code_gives_up_and_requeues_when_synced(make_zk, zk_root, electors):
     have = {"code": False}
-    synced = []
     _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
-                           has_code=lambda: have["code"],
-                           request_sync=lambda: synced.append(1))
+                           has_code=lambda: have["code"])
     _, _, b = make_elector(make_zk, zk_root, "127.0.0.1:2")
     electors += [a, b]
     # a queues first and holds the head of the queue, then lacks code when it gets there.
@@ -103,7 +145,7 @@ def test_leader_without_code_gives_up_and_requeues_when_synced(make_zk, zk_root,
     a.add_to_leader_lock_queue()
     assert not a.is_leader()
     b.remove_from_leader_lock_queue()  # a is now alone: it would win, but lacks code
-    wait_for(lambda: synced, 10, "a to ask for a sync")
+    wait_for(lambda: a.code.syncs_asked, 10, "a to ask for a sync")
     assert not a.is_leader()
     assert a.waiting_for_code or not a._node
     have["code"] = True
@@ -210,7 +252,7 @@ def test_leadership_is_logged_with_the_evidence_of_the_check_that_granted_it(
             zk.create(state.storm_path("b-2-2"), base("b").encode())
         return checks[-1]
 
-    a = LeaderElector(zk, state, "127.0.0.1:1", has_all_code=check_code)
+    a = Candidate(zk, state, "127.0.0.1:1", check_code)
     electors.append(a)
     with caplog.at_level(logging.INFO, logger="nimbus.master.elector"):
         a.add_to_leader_lock_queue()
@@ -229,7 +271,7 @@ def test_session_lost_while_a_claim_is_verified_leaves_no_stale_leader(
     zk, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1",
                             on_change=lambda leader: changes.append((leader, a.is_leader())))
     electors.append(a)
-    claim = a._set_leader
+    claim = a.elector._set_leader
     lost_on: list[str] = []
     leader_after_late_claim: list[bool] = []
 
@@ -246,7 +288,7 @@ def test_session_lost_while_a_claim_is_verified_leaves_no_stale_leader(
         leader_after_late_claim.append(a.is_leader())
         return None
 
-    monkeypatch.setattr(a, "_set_leader", lose_the_session_then_claim)
+    monkeypatch.setattr(a.elector, "_set_leader", lose_the_session_then_claim)
     with caplog.at_level(logging.INFO, logger="nimbus.master.elector"):
         a.add_to_leader_lock_queue()
         wait_for(lambda: a.is_leader() and a.fence().lock_path != lost_on[0], 15,
@@ -256,33 +298,3 @@ def test_session_lost_while_a_claim_is_verified_leaves_no_stale_leader(
     assert changes == [(True, True)], "told it leads once, and only while it does"
     assert gained_lines(caplog) == [
         f"127.0.0.1:1 gained leadership as {node}; code held: (not reported)"]
-
-
-def test_leadership_changes_from_two_threads_apply_one_at_a_time(make_zk, zk_root,
-                                                                 monkeypatch):
-    """The election thread claims while kazoo's thread drops the claim: the drop must
-    follow the claim's callback, never overtake it, so the last word is "not leader"."""
-    from faults import ObservedLock, run_until_done_or_blocked
-
-    finished: list[bool] = []
-    dropping: list[threading.Thread] = []
-
-    def on_change(leader: bool) -> None:
-        if leader:  # the claim is half done: its callback runs; the drop arrives now
-            dropping.append(run_until_done_or_blocked(
-                lambda: a._set_leader(None), a._leader_lock, "kazoo-drop"))
-        finished.append(leader)
-
-    _, _, a = make_elector(make_zk, zk_root, "127.0.0.1:1", on_change=on_change)
-    monkeypatch.setattr(a.lease, "valid", lambda node: True)  # a node that is never made
-    a._leader_lock = ObservedLock()
-    claiming = threading.Thread(
-        target=lambda: a._set_leader(f"{zk_root}/leader-lock/nimbus-x-0000000000"),
-        name="election-claim")
-    claiming.start()
-    claiming.join(10)
-    assert len(dropping) == 1
-    dropping[0].join(10)
-    assert not claiming.is_alive() and not dropping[0].is_alive()
-    assert finished == [True, False]
-    assert not a.is_leader()

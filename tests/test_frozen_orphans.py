@@ -24,6 +24,7 @@ from nimbus.state.incarnation import Incarnation
 from nimbus.supervisor import orphans
 from nimbus.supervisor.cgroups import in_cgroup, thaw, unified_root
 from nimbus.worker import frozen
+from nimbus.worker_protocol import frozen_cgroup
 
 
 class Tree:
@@ -87,7 +88,7 @@ def tree() -> Iterator[Tree]:
 
 def _reapers(base: Path) -> list[str]:
     try:
-        return (base / frozen.REAPERS_CGROUP / "cgroup.procs").read_text().split()
+        return (base / frozen_cgroup.REAPERS_CGROUP / "cgroup.procs").read_text().split()
     except FileNotFoundError:
         return []
 
@@ -97,7 +98,7 @@ def test_a_worker_still_frozen_at_its_deadline_is_ended_by_its_reaper(tree, tmp_
     cgroup, worker = tree.worker(base, "topo-1-1-6700")
     log = tmp_path / "worker.log"
     mark = frozen.arm(cgroup, 1.0, log)
-    assert mark is not None and frozen.read_mark(cgroup) == mark
+    assert mark is not None and frozen_cgroup.read_mark(cgroup) == mark
     assert mark.deadline - mark.frozen_at == 1.0
     # The reaper runs outside the cgroup about to freeze, in no session of the worker's.
     (reaper,) = _reapers(base)
@@ -118,7 +119,7 @@ def test_a_thaw_sends_the_reaper_away_and_the_worker_runs_on(tree, tmp_path):
     tree.freeze(cgroup)
     assert len(_reapers(base)) == 1
     assert thaw(cgroup)   # as a supervisor thaws it: the mark goes with the freeze
-    assert frozen.read_mark(cgroup) is None
+    assert frozen_cgroup.read_mark(cgroup) is None
     wait_until(lambda: _reapers(base) == [], 15)
     assert worker.poll() is None and (tmp_path / "worker.log").read_text() == ""
 
@@ -126,15 +127,17 @@ def test_a_thaw_sends_the_reaper_away_and_the_worker_runs_on(tree, tmp_path):
 def test_the_reaper_ends_only_its_own_freeze_and_only_a_frozen_cgroup(tree):
     cgroup, _worker = tree.worker(tree.base("sup"), "topo-1-1-6700")
     naps: list[float] = []
-    os.setxattr(cgroup, frozen.MARK_XATTR, frozen.Mark("mine", 10.0, 12.5).encode())
+    os.setxattr(cgroup, frozen_cgroup.MARK_XATTR,
+                frozen_cgroup.Mark("mine", 10.0, 12.5).encode())
     times = iter([10.0, 11.0, 12.5])
     assert frozen.reap(cgroup, "mine", now=lambda: next(times), sleep=naps.append) == \
         "not frozen"
     assert naps == [1.0, 1.0]   # polled every POLL_S, the last nap cut to the deadline
-    os.setxattr(cgroup, frozen.MARK_XATTR, frozen.Mark("another", 10.0, 12.5).encode())
+    os.setxattr(cgroup, frozen_cgroup.MARK_XATTR,
+                frozen_cgroup.Mark("another", 10.0, 12.5).encode())
     assert frozen.reap(cgroup, "mine", now=lambda: 20.0) == "thawed"
-    os.setxattr(cgroup, frozen.MARK_XATTR, b"not a mark")
-    assert frozen.read_mark(cgroup) is None
+    os.setxattr(cgroup, frozen_cgroup.MARK_XATTR, b"not a mark")
+    assert frozen_cgroup.read_mark(cgroup) is None
     assert frozen.reap(cgroup, "mine", now=lambda: 20.0) == "thawed"
 
 
@@ -153,14 +156,14 @@ def test_supervisors_count_the_hosts_frozen_orphans_and_end_the_overdue(tree):
     _dead_owner(dead)
     live = tree.base("live-supervisor")
     orphans.claim(live)   # this test process stands for a running supervisor
-    now = frozen.clock()
+    now = frozen_cgroup.clock()
     overdue, overdue_worker = tree.worker(dead, "a-1-1-6700")
     waiting, waiting_worker = tree.worker(dead, "b-1-1-6701")
     running, _ = tree.worker(dead, "c-1-1-6702")
     held, held_worker = tree.worker(live, "d-1-1-6700")
     for cgroup, deadline in ((overdue, now - 1), (waiting, now + 600), (held, now - 1)):
-        os.setxattr(cgroup, frozen.MARK_XATTR,
-                    frozen.Mark(uuid.uuid4().hex, now - 10, deadline).encode())
+        os.setxattr(cgroup, frozen_cgroup.MARK_XATTR,
+                    frozen_cgroup.Mark(uuid.uuid4().hex, now - 10, deadline).encode())
         tree.freeze(cgroup)
     # Frozen by an earlier release: no mark, so nothing says since when; counted only.
     unmarked, unmarked_worker = tree.worker(dead, "e-1-1-6703")

@@ -241,4 +241,4 @@ def test_thrift_fuzz_against_a_real_nimbus(zk_server, zk_root, tmp_path):
         assert tally.failures == []
         assert tally.tried == 150
         assert set(tally.kinds) == set(fuzz.THRIFT_KINDS)
-        assert fz.daemon.elector.is_leader()
+        assert fz.daemon.master.elector.is_leader()

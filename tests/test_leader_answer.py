@@ -11,7 +11,7 @@ from kazoo.exceptions import ConnectionLoss, SessionExpiredError
 from thriftpy2.thrift import TApplicationException
 
 from nimbus.config import load_config
-from nimbus.master.summary_cache import ClusterSnapshot
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.records import NimbusInfo
 from nimbus.thrift import NOT_LEADER_PREFIX
 from nimbus.thrift.handler import NimbusHandler
@@ -24,7 +24,8 @@ def handler(leading: bool, cached_leader: str) -> NimbusHandler:
     cache = SimpleNamespace(snapshot=ClusterSnapshot(nimbuses=infos, leader=cached_leader))
     elector = SimpleNamespace(is_leader=lambda: leading, zookeeper_answering=lambda: True,
                               get_leader_address=lambda: "127.0.0.1:7002")
-    return NimbusHandler(conf, elector, None, cache, None, None, time.time())
+    return NimbusHandler(conf, elector, None, cache, None, None, time.time(),
+                         authorizer=None)
 
 
 def test_a_new_leader_names_itself_even_before_its_cache_catches_up():

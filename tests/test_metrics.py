@@ -17,7 +17,6 @@ from thriftpy2.thrift import TApplicationException
 from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.master.summary_cache import ClusterSnapshot
 from nimbus.metrics import (
     MetricsServer,
     NimbusMetrics,
@@ -25,6 +24,7 @@ from nimbus.metrics import (
     exported_metric_names,
     min_replication_reader,
 )
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED, StormBase
 from nimbus.supervisor.warm_pool import WarmSummary
 from nimbus.thrift import NOT_LEADER_PREFIX, storm
@@ -354,8 +354,8 @@ def test_dashboard_uses_only_exported_metrics():
 # -- a real nimbus -----------------------------------------------------------------------------
 @pytest.mark.integration
 def test_a_nimbus_serves_its_metrics_and_stops_them(zk_server, zk_root, tmp_path):
-    from nimbus.devcluster import free_port
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
+    from nimbus.dev.zookeeper import free_port
     from nimbus.thrift.client import NimbusClient
 
     host, _, zk_port = zk_server.hosts.rpartition(":")
@@ -369,8 +369,10 @@ def test_a_nimbus_serves_its_metrics_and_stops_them(zk_server, zk_root, tmp_path
     daemon = NimbusDaemon(conf)
     try:
         daemon.start()
+        # The gain is counted by the cycle right after the step that claimed the lock.
         got = wait_for(lambda: (s := scrape(url)) and s[("nimbus_is_leader", frozenset())]
-                       == 1 and s, 30, "the nimbus to lead")
+                       == 1 and sample(s, "nimbus_leader_changes_total", change="gained")
+                       and s, 30, "the nimbus to lead")
         assert sample(got, "nimbus_leader_changes_total", change="gained") == 1
         assert sample(got, "nimbus_leadership_wait_seconds_count") == 1
         assert sample(got, "nimbus_topologies", status=ACTIVE) == 0
@@ -430,7 +432,9 @@ def test_top_once_lists_every_topology(make_zk, zk_root):
 
     # The rows a nimbus sends (getTopologyRows), rendered as top renders them.
     out = io.StringIO()
-    top.run(lambda: topology_rows(state), Console(file=out, width=240), 1.0, once=True)
+    snapshot = ClusterSnapshot(storms={t: state.storm_base(t) for t in state.active_storms()})
+    top.run(lambda: topology_rows(state, snapshot), Console(file=out, width=240), 1.0,
+            once=True)
     lines = {line.split()[1]: line for line in out.getvalue().splitlines()
              if line.strip().startswith("│") and len(line.split()) > 2}
     row = [cell.strip() for cell in lines["wordcount"].strip("│ ").split("│")]

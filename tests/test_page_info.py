@@ -23,12 +23,11 @@ from tls_certs import USER, CertificateAuthority
 from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import free_port
-from nimbus.master.daemon import NimbusDaemon
+from nimbus.daemons.nimbus import NimbusDaemon
+from nimbus.dev.zookeeper import free_port
 from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat
 from nimbus.thrift import handler, page_info, storm
 from nimbus.thrift.client import NimbusClient, connect
-from nimbus.thrift.tls import configure_clients
 
 PROCESS_YAML = 'command: ["sleep", "3600"]\n'
 needs_zookeeper = pytest.mark.integration
@@ -174,14 +173,14 @@ def tar_bundle(files: dict[str, str]) -> bytes:
 def add_supervisor(daemon: NimbusDaemon, zk, supervisor_id: str, host: str,
                    ports: list[int], uptime: int) -> None:
     """Register a supervisor the way one does: an ephemeral node of its own session."""
-    zk.create(daemon.state.path("supervisors", supervisor_id), SupervisorInfo(
+    zk.create(daemon.master.state.path("supervisors", supervisor_id), SupervisorInfo(
         time_secs=1, hostname=host, meta=ports, uptime_secs=uptime,
         version="sup-1.0").encode(), ephemeral=True)
 
 
 def in_snapshot(daemon: NimbusDaemon, supervisors: set[str], topology_id: str) -> None:
-    wait_for(lambda: supervisors <= set(daemon.cache.snapshot.supervisors)
-             and topology_id in daemon.cache.snapshot.assignments, 30,
+    wait_for(lambda: supervisors <= set(daemon.master.cache.snapshot.supervisors)
+             and topology_id in daemon.master.cache.snapshot.assignments, 30,
              "the supervisors and the assignment in the nimbus's summary")
 
 
@@ -194,7 +193,7 @@ def cluster(zk_server, zk_root, tmp_path, make_zk):
     daemon = NimbusDaemon(conf)
     daemon.start()
     try:
-        wait_for(daemon.elector.is_leader, 30, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 30, "the nimbus to lead")
         yield daemon, conf, make_zk()
     finally:
         daemon.stop()
@@ -212,18 +211,18 @@ def running(cluster):
         "wc", tar_bundle({"topology.yaml": PROCESS_YAML}),
         {"topology.workers": 2, "topology.submitter.user": "bob",
          "my.db.password": "hunter2"})
-    daemon.run_cycle()
-    assert daemon.state.assignment_info(topology_id).executor_node_port == {
+    daemon.master.run_cycle()
+    assert daemon.master.state.assignment_info(topology_id).executor_node_port == {
         "worker-0": ["sup-a", 6700], "worker-1": ["sup-b", 6700]}
     add_supervisor(daemon, sup_zk, "sup-c", "host-a", [6702], 33)
     beat = WorkerBeat(time_secs=1, topology_id=topology_id, supervisor_id="sup-a",
                       host="host-a", port=6700, restarts=0, components={
                           "counts": {"batch_id": 9, "num_input_rows": 30},
                           "lines": {"batch_id": 4}})
-    sup_zk.create(daemon.state.path("workerbeats", topology_id, "sup-a-6700"), beat.encode())
+    sup_zk.create(daemon.master.state.path("workerbeats", topology_id, "sup-a-6700"), beat.encode())
     for i, (component, port) in enumerate([("counts", 6700), ("counts", 6700),
                                            ("worker-1", 6700)]):
-        assert daemon.state.report_error(topology_id, component, ErrorInfo(
+        assert daemon.master.state.report_error(topology_id, component, ErrorInfo(
             error=f"boom {i}", error_time_secs=1_700_000_000 + i,
             host="host-a" if component == "counts" else "host-b", port=port))
     in_snapshot(daemon, {"sup-a", "sup-b", "sup-c"}, topology_id)
@@ -380,27 +379,25 @@ def tls_cluster(zk_server, zk_root, tmp_path, ca, make_zk):
     daemon = NimbusDaemon(conf)
     daemon.start()
     try:
-        wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 20, "the nimbus to lead")
         sup_zk = make_zk()
         add_supervisor(daemon, sup_zk, "sup-a", "host-a", [6700, 6701], 5)
         bundle = tar_bundle({"topology.yaml": PROCESS_YAML})
         alices = as_user(conf, ca, "alice").submit("alices", bundle,
                                                    {"topology.readonly.users": ["dave"]})
         bobs = as_user(conf, ca, "bob").submit("bobs", bundle, {})
-        daemon.run_cycle()
+        daemon.master.run_cycle()
         in_snapshot(daemon, {"sup-a"}, alices)
         in_snapshot(daemon, {"sup-a"}, bobs)
         yield daemon, conf, alices, bobs
     finally:
         daemon.stop()
-        configure_clients(load_config(overrides={}))  # later tests in this process: plain
 
 
 def as_user(conf, ca, name: str) -> NimbusClient:
-    """A client with ``name``'s certificate (this process's, for connect() too)."""
+    """A client with ``name``'s certificate (``.security``: for connect() too)."""
     mine = load_config(overrides={"nimbus.seeds": conf["nimbus.seeds"],
                                   **ca.issue(name, USER).conf()})
-    configure_clients(mine)
     return NimbusClient(mine, deadline_s=10)
 
 
@@ -408,13 +405,11 @@ def as_user(conf, ca, name: str) -> NimbusClient:
 def test_topology_and_component_pages_follow_the_read_rule(tls_cluster, ca):
     daemon, conf, alices, _ = tls_cluster
     for reader in ("alice", "dave", "ops"):  # submitter, topology.readonly.users, admin
-        as_user(conf, ca, reader)
-        with connect(daemon.address) as client:
+        with connect(daemon.address, security=as_user(conf, ca, reader).security) as client:
             assert client.getTopologyPageInfo(alices, "600", False).name == "alices"
             assert client.getComponentPageInfo(alices, "__system", "600", True).num_executors \
                 == 1
-    as_user(conf, ca, "bob")
-    with connect(daemon.address) as client:
+    with connect(daemon.address, security=as_user(conf, ca, "bob").security) as client:
         for call in (lambda: client.getTopologyPageInfo(alices, ":all-time", False),
                      lambda: client.getComponentPageInfo(alices, "__system", None, True)):
             with pytest.raises(storm.AuthorizationException) as refused:
@@ -434,8 +429,7 @@ def test_supervisor_page_hides_the_components_of_topologies_the_caller_may_not_r
     daemon, conf, alices, bobs = tls_cluster
 
     def seen_by(name: str) -> dict:
-        as_user(conf, ca, name)
-        with connect(daemon.address) as client:
+        with connect(daemon.address, security=as_user(conf, ca, name).security) as client:
             page = client.getSupervisorPageInfo("sup-a", None, True)
         assert [s.num_used_workers for s in page.supervisor_summaries] == [2]
         return {w.topology_name: w.component_to_num_tasks for w in page.worker_summaries}
@@ -444,10 +438,9 @@ def test_supervisor_page_hides_the_components_of_topologies_the_caller_may_not_r
     assert seen_by("dave") == {"alices": {"__system": 1}, "bobs": None}
     assert seen_by("bob") == {"alices": None, "bobs": {"__system": 1}}
     assert seen_by("carol") == {"alices": None, "bobs": None}
-    as_user(conf, ca, "carol")
-    with connect(daemon.address) as client:
+    with connect(daemon.address, security=as_user(conf, ca, "carol").security) as client:
         workers = client.getSupervisorPageInfo(None, "host-a", False).worker_summaries
-    placed = {topology_id: daemon.state.assignment_info(topology_id).executor_node_port[
+    placed = {topology_id: daemon.master.state.assignment_info(topology_id).executor_node_port[
         "worker-0"][1] for topology_id in (alices, bobs)}
     assert sorted(placed.values()) == [6700, 6701]
     assert [(w.topology_id, w.port, w.num_executors) for w in workers] == sorted(

@@ -11,7 +11,7 @@ from test_scheduler import _set_status, cluster, slots  # noqa: F401 - cluster: 
 from waiting import wait_for
 
 from nimbus.master import placement_history as ph
-from nimbus.master import runtime_view
+from nimbus.state import runtime_view
 from nimbus.state.cluster_state import NotLeaderError
 from nimbus.state.records import (
     ACTIVE,
@@ -58,7 +58,7 @@ def test_a_move_closes_the_old_placement_and_opens_a_new_one():
     assert [e["until_secs"] for e in off.workers["worker-0"]] == [400]
     back = ph.advance(off, EMPTY, assignment(500, worker_0=("s1", 6700)), now_secs=500)
     assert back.workers["worker-0"] == [entry("s1", 6700, 100, 400), entry("s1", 6700, 500)]
-    assert ph.placements_of(back, "worker-0")[0] == entry("s1", 6700, 500)
+    assert runtime_view.placements_of(back, "worker-0")[0] == entry("s1", 6700, 500)
 
 
 def test_a_history_stays_bounded():

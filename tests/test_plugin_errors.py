@@ -23,16 +23,17 @@ import yaml
 from click.testing import CliRunner
 
 from nimbus.cli import main
-from nimbus.config import ConfigError, load_config
+from nimbus.config import ConfigError
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.distributors import (
     CodeDistributor,
     DistributorError,
     PluginImportError,
     installed_distributors,
+    load_cluster_config,
     resolve_distributor_class,
 )
 from nimbus.distribution.hookspecs import hookimpl
-from nimbus.state.zkserver import free_port
 
 # A plugin module whose class has every hook right except ``upload``, which takes
 # ``dirpath`` where the specification says ``dir_path``.
@@ -151,7 +152,7 @@ def test_a_plugin_with_an_invalid_hook_leaves_its_keys_readable(install_plugin, 
     accepted unchecked, with a warning that says why."""
     install_plugin("wrongarg", WRONG_ARGUMENT_PLUGIN)
     with caplog.at_level(logging.WARNING):
-        conf = load_config(overrides={"nimbus.codedistributor.wrongarg.path": "/x"})
+        conf = load_cluster_config(overrides={"nimbus.codedistributor.wrongarg.path": "/x"})
     assert conf["nimbus.codedistributor.wrongarg.path"] == "/x"
     assert "key 'nimbus.codedistributor.wrongarg.path' accepted unchecked: code " \
            "distributor 'wrongarg' could not report its settings" in caplog.text
@@ -186,14 +187,14 @@ def test_keys_of_a_plugin_that_fails_to_import_are_accepted_with_a_warning(
         install_plugin, caplog):
     install_plugin("brokenimport", BROKEN_IMPORT)
     with caplog.at_level(logging.WARNING):
-        conf = load_config(overrides={"nimbus.codedistributor.brokenimport.path": "/srv",
+        conf = load_cluster_config(overrides={"nimbus.codedistributor.brokenimport.path": "/srv",
                                       "nimbus.codedistributor.brokenimport.copies": 2})
     assert conf["nimbus.codedistributor.brokenimport.copies"] == 2
     assert (f"overrides: key 'nimbus.codedistributor.brokenimport.path' accepted unchecked: "
             f"{BROKEN_MESSAGE}") in caplog.text
     # Only that plugin's prefix: any other unknown key is still an error.
     with pytest.raises(ConfigError, match="unknown key 'nimbus.codedistributor.other.path'"):
-        load_config(overrides={"nimbus.codedistributor.other.path": "/srv"})
+        load_cluster_config(overrides={"nimbus.codedistributor.other.path": "/srv"})
 
 
 def test_list_reads_a_yaml_with_the_keys_of_a_plugin_that_fails_to_import(

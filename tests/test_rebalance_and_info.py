@@ -22,8 +22,8 @@ from waiting import wait_for
 
 from nimbus.cli import main
 from nimbus.config import load_config
+from nimbus.daemons.nimbus import NimbusDaemon
 from nimbus.distribution.archive import NO_KIND_MESSAGE, BundleError, bundle_kind
-from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat
 from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusClient, connect
@@ -61,7 +61,7 @@ def cluster(zk_server, zk_root, tmp_path, make_zk):
     daemon = NimbusDaemon(conf)
     daemon.start()
     try:
-        wait_for(daemon.elector.is_leader, 30, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 30, "the nimbus to lead")
         yield daemon, conf, conf_file, make_zk()
     finally:
         daemon.stop()
@@ -70,7 +70,7 @@ def cluster(zk_server, zk_root, tmp_path, make_zk):
 def add_supervisor(daemon: NimbusDaemon, zk, supervisor_id: str, host: str,
                    ports: list[int], uptime: int) -> None:
     """Register a supervisor the way one does: an ephemeral node of its own session."""
-    zk.create(daemon.state.path("supervisors", supervisor_id), SupervisorInfo(
+    zk.create(daemon.master.state.path("supervisors", supervisor_id), SupervisorInfo(
         time_secs=1, hostname=host, meta=ports, uptime_secs=uptime,
         version="sup-1.0").encode(), ephemeral=True)
 
@@ -80,7 +80,7 @@ def submit(conf, name: str = "wc") -> str:
 
 
 def placed(daemon: NimbusDaemon, topology_id: str) -> dict[str, list]:
-    return daemon.state.assignment_info(topology_id).executor_node_port
+    return daemon.master.state.assignment_info(topology_id).executor_node_port
 
 
 def cli(conf_file: Path, *args: str):
@@ -94,12 +94,12 @@ def test_rebalance_sets_num_workers_and_the_scheduler_follows(cluster):
     add_supervisor(daemon, sup_zk, "sup-a", "host-a", [6700, 6701], 11)
     add_supervisor(daemon, sup_zk, "sup-b", "host-b", [6700], 22)
     topology_id = submit(conf)
-    daemon.run_cycle()
+    daemon.master.run_cycle()
     assert placed(daemon, topology_id) == {"worker-0": ["sup-a", 6700]}
 
     NimbusClient(conf).rebalance("wc", 3)
-    assert daemon.state.storm_base(topology_id).num_workers == 3
-    daemon.run_cycle()
+    assert daemon.master.state.storm_base(topology_id).num_workers == 3
+    daemon.master.run_cycle()
     # spread: the supervisor with the fewest workers of the topology first
     assert placed(daemon, topology_id) == {"worker-0": ["sup-a", 6700],
                                            "worker-1": ["sup-b", 6700],
@@ -118,7 +118,7 @@ def test_rebalance_sets_num_workers_and_the_scheduler_follows(cluster):
     # Storm's `storm rebalance wc -n 1`, through the CLI; the highest indices go
     done = cli(conf_file, "rebalance", "wc", "-n", "1", "--wait", "0")
     assert (done.exit_code, done.output) == (0, "rebalanced wc to 1 worker\n")
-    daemon.run_cycle()
+    daemon.master.run_cycle()
     assert placed(daemon, topology_id) == {"worker-0": ["sup-a", 6700]}
     done = cli(conf_file, "cluster-info", "--json")
     assert done.exit_code == 0, done.output
@@ -150,7 +150,7 @@ def test_rebalance_refuses_bad_options(cluster, options, message):
         with pytest.raises(storm.InvalidTopologyException) as refused:
             client.rebalance("wc", options)
     assert refused.value.msg == message
-    assert daemon.state.storm_base(topology_id).num_workers == 1
+    assert daemon.master.state.storm_base(topology_id).num_workers == 1
 
 
 def test_rebalance_of_unknown_or_killed_topology(cluster):
@@ -179,9 +179,9 @@ def write_runtime(daemon: NimbusDaemon, zk, topology_id: str) -> None:
                                      "input_rows_per_second": 1.5,
                                      "processed_rows_per_second": 1.25},
                           "lines": {"batch_id": 4}})
-    zk.create(daemon.state.path("workerbeats", topology_id, "sup-a-6700"), beat.encode())
+    zk.create(daemon.master.state.path("workerbeats", topology_id, "sup-a-6700"), beat.encode())
     for i in range(11):
-        assert daemon.state.report_error(topology_id, "counts", ErrorInfo(
+        assert daemon.master.state.report_error(topology_id, "counts", ErrorInfo(
             error=f"boom {i}\n  at line {i}", error_time_secs=1_700_000_000 + i,
             host="host-a", port=6700))
 
@@ -193,7 +193,7 @@ def test_topology_info_over_thrift_and_cli(cluster):
     topology_id = NimbusClient(conf).submit(
         "wc", tar_bundle({"topology.yaml": PROCESS_YAML}), {"topology.workers": 2,
                                                              "topology.submitter.user": "bob"})
-    daemon.run_cycle()
+    daemon.master.run_cycle()
     assert placed(daemon, topology_id) == {"worker-0": ["sup-a", 6700],
                                            "worker-1": ["sup-b", 6700]}
     write_runtime(daemon, sup_zk, topology_id)
@@ -222,7 +222,7 @@ def test_topology_info_over_thrift_and_cli(cluster):
     uptimes = [w.pop("uptime_secs") for w in view["workers"]]
     assert all(0 <= u <= 60 for u in uptimes) and 0 <= view.pop("uptime_secs") <= 60
     # The beat's age by ZooKeeper's clock: the newest mtime of the nodes read, less its.
-    st = daemon.state
+    st = daemon.master.state
     mtimes = {path: sup_zk.exists(path).mtime for path in (
         st.path("assignments", topology_id), st.path("supervisors", "sup-a"),
         st.path("supervisors", "sup-b"), st.path("workerbeats", topology_id, "sup-a-6700"))}
@@ -326,9 +326,9 @@ def test_submit_refuses_a_bundle_no_worker_can_run(cluster, bundle, message):
                 spouts={}, bolts={}, state_spouts={}))
     assert refused.value.msg == message
     # nothing was written: no code directory, no znode of any kind
-    assert list(daemon.store.root.iterdir()) == []
+    assert list(daemon.master.store.root.iterdir()) == []
     for sub in ("storms", "assignments", "workerbeats", "errors", "code-distributor"):
-        assert daemon.state.zk.get_children(daemon.state.path(sub)) == [], sub
+        assert daemon.master.state.zk.get_children(daemon.master.state.path(sub)) == [], sub
 
 
 def test_no_kind_message_is_the_documented_one():
@@ -375,8 +375,8 @@ def test_submit_refuses_a_relative_checkpoint_dir_from_a_foreign_client(cluster)
                 "topology.spark.conf.spark.sql.warehouse.dir"
             assert refused.value.msg.startswith(f"topology conf: {key!r} must be an absolute "
                                                 "path or a URI"), refused.value.msg
-    assert list(daemon.store.root.iterdir()) == []
-    assert daemon.state.zk.get_children(daemon.state.path("storms")) == []
+    assert list(daemon.master.store.root.iterdir()) == []
+    assert daemon.master.state.zk.get_children(daemon.master.state.path("storms")) == []
 
 
 def test_cli_submit_stores_absolute_paths_and_warns_of_relative_looking_values(

@@ -23,8 +23,8 @@ from waiting import wait_for
 from nimbus import metrics
 from nimbus.cli import main
 from nimbus.config import load_config
+from nimbus.daemons.nimbus import NimbusDaemon
 from nimbus.master import rebalancing
-from nimbus.master.daemon import NimbusDaemon
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import (
     ACTIVE,
@@ -131,13 +131,13 @@ def cluster(zk_server, zk_root, tmp_path, make_zk):
     conf = load_config(str(conf_file))
     daemon = NimbusDaemon(conf)
     clock = FakeClock()
-    daemon.lifecycle.clock = clock
+    daemon.master.lifecycle.clock = clock
     daemon.start()
     try:
-        wait_for(daemon.elector.is_leader, 30, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 30, "the nimbus to lead")
         sup_zk = make_zk()
         for supervisor_id in ("sup-a", "sup-b"):
-            sup_zk.create(daemon.state.path("supervisors", supervisor_id), SupervisorInfo(
+            sup_zk.create(daemon.master.state.path("supervisors", supervisor_id), SupervisorInfo(
                 time_secs=1, hostname=f"host-{supervisor_id[-1]}", meta=[6700, 6701],
                 version="sup-1.0").encode(), ephemeral=True)
         yield daemon, conf, conf_file, clock
@@ -155,7 +155,7 @@ def submit(conf, name: str = "wc", active: bool = True) -> str:
 
 
 def placed(daemon: NimbusDaemon, topology_id: str) -> list[str]:
-    return sorted(daemon.state.assignment_info(topology_id).executor_node_port)
+    return sorted(daemon.master.state.assignment_info(topology_id).executor_node_port)
 
 
 def summary_status(daemon: NimbusDaemon) -> dict[str, tuple[str, int]]:
@@ -171,17 +171,17 @@ def cli(conf_file, *args: str):
 def test_rebalance_with_a_wait_deactivates_then_completes(cluster):
     daemon, conf, conf_file, clock = cluster
     topology_id = submit(conf)
-    daemon.run_cycle()
+    daemon.master.run_cycle()
     assert placed(daemon, topology_id) == ["worker-0"]
 
     done = cli(conf_file, "rebalance", "wc", "-n", "3", "--wait", "30")
     assert (done.exit_code, done.output) == (
         0, "rebalancing wc to 3 workers in 30s (REBALANCING, deactivated, until then)\n")
-    stored = daemon.state.storm_base(topology_id)
+    stored = daemon.master.state.storm_base(topology_id)
     assert (stored.status, stored.num_workers, stored.prev_status,
             stored.rebalance_num_workers, stored.rebalance_at_secs) == (
         REBALANCING, 1, ACTIVE, 3, 1_700_000_031)
-    daemon.run_cycle()
+    daemon.master.run_cycle()
     assert placed(daemon, topology_id) == [], "deactivated: its worker stops"
     # every place that shows a status shows it
     # The summary is refreshed after a pass that moved work, within a bounded wait: on a
@@ -194,22 +194,22 @@ def test_rebalance_with_a_wait_deactivates_then_completes(cluster):
     assert listed.exit_code == 0, listed.output
     assert listed.output.splitlines()[1].split()[:2] == ["wc", REBALANCING]
     # the duty loop runs when the wait ends, not a whole period later
-    assert daemon.lifecycle.next_rebalance_s() == pytest.approx(30.75)
+    assert daemon.master.lifecycle.next_rebalance_s() == pytest.approx(30.75)
 
     clock.now += 30  # 30 s, but the deadline is rounded up to a whole second
-    daemon.run_cycle()
-    assert daemon.state.storm_base(topology_id).status == REBALANCING
+    daemon.master.run_cycle()
+    assert daemon.master.state.storm_base(topology_id).status == REBALANCING
     assert placed(daemon, topology_id) == []
 
     clock.now += 0.75
-    daemon.run_cycle()
-    assert daemon.state.storm_base(topology_id) == StormBase(
+    daemon.master.run_cycle()
+    assert daemon.master.state.storm_base(topology_id) == StormBase(
         storm_name="wc", launch_time_secs=stored.launch_time_secs, status=ACTIVE,
         num_workers=3, owner=stored.owner, submission_token=stored.submission_token)
     assert placed(daemon, topology_id) == ["worker-0", "worker-1", "worker-2"]
     wait_for(lambda: summary_status(daemon) == {"wc": (ACTIVE, 3)}, 30,
              "the summary to show the rebalanced topology")
-    assert daemon.lifecycle.next_rebalance_s() is None
+    assert daemon.master.lifecycle.next_rebalance_s() is None
 
 
 @ZOOKEEPER
@@ -217,13 +217,13 @@ def test_an_inactive_topology_returns_inactive(cluster):
     daemon, conf, _, clock = cluster
     topology_id = submit(conf, active=False)
     NimbusClient(conf).rebalance("wc", 2, 5)
-    assert daemon.state.storm_base(topology_id).status == REBALANCING
+    assert daemon.master.state.storm_base(topology_id).status == REBALANCING
     # the duty loop (period 3600 s here) runs when the wait ends; the view may lag
-    wait_for(lambda: daemon.duties._wait_s() == pytest.approx(5.8), 10,
+    wait_for(lambda: daemon.master.duties.due_in_s() == pytest.approx(5.8), 10,
              "the duty loop to wait for the deadline")
     clock.now += 5.75
-    daemon.run_cycle()
-    stored = daemon.state.storm_base(topology_id)
+    daemon.master.run_cycle()
+    stored = daemon.master.state.storm_base(topology_id)
     assert (stored.status, stored.num_workers) == (INACTIVE, 2)
     assert placed(daemon, topology_id) == []
 
@@ -234,7 +234,7 @@ def test_without_a_wait_nothing_changes_but_the_count(cluster):
     topology_id = submit(conf)
     done = cli(conf_file, "rebalance", "wc", "-n", "2", "--wait", "0")
     assert (done.exit_code, done.output) == (0, "rebalanced wc to 2 workers\n")
-    stored = daemon.state.storm_base(topology_id)
+    stored = daemon.master.state.storm_base(topology_id)
     assert (stored.status, stored.num_workers, stored.rebalance_at_secs) == (ACTIVE, 2, 0)
 
 
@@ -258,14 +258,14 @@ def test_only_kill_is_allowed_while_rebalancing(cluster):
             assert refusal.format(action) in failed.value.message
     done = cli(conf_file, "deactivate", "wc")
     assert done.exit_code == 1 and refusal.format("deactivate") in done.output, done.output
-    assert daemon.state.storm_base(topology_id).status == REBALANCING
+    assert daemon.master.state.storm_base(topology_id).status == REBALANCING
 
     client.kill("wc", 60)
-    stored = daemon.state.storm_base(topology_id)
+    stored = daemon.master.state.storm_base(topology_id)
     assert (stored.status, stored.prev_status, stored.rebalance_at_secs) == (KILLED, "", 0)
     clock.now += 3600  # the old deadline passing changes nothing
-    daemon.run_cycle()
-    assert daemon.state.storm_base(topology_id).status == KILLED
+    daemon.master.run_cycle()
+    assert daemon.master.state.storm_base(topology_id).status == KILLED
 
 
 @ZOOKEEPER
@@ -274,13 +274,13 @@ def test_a_deadline_set_by_another_leader_is_completed(cluster):
     while nobody led (a failover in the middle)."""
     daemon, conf, _, clock = cluster
     topology_id = submit(conf)
-    stored, version = daemon.state.storm_base_versioned(topology_id)
+    stored, version = daemon.master.state.storm_base_versioned(topology_id)
     other = rebalancing.begin(stored, 2, 10, clock.now - 60)  # set a minute ago
-    daemon.state.zk.set(daemon.state.storm_path(topology_id), other.encode(), version)
-    wait_for(lambda: daemon.view.storm_base(topology_id).status == REBALANCING, 10,
+    daemon.master.state.zk.set(daemon.master.state.storm_path(topology_id), other.encode(), version)
+    wait_for(lambda: daemon.master.view.storm_base(topology_id).status == REBALANCING, 10,
              "the leader's view to see it")
-    daemon.run_cycle()
-    stored = daemon.state.storm_base(topology_id)
+    daemon.master.run_cycle()
+    stored = daemon.master.state.storm_base(topology_id)
     assert (stored.status, stored.num_workers) == (ACTIVE, 2)
     assert placed(daemon, topology_id) == ["worker-0", "worker-1"]
 

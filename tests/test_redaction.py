@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from nimbus.cli import main
-from nimbus.config import ConfigError, load_config
+from nimbus.config import ConfigError
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.redaction import REDACTED, SecretLogFilter, is_secret_key, redact, secret_values
 
 SECRET = "s3cr3t-Value-42"
@@ -66,7 +67,7 @@ def test_secret_values_include_a_payloads_password_and_numbers():
 def test_get_nimbus_conf_redacts_the_s3_secret():
     from nimbus.thrift.handler import NimbusHandler
 
-    conf = load_config(overrides={"nimbus.codedistributor.s3.secret.key": SECRET})
+    conf = load_cluster_config(overrides={"nimbus.codedistributor.s3.secret.key": SECRET})
     handler = NimbusHandler.__new__(NimbusHandler)
     handler.conf = conf
     text = handler.getNimbusConf()
@@ -76,7 +77,7 @@ def test_get_nimbus_conf_redacts_the_s3_secret():
 
 def test_type_error_in_config_does_not_echo_the_secret():
     with pytest.raises(ConfigError) as err:
-        load_config(overrides={"nimbus.codedistributor.s3.secret.key": [SECRET]})
+        load_cluster_config(overrides={"nimbus.codedistributor.s3.secret.key": [SECRET]})
     assert SECRET not in str(err.value)
     assert "nimbus.codedistributor.s3.secret.key" in str(err.value)
 
@@ -160,7 +161,8 @@ def test_a_running_nimbus_never_logs_or_serves_its_secrets(zk_server, zk_root, t
     from required_plugins import require_plugin
     from waiting import wait_for
 
-    from nimbus.devcluster import NimbusProcess, free_port
+    from nimbus.dev.cluster import NimbusProcess
+    from nimbus.dev.zookeeper import free_port
     from nimbus.distribution.archive import pack_directory
     from nimbus.thrift.client import NimbusClient, connect
 
@@ -186,7 +188,7 @@ def test_a_running_nimbus_never_logs_or_serves_its_secrets(zk_server, zk_root, t
         wait_for(lambda: "gained leadership" in nimbus.log_text() or not nimbus.alive(), 60,
                  "the nimbus to lead")
         assert nimbus.alive(), nimbus.log_text()
-        client_conf = load_config(overrides={"nimbus.seeds": [f"127.0.0.1:{port}"]})
+        client_conf = load_cluster_config(overrides={"nimbus.seeds": [f"127.0.0.1:{port}"]})
         topology = tmp_path / "topology"
         topology.mkdir()
         (topology / "topology.yaml").write_text('command: ["sleep", "3600"]\n')

@@ -25,10 +25,10 @@ from test_supervisor import STUB_WORKER, FakePeers, _code, _free_port, _sha, _ta
 from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
+from nimbus.daemons.supervisor import build_supervisor
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, StormBase
 from nimbus.supervisor.code_cache import CodeCache
-from nimbus.supervisor.daemon import Supervisor
 from nimbus.supervisor.run_as_user import account_for, remove_account
 
 pytestmark = pytest.mark.integration
@@ -118,8 +118,8 @@ def test_bob_reads_nothing_of_the_supervisor_or_of_alice(zk_server, zk_root, bas
     alice["stormconf.json"] = b'{"alice.db.password": "alices-own"}'
     bob = _code(_tar({"topology.yaml": b"command: [true]\n"}))
     bob["stormconf.json"] = json.dumps({"topology.stub.probe": probes}).encode()
-    sup = Supervisor(_conf(zk_server, zk_root, base, ports),
-                     worker_command=(sys.executable, str(stub)))
+    sup = build_supervisor(_conf(zk_server, zk_root, base, ports),
+                           worker_command=(sys.executable, str(stub)))
     sup.code = CodeCache(sup.code.root, 1 << 20, _Peers({ALICE: alice, BOB: bob}))
     sup._peers = lambda topology_id: ["nimbus:6627"]
     sup.start()
@@ -166,4 +166,4 @@ def test_a_python_other_accounts_cannot_reach_is_refused_at_start(zk_server, zk_
         pytest.skip("this interpreter is reachable by every account: nothing to refuse")
     with pytest.raises(ConfigError, match="workers, running as accounts of their own, "
                                           "cannot reach"):
-        Supervisor(_conf(zk_server, zk_root, base, [_free_port()]))
+        build_supervisor(_conf(zk_server, zk_root, base, [_free_port()]))

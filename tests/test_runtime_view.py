@@ -1,4 +1,4 @@
-"""nimbus.master.runtime_view and report_error against a real ZooKeeper.
+"""nimbus.state.runtime_view and report_error against a real ZooKeeper.
 
 Records are written straight into ZooKeeper as the leader and the supervisors would write
 them (docs/runtime.md); the view's dicts are compared whole.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from waiting import wait_until
 
-from nimbus.master import runtime_view
-from nimbus.state import worker_state
+from nimbus.state import runtime_view, worker_state
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import (
     ACTIVE,
@@ -47,13 +47,6 @@ def write_topology(state: StormClusterState, topology_id: str = TOPOLOGY,
     zk.create(state.path("errors", topology_id))
 
 
-def write_supervisor(state: StormClusterState, supervisor_id: str, host: str,
-                     ports: list[int], used_ports: list[int], uptime: int = 50) -> None:
-    state.supervisor_heartbeat(supervisor_id, SupervisorInfo(
-        time_secs=1990, hostname=host, meta=ports, used_ports=used_ports,
-        uptime_secs=uptime, version="0.2.0"))
-
-
 def write_beat(state: StormClusterState, supervisor_id: str, port: int, data: bytes) -> None:
     state.worker_heartbeat(TOPOLOGY, supervisor_id, port, data)
 
@@ -67,15 +60,19 @@ ASSIGNMENT = Assignment(
     executor_start_time_secs={"worker-0": 1500, "worker-2": 1900, "worker-10": 1990})
 
 
-def test_supervisors_count_used_slots_from_assignments(state):
-    write_topology(state, assignment=ASSIGNMENT)
+def test_supervisor_rows_count_used_slots_from_assignments():
+    def info(host: str, ports: list[int], used_ports: list[int],
+             uptime: int = 50) -> SupervisorInfo:
+        return SupervisorInfo(time_secs=1990, hostname=host, meta=ports,
+                              used_ports=used_ports, uptime_secs=uptime, version="0.2.0")
+
     # The supervisors' own used_ports lag behind the assignments and do not count: sup-a
     # lists one of its two assigned ports, sup-b none, sup-c one it is not assigned.
-    write_supervisor(state, "sup-a", "host-a", [6701, 6700, 6702], [6700])
-    write_supervisor(state, "sup-b", "host-b", [6700], [])
-    write_supervisor(state, "sup-c", "host-c", [6700, 6701], [6700], uptime=7)
-    state.zk.create(state.path("supervisors", "sup-junk"), b"not json", ephemeral=True)
-    assert runtime_view.supervisors(state) == [
+    snapshot = ClusterSnapshot(assignments={TOPOLOGY: ASSIGNMENT}, supervisors={
+        "sup-c": info("host-c", [6700, 6701], [6700], uptime=7),
+        "sup-a": info("host-a", [6701, 6700, 6702], [6700]),
+        "sup-b": info("host-b", [6700], [])})
+    assert runtime_view.supervisor_rows(snapshot) == [
         {"id": "sup-a", "host": "host-a", "slots": 3, "used_slots": 2,
          "ports": [6700, 6701, 6702], "used_ports": [6700, 6701], "uptime_secs": 50,
          "version": "0.2.0"},
@@ -394,14 +391,14 @@ def test_newest_error_is_the_newest_of_any_component(state):
 
 def test_the_demo_names_the_newest_error_while_it_waits(state, monkeypatch, capsys):
     """A failing pipeline reads as its error, not as a bare timeout (issue 17)."""
-    from nimbus import runtime_demo
+    from nimbus.dev import demo
 
     write_topology(state)
     state.report_error(TOPOLOGY, "worker-0", ErrorInfo(
         error="build() raised AnalysisException: Path does not exist: in",
         error_time_secs=1200))
-    monkeypatch.setattr(runtime_demo, "TIMEOUT_S", 0.3)
-    watch = runtime_demo.ErrorWatch(state, "wordcount", TOPOLOGY)
+    monkeypatch.setattr(demo, "TIMEOUT_S", 0.3)
+    watch = demo.ErrorWatch(state, "wordcount", TOPOLOGY)
     with pytest.raises(TimeoutError) as waited:
         watch.wait(lambda: False, "the records to be committed")
     assert str(waited.value) == (

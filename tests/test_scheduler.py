@@ -37,9 +37,11 @@ def cluster(make_zk, zk_root):
     """(state, fence, make scheduler, add supervisor, add topology, beat) on a real ZK."""
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
-    elector = LeaderElector(state.zk, state, "127.0.0.1:1", has_all_code=lambda: True)
+    elector = LeaderElector(state.zk, state, "127.0.0.1:1")
     elector.add_to_leader_lock_queue()
-    wait_for(elector.is_leader, 10, "the test's nimbus to lead")
+    # Its steps taken here, as a nimbus's cycle would, with a complete code check.
+    wait_for(lambda: elector.step(True).leadership is not None, 10,
+             "the test's nimbus to lead")
     conf = load_config(overrides={"nimbus.task.timeout.secs": TIMEOUT_S,
                                   "nimbus.task.launch.secs": LAUNCH_S}, extra_defaults={})
     clock = FakeClock()

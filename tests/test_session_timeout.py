@@ -1,5 +1,5 @@
 """The negotiated session timeout (nimbus.state.session_timeout) against a real
-ZooKeeper, which grants sessions of 2 ticks (400 ms) to 60 s (nimbus.state.zkserver)."""
+ZooKeeper, which grants sessions of 2 ticks (400 ms) to 60 s (nimbus.dev.zookeeper)."""
 
 from __future__ import annotations
 

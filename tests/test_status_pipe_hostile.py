@@ -203,7 +203,7 @@ def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
             kind="pipeline", warm="", topology_components=None, memory_bytes=lambda: 0,
             last_beat_at=None, last_error="",
             error_budget=status_input.ErrorBudget(per_minute=10**9))
-        monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
+        monkeypatch.setattr(sup.telemetry, "observe", lambda *args: None)
         rng = random.Random(19)
         for _ in range(400):
             sup.reporting.on_status(handle, _fuzzed(rng, cluster_state))
@@ -245,7 +245,7 @@ def test_a_slots_history_goes_on_through_its_workers_restart(
     sup.start()
     try:
         _submit_directly(cluster_state, files, {})  # no worker: the test speaks for it
-        monkeypatch.setattr(sup.metrics.progress, "observe", lambda *args: None)
+        monkeypatch.setattr(sup.telemetry, "observe", lambda *args: None)
         # No worker of it is placed here, so the clean-up pass would forget the slot.
         monkeypatch.setattr(sup.reporting, "forget_except", lambda keep: None)
 

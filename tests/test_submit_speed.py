@@ -23,6 +23,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -32,6 +33,8 @@ from waiting import wait_for
 
 from nimbus.cli import _bundle, main
 from nimbus.config import load_config
+from nimbus.daemons.nimbus import NimbusDaemon
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution import code_stream
 from nimbus.distribution.archive import (
     ChangedWhilePackedError,
@@ -45,12 +48,10 @@ from nimbus.distribution.archive import (
 )
 from nimbus.distribution.file_transfer import FileTransfers
 from nimbus.distribution.local_code import LocalCodeStore
-from nimbus.master.daemon import NimbusDaemon
-from nimbus.state.zkserver import free_port
 from nimbus.supervisor.code_cache import CODE_FILES, CodeCache
 from nimbus.thrift.client import NimbusClient, TransferRefusedError, connect
 from nimbus.thrift.server import ThriftServer
-from nimbus.thrift.tls import configure_clients, server_context
+from nimbus.thrift.tls import server_context
 
 PROCESS_YAML = 'command: ["sleep", "3600"]\n'
 WAIT_S = 15.0
@@ -187,10 +188,13 @@ def upload_server(tmp_path):
             if t.name.startswith(("thrift-", "upload-check-"))] == []
 
 
-def upload(server: ThriftServer, source: Path | bytes) -> tuple[str, list[int]]:
-    client = NimbusClient(load_config(overrides={"nimbus.seeds": [f"127.0.0.1:{server.port}"]}))
+def upload(server: ThriftServer, source: Path | bytes,
+           identity: dict[str, Any] | None = None) -> tuple[str, list[int]]:
+    """Upload ``source`` as a client with ``identity``'s settings (its TLS files)."""
+    client = NimbusClient(load_config(overrides={
+        "nimbus.seeds": [f"127.0.0.1:{server.port}"], **(identity or {})}))
     sent: list[int] = []
-    with connect(f"127.0.0.1:{server.port}") as thrift:
+    with connect(f"127.0.0.1:{server.port}", security=client.security) as thrift:
         return client.upload_bundle(source, sent.append, thrift), sent
 
 
@@ -304,11 +308,7 @@ def test_over_tls_the_upload_stream_carries_the_bundle(upload_server, tmp_path):
     server, handler = upload_server(tls=server_context(load_config(
         overrides=ca.issue("nimbus-1").conf())))
     make_directory(tmp_path / "src")
-    configure_clients(load_config(overrides=ca.issue("submitter").conf()))
-    try:
-        location, _sent = upload(server, tmp_path / "src")
-    finally:
-        configure_clients(load_config(overrides={}))
+    location, _sent = upload(server, tmp_path / "src", ca.issue("submitter").conf())
     pack_directory_file(tmp_path / "src", tmp_path / "expected.tar")
     assert handler.transfers.take_upload(location).read_bytes() == \
         (tmp_path / "expected.tar").read_bytes()
@@ -330,7 +330,7 @@ def nimbus(zk_server, zk_root, tmp_path, make_zk):
     daemon = NimbusDaemon(load_config(str(conf_file)))
     daemon.start()
     try:
-        wait_for(daemon.elector.is_leader, 30, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 30, "the nimbus to lead")
         yield daemon, conf_file, make_zk()
     finally:
         daemon.stop()
@@ -342,7 +342,7 @@ def assert_nothing_left(daemon: NimbusDaemon, zk, zk_root: str) -> None:
              "the upload's session and file to go")
     assert zk.get_children(f"{zk_root}/code-distributor") == []
     assert zk.get_children(f"{zk_root}/storms") == []
-    assert [p for p in daemon.store.root.iterdir() if p.is_dir()] == []
+    assert [p for p in daemon.master.store.root.iterdir() if p.is_dir()] == []
 
 
 def test_a_stream_cut_off_halfway_leaves_nothing_behind(nimbus, zk_root, tmp_path):
@@ -400,7 +400,7 @@ def test_the_cli_submits_a_directory_and_an_archive_as_they_are(nimbus, tmp_path
         done = CliRunner().invoke(main, ["submit", name, str(path), "--config", str(conf_file)])
         assert done.exit_code == 0, done.output
         topology_id = done.output.strip().splitlines()[-1]
-        stored = daemon.store.path(topology_id) / "stormjar.jar"
+        stored = daemon.master.store.path(topology_id) / "stormjar.jar"
         assert stored.read_bytes() == expected.read_bytes()
     assert daemon.transfers.uploads_in_progress() == 0
     assert list(daemon.transfers.inbox.iterdir()) == []

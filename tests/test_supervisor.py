@@ -25,8 +25,8 @@ from supervisor_index import index_work
 from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.master import runtime_view
-from nimbus.state import worker_state
+from nimbus.daemons.supervisor import build_supervisor
+from nimbus.state import runtime_view, worker_state
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, WorkerBeat
 from nimbus.supervisor.code_cache import (
@@ -544,7 +544,7 @@ def _supervisor(tmp_path, zk_server, zk_root, stub_worker, files, port,
         "supervisor.worker.start.timeout.secs": 5, "supervisor.worker.timeout.secs": 3,
         "supervisor.worker.shutdown.sleep.secs": 1, "supervisor.spark.class.archive": False,
         "logviewer.port": 0, **extra})
-    sup = Supervisor(conf, worker_command=stub_worker)
+    sup = build_supervisor(conf, worker_command=stub_worker)
     sup.code = CodeCache(sup.code.root, 1 << 20, FakePeers({"nimbus:6627": files}))
     sup._peers = lambda topology_id: ["nimbus:6627"]  # no nimbus in these tests
     return sup
@@ -757,7 +757,7 @@ def test_supervisor_exits_when_a_slot_port_is_taken(tmp_path, zk_server, zk_root
             "storm.zookeeper.port": zk_server.port, "storm.zookeeper.root": zk_root,
             "storm.local.dir": str(tmp_path / "local"), "supervisor.slots.ports": [port]})
         with pytest.raises(SlotPortInUseError):
-            Supervisor(conf)
+            build_supervisor(conf)
     assert not (tmp_path / "local" / "supervisor").exists()   # took nothing
 
 

@@ -13,9 +13,9 @@ import requests
 from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.devcluster import free_port
+from nimbus.daemons.supervisor import build_supervisor
+from nimbus.dev.zookeeper import free_port
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.supervisor.daemon import Supervisor
 
 
 def _conf(tmp_path, zk_server, zk_root, **extra):
@@ -31,7 +31,7 @@ def test_the_supervisor_serves_its_logviewer_says_where_and_stops_it(
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
     port = free_port()
-    sup = Supervisor(_conf(tmp_path, zk_server, zk_root, **{"logviewer.port": port}))
+    sup = build_supervisor(_conf(tmp_path, zk_server, zk_root, **{"logviewer.port": port}))
     sup.start()
     try:
         info = wait_for(lambda: state.supervisor_info(sup.id), 10, "the registration")
@@ -51,7 +51,7 @@ def test_the_supervisor_serves_its_logviewer_says_where_and_stops_it(
 def test_logviewer_port_0_serves_none(tmp_path, zk_server, zk_root, make_zk):
     state = StormClusterState(make_zk(), zk_root)
     state.setup()
-    sup = Supervisor(_conf(tmp_path, zk_server, zk_root, **{"logviewer.port": 0}))
+    sup = build_supervisor(_conf(tmp_path, zk_server, zk_root, **{"logviewer.port": 0}))
     sup.start()
     try:
         info = wait_for(lambda: state.supervisor_info(sup.id), 10, "the registration")

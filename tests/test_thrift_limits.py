@@ -24,9 +24,9 @@ from thriftpy2.thrift import TMessageType
 from waiting import wait_for
 
 from nimbus.config import load_config
-from nimbus.master.daemon import NimbusDaemon
+from nimbus.daemons.nimbus import NimbusDaemon
+from nimbus.dev.zookeeper import free_port
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.state.zkserver import free_port
 from nimbus.thrift import storm
 from nimbus.thrift.client import CHUNK_BYTES, connect
 from nimbus.thrift.server import ThriftServer

@@ -28,15 +28,16 @@ from thriftpy2.thrift import TMessageType
 from tls_certs import CertificateAuthority
 from waiting import wait_for
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution import file_transfer
 from nimbus.distribution.archive import pack_directory
 from nimbus.distribution.file_transfer import FileTransfers, TransferError
 from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.thrift import storm
 from nimbus.thrift.server import ThriftServer, client_gone, current_client
-from nimbus.thrift.tls import client_context, configure_clients, server_context
+from nimbus.thrift.tls import client_context, server_context
 
 CLUSTER_INFO_REQUEST = cluster_info_request()
 # More silent peers than Storm's default nimbus.thrift.threads (64), as in the finding.
@@ -360,7 +361,7 @@ def test_idle_sessions_expire_after_a_minute(transfers, monkeypatch):
 # -- the nimbus: per-user sessions over TLS, submissions whose client hangs up -------------------
 @pytest.fixture
 def make_nimbus(zk_server, zk_root, tmp_path):
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     daemons = []
 
@@ -375,13 +376,12 @@ def make_nimbus(zk_server, zk_root, tmp_path):
         daemon = NimbusDaemon(conf)
         daemons.append(daemon)
         daemon.start()
-        wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 20, "the nimbus to lead")
         return daemon
 
     yield make
     for daemon in daemons:
         daemon.stop()
-    configure_clients(load_config(overrides={}))  # later tests in this process: plain
 
 
 @pytest.fixture
@@ -396,8 +396,8 @@ def connect_as(daemon, identity):
     """A Thrift client of ``daemon`` presenting ``identity``'s certificate."""
     from nimbus.thrift.client import connect
 
-    configure_clients(load_config(overrides=identity.conf()))
-    return connect(daemon.conf["nimbus.seeds"][0], timeout_s=DROP_TIMEOUT_S)
+    return connect(daemon.conf["nimbus.seeds"][0], timeout_s=DROP_TIMEOUT_S,
+                   security=ClusterSecurity.for_client(load_config(overrides=identity.conf())))
 
 
 def begin_until_refused(begin, most: int) -> tuple[int, str]:
@@ -466,8 +466,9 @@ def submit_request(name: str, location: str, topo_conf: dict) -> bytes:
 
 
 def nothing_left_of_submissions(daemon) -> bool:
-    return (daemon.lifecycle.pending_ids() == set() and daemon.state.code_topologies() == []
-            and daemon.state.active_storms() == [] and daemon.store.topologies() == set()
+    master = daemon.master
+    return (master.lifecycle.pending_ids() == set() and master.state.code_topologies() == []
+            and master.state.active_storms() == [] and master.store.topologies() == set()
             and list(daemon.transfers.inbox.iterdir()) == [])
 
 
@@ -487,15 +488,15 @@ def test_submissions_whose_clients_hang_up_stop_waiting(make_nimbus, topology_bu
             sock = socket.create_connection(("127.0.0.1", port), timeout=DROP_TIMEOUT_S)
             socks.append(sock)
             sock.sendall(submit_request(f"waiter-{i}", location, WAIT_FOREVER))
-        wait_for(lambda: len(daemon.lifecycle.pending_ids()) == waiting, DROP_TIMEOUT_S,
+        wait_for(lambda: len(daemon.master.lifecycle.pending_ids()) == waiting, DROP_TIMEOUT_S,
                  "every submission waiting for replicas")
-        assert len(daemon.state.code_topologies()) == waiting
+        assert len(daemon.master.state.code_topologies()) == waiting
     finally:
         close_all(socks)
     wait_for(lambda: nothing_left_of_submissions(daemon), DROP_TIMEOUT_S,
              "the abandoned submissions to leave nothing behind")
     wait_for(lambda: daemon.server.active_connections == 0, DROP_TIMEOUT_S, "threads free")
-    assert daemon.elector.is_leader()
+    assert daemon.master.elector.is_leader()
 
 
 @pytest.mark.integration
@@ -527,6 +528,24 @@ def test_a_replication_wait_below_minus_one_is_refused(make_nimbus, topology_bun
     assert refused.value.msg == ("topology conf: 'topology.max.replication.wait.time.sec' "
                                  "must be -1 (up to nimbus.max.replication.wait.time.sec) "
                                  "or 0 or more, got -2")
+    assert nothing_left_of_submissions(daemon)
+
+
+@pytest.mark.integration
+def test_a_topology_conf_is_checked_as_storm_yaml_is(make_nimbus, topology_bundle):
+    """A known key of the wrong type is refused by the configuration loader's own check,
+    naming the key, before anything is written; a topology's own keys pass."""
+    from nimbus.thrift.client import connect
+
+    daemon = make_nimbus()
+    location = upload(daemon, topology_bundle)
+    with connect(daemon.conf["nimbus.seeds"][0]) as client:
+        with pytest.raises(storm.InvalidTopologyException) as refused:
+            client.submitTopology("bad-stall", location, json.dumps(
+                {"topology.stall.timeout.secs": "five minutes", "my.input.dir": "/in"}),
+                storm.StormTopology(spouts={}, bolts={}, state_spouts={}))
+    assert refused.value.msg == ("topology conf: key 'topology.stall.timeout.secs' must be "
+                                 "an integer, got a string 'five minutes'")
     assert nothing_left_of_submissions(daemon)
 
 

@@ -14,11 +14,11 @@ import yaml
 from tls_certs import USER, CertificateAuthority
 from waiting import wait_for
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import storm
-from nimbus.thrift.tls import configure_clients
 
 pytestmark = pytest.mark.integration
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
@@ -42,26 +42,35 @@ def nimbus_conf(zk_server, zk_root, tmp_path, identity, port, **extra):
 
 @pytest.fixture
 def tls_nimbus(zk_server, zk_root, tmp_path, ca):
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     port = free_port()
     conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue("nimbus-1"), port)
     daemon = NimbusDaemon(conf)
     daemon.start()
-    wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+    wait_for(daemon.master.elector.is_leader, 20, "the nimbus to lead")
     yield daemon, conf
     daemon.stop()
-    configure_clients(load_config(overrides={}))  # later tests in this process: plain
+
+
+def conf_as(conf, identity):
+    """A client's configuration of the cluster of ``conf``, with ``identity``'s
+    certificate."""
+    return load_config(overrides={**{k: conf[k] for k in (
+        "nimbus.seeds", "storm.zookeeper.servers", "storm.zookeeper.port")},
+        **identity.conf()})
 
 
 def client_as(conf, identity):
+    """A client presenting ``identity``'s certificate: the one of the configuration it
+    is made of, whatever other clients of this process present."""
     from nimbus.thrift.client import NimbusClient
 
-    mine = load_config(overrides={**{k: conf[k] for k in (
-        "nimbus.seeds", "storm.zookeeper.servers", "storm.zookeeper.port")},
-        **identity.conf()})
-    configure_clients(mine)
-    return NimbusClient(mine, deadline_s=10)
+    return NimbusClient(conf_as(conf, identity), deadline_s=10)
+
+
+def security_as(conf, identity) -> ClusterSecurity:
+    return ClusterSecurity.for_client(conf_as(conf, identity))
 
 
 def bundle(tmp_path):
@@ -148,16 +157,14 @@ def test_only_owner_users_readonly_users_and_admins_read_a_topology(tls_nimbus, 
     seed = conf["nimbus.seeds"][0]
 
     def reads(identity):
-        client_as(conf, identity)  # this process's client certificate
-        with connect(seed) as client:
+        with connect(seed, security=security_as(conf, identity)) as client:
             return (client.getTopologyInfo(topology_id).id,
                     json.loads(client.getTopologyConf(topology_id))["topology.users"],
                     type(client.getTopology(topology_id)).__name__)
 
     for reader in (alice, carol, dave, ops):
         assert reads(reader) == (topology_id, ["carol"], "StormTopology")
-    client_as(conf, bob)
-    with connect(seed) as client:
+    with connect(seed, security=security_as(conf, bob)) as client:
         for call in (client.getTopologyInfo, client.getTopologyConf, client.getTopology):
             with pytest.raises(storm.AuthorizationException) as refused:
                 call(topology_id)
@@ -173,7 +180,7 @@ def test_only_readers_supervisors_nimbuses_and_admins_download_code(zk_server, z
     """Issue 19, T2.11: beginFileDownload of another user's code and conf was open to any
     client; Storm allows fileDownload to admins and nimbus.supervisor.users only, and
     nimbus-ha to a topology's own readers and peer nimbuses (nimbus.daemon.users) too."""
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     conf = nimbus_conf(zk_server, zk_root, tmp_path, ca.issue("nimbus-1"), free_port(),
                        **{"nimbus.supervisor.users": ["supervisor-1"],
@@ -181,11 +188,10 @@ def test_only_readers_supervisors_nimbuses_and_admins_download_code(zk_server, z
     daemon = NimbusDaemon(conf)
     daemon.start()
     try:
-        wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 20, "the nimbus to lead")
         _downloads(conf, ca, tmp_path)
     finally:
         daemon.stop()
-        configure_clients(load_config(overrides={}))
 
 
 def _downloads(conf, ca, tmp_path) -> None:
@@ -197,8 +203,7 @@ def _downloads(conf, ca, tmp_path) -> None:
     seed = conf["nimbus.seeds"][0]
 
     def download(identity, name="stormconf.json") -> str:
-        client_as(conf, identity)
-        with connect(seed) as client:
+        with connect(seed, security=security_as(conf, identity)) as client:
             return client.beginFileDownload(f"{topology_id}/{name}")
 
     for allowed in ("alice", "dave", "ops", "supervisor-1", "nimbus-2"):
@@ -211,15 +216,14 @@ def _downloads(conf, ca, tmp_path) -> None:
             "topology.readonly.users, not in nimbus.admins (nor download its code: not in "
             "nimbus.supervisor.users or nimbus.daemon.users)")
     with pytest.raises(storm.AuthorizationException, match="may not download"):
-        client_as(conf, bob)
-        with connect(seed) as client:
+        with connect(seed, security=security_as(conf, bob)) as client:
             client.beginFileDownload("nosuch-1-1/stormconf.json")
     assert download(dave)  # the rule did not stick on the refusals
 
 
 def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):
     """Replication between nimbuses (localfs: Thrift downloads) works with TLS on."""
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     ports = [free_port(), free_port()]
     daemons = []
@@ -230,17 +234,16 @@ def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):
                                   "nimbus.daemon.users": ["nimbus-0", "nimbus-1"]})
             daemons.append(NimbusDaemon(conf))
             daemons[-1].start()
-        # One process: its client certificate is also the one both daemons fetch with
-        # (configure_clients is per process), so it must be a nimbus's or an admin's.
-        client = client_as(daemons[0].conf, ca.issue("nimbus-1"))
+        # Each daemon fetches from its peer with its own certificate (nimbus.daemon.users),
+        # whoever this process's clients are: here a user.
+        client = client_as(daemons[0].conf, ca.issue("alice", USER))
         topology_id = client.submit("replicated", bundle(tmp_path),
                                     {"topology.min.replication.count": 2})
-        assert all(d.store.has(topology_id) for d in daemons)
+        assert all(d.master.store.has(topology_id) for d in daemons)
         assert [t.replication_count for t in client.cluster_info().topologies] == [2]
     finally:
         for daemon in daemons:
             daemon.stop()
-        configure_clients(load_config(overrides={}))
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -253,13 +256,10 @@ def test_peer_nimbuses_copy_code_over_tls(zk_server, zk_root, tmp_path, ca):
      "(got None)"),
 ])
 def test_unusable_security_settings_are_named(overrides, message):
-    from nimbus.thrift.authorizer import authorizer_from_conf
-    from nimbus.thrift.tls import server_context
-
+    """A daemon's security object, made once at its start, refuses them."""
     conf = load_config(overrides=overrides)
     with pytest.raises(ConfigError) as caught:
-        server_context(conf)
-        authorizer_from_conf(conf)
+        ClusterSecurity.for_daemon(conf, serves=True)
     assert str(caught.value) == message
 
 
@@ -281,7 +281,7 @@ def test_a_nimbus_that_will_refuse_every_supervisor_says_so_at_start(
         zk_server, zk_root, tmp_path, ca, caplog):
     """An authorizer with no nimbus.supervisor.users: every supervisor's Thrift download
     would be refused, and the only trace used to be each supervisor's own WARNING."""
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     warning = "nimbus.authorizer is set but nimbus.supervisor.users is empty"
     for users, expected in (([], 1), (["cluster"], 0)):
@@ -295,4 +295,3 @@ def test_a_nimbus_that_will_refuse_every_supervisor_says_so_at_start(
             assert len(said) == expected, said
         finally:
             daemon._release()
-    configure_clients(load_config(overrides={}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nimbus.config import ConfigError, load_config
-from nimbus.supervisor.daemon import Supervisor
+from nimbus.daemons.supervisor import build_supervisor
 from nimbus.timing import check_timing, timing_problems
 
 
@@ -31,12 +31,12 @@ def test_a_broken_relation_is_refused_naming_its_keys(overrides, message):
 
 
 def test_daemons_refuse_to_start_on_unsafe_timing(tmp_path):
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     conf = load_config(overrides={"supervisor.worker.timeout.secs": 31,
                                   "storm.local.dir": str(tmp_path / "local"),
                                   "storm.zookeeper.port": 1})
-    for daemon in (NimbusDaemon, Supervisor):
+    for daemon in (NimbusDaemon, build_supervisor):
         with pytest.raises(ConfigError, match="^unsafe timing settings: "
                                               "supervisor.worker.timeout.secs \\(31\\)"):
             daemon(conf)

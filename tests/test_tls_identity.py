@@ -25,6 +25,7 @@ from raw_thrift import DROP_TIMEOUT_S, assert_dropped, cluster_info_request
 from tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 from ui_fixtures import conf_for, write_cluster
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import ConfigError, load_config
 from nimbus.metrics import MetricsServer, SupervisorMetrics
 from nimbus.state.cluster_state import StormClusterState
@@ -35,9 +36,10 @@ from nimbus.thrift.client import (
     NimbusUnavailableError,
     connect,
     fetch_file,
+    file_fetcher,
 )
 from nimbus.thrift.server import ThriftServer, current_client
-from nimbus.thrift.tls import client_context, configure_clients, server_context
+from nimbus.thrift.tls import client_context, server_context
 from nimbus.ui.server import UIServer
 
 HOW_TO = 'docs/security.md, "How to issue certificates"'
@@ -93,7 +95,6 @@ def thrift_servers():
     yield start
     for server in servers:
         server.stop()
-    configure_clients(load_config(overrides={}))  # later tests in this process: plain
 
 
 def own_server_context(identity) -> ssl.SSLContext:
@@ -108,6 +109,11 @@ def own_server_context(identity) -> ssl.SSLContext:
 
 def conf_of(identity, **extra):
     return load_config(overrides={**identity.conf(), **extra})
+
+
+def security_of(identity) -> ClusterSecurity:
+    """What a process acting as ``identity`` passes to its clients."""
+    return ClusterSecurity.for_client(conf_of(identity))
 
 
 # -- T1.8: a nimbus is a certificate marked for servers ---------------------------------
@@ -125,13 +131,12 @@ def test_a_users_certificate_cannot_pose_as_a_nimbus(ca, tmp_path, thrift_server
 
     # bob's CLI asks its seed (alice's nimbus) for the cluster.
     bob = conf_of(ca.issue("bob", USER), **{"nimbus.seeds": [address]})
-    configure_clients(bob)
     with pytest.raises(NimbusUnavailableError):
         NimbusClient(bob, deadline_s=0).cluster_info()
     # A nimbus or a supervisor fetches code from it.
-    configure_clients(conf_of(ca.issue("supervisor-1")))
     with pytest.raises(CONNECTION_ERRORS):
-        fetch_file(address, "stormdist/t-1/stormcode.ser", tmp_path / "code")
+        fetch_file(address, "stormdist/t-1/stormcode.ser", tmp_path / "code",
+                   security=security_of(ca.issue("supervisor-1")))
     assert fake.calls == [], "no client sent alice's nimbus a call"
 
     # The reason, as every client of this process sees it (and logs it).
@@ -159,7 +164,6 @@ def test_a_certificate_marked_for_servers_is_a_nimbus(ca, thrift_servers, roles)
     server, fake = thrift_servers(server_context(conf_of(ca.issue("nimbus-1", roles))))
     address = f"127.0.0.1:{server.port}"
     bob = conf_of(ca.issue("bob", USER), **{"nimbus.seeds": [address]})
-    configure_clients(bob)
     assert NimbusClient(bob, deadline_s=5).cluster_info().nimbus_uptime_secs == 1
     assert ("getClusterInfo", "bob") in fake.calls
 
@@ -200,9 +204,9 @@ def test_a_certificate_without_a_common_name_reaches_no_method(ca, thrift_server
     caplog.set_level(logging.INFO, logger="nimbus.thrift.server")
     server, fake = thrift_servers(server_context(conf_of(ca.issue("nimbus-1"))))
     nameless = ca.issue("nameless", USER, with_common_name=False)
-    configure_clients(conf_of(nameless))
     with pytest.raises(CONNECTION_ERRORS):
-        with connect(f"127.0.0.1:{server.port}", timeout_s=DROP_TIMEOUT_S) as client:
+        with connect(f"127.0.0.1:{server.port}", timeout_s=DROP_TIMEOUT_S,
+                     security=security_of(nameless)) as client:
             client.getClusterInfo()
     context = client_context(conf_of(nameless))
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
@@ -214,8 +218,8 @@ def test_a_certificate_without_a_common_name_reaches_no_method(ca, thrift_server
     assert f"dropped Thrift connection from 127.0.0.1:{local_port}: {NAMELESS}" in \
         caplog.messages
     # A certificate with one is served as before.
-    configure_clients(conf_of(ca.issue("bob", USER)))
-    with connect(f"127.0.0.1:{server.port}") as client:
+    with connect(f"127.0.0.1:{server.port}",
+                 security=security_of(ca.issue("bob", USER))) as client:
         client.getClusterInfo()
     assert fake.calls == [("getClusterInfo", "bob")]
 
@@ -263,3 +267,89 @@ def test_metrics_refuse_a_certificate_without_a_common_name(ca, caplog):
         assert scrape.status_code == 200 and "supervisor_workers 0.0" in scrape.text
     finally:
         server.stop()
+
+
+# -- Issue 28: one security object per process, passed, never global -----------------------
+SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
+
+
+def test_each_client_presents_the_certificate_it_was_given(ca, thrift_servers, tmp_path):
+    """A process may act as several identities: each client presents the certificate of
+    its own configuration or security, whatever other clients were made since (a
+    process-wide setting made the last one win)."""
+    server, fake = thrift_servers(server_context(conf_of(ca.issue("nimbus-1"))))
+    address = f"127.0.0.1:{server.port}"
+    seeds = {"nimbus.seeds": [address]}
+    as_alice = NimbusClient(conf_of(ca.issue("alice", USER), **seeds), deadline_s=5)
+    as_bob = NimbusClient(conf_of(ca.issue("bob", USER), **seeds), deadline_s=5)
+    for client in (as_alice, as_bob, as_alice):
+        client.cluster_info()
+    # A root binds fetch_file with its process's security (DistributorContext, the
+    # supervisor's code fetches).
+    fetch = file_fetcher(security_of(ca.issue("supervisor-1")))
+    fetch(address, "t-1/stormconf.json", tmp_path / "stormconf.json")
+    with connect(address, security=security_of(ca.issue("carol", USER))) as client:
+        client.getClusterInfo()
+    assert [who for call, who in fake.calls if call in ("getClusterInfo",
+                                                        "beginFileDownload")] == [
+        "alice", "bob", "alice", "supervisor-1", "carol"]
+    # Without a security a connection is plain TCP, which a TLS port does not answer.
+    with pytest.raises(CONNECTION_ERRORS):
+        with connect(address, timeout_s=DROP_TIMEOUT_S) as client:
+            client.getClusterInfo()
+    assert len(fake.calls) == 9, "the plain connection reached no method"
+
+
+def test_a_configurations_security_is_made_once_and_again_when_its_files_change(ca):
+    conf = conf_of(ca.issue("alice", USER))
+    first = ClusterSecurity.for_client(conf)
+    assert first.tls and first.client_context is not None and first.authorizer is None
+    assert ClusterSecurity.for_client(conf_of(ca.issue("alice", USER))) is not first, \
+        "new files at the same paths are read again"
+    again = ClusterSecurity.for_client(conf)
+    assert ClusterSecurity.for_client(load_config(overrides=dict(conf.items()))) is again
+    assert NimbusClient(conf).security is again
+    plain = ClusterSecurity.for_client(load_config(overrides={}))
+    assert (plain.tls, plain.client_context, plain.server_context()) == (False, None, None)
+
+
+def test_a_daemons_security_has_its_authorizer_and_one_server_context(ca):
+    conf = conf_of(ca.issue("nimbus-1"), **{"nimbus.authorizer": SIMPLE_ACL,
+                                            "nimbus.admins": ["ops"]})
+    daemon = ClusterSecurity.for_daemon(conf)
+    assert daemon.client_context is ClusterSecurity.for_client(conf).client_context
+    assert daemon.authorizer is not None and daemon.authorizer.is_admin("ops")
+    assert ClusterSecurity.for_client(conf).authorizer is None, "a client authorizes nobody"
+    served = daemon.server_context()
+    assert served is not None and daemon.server_context() is served, \
+        "every server of the process shares it"
+    # A user's certificate: a daemon that serves nothing needs no server role; the first
+    # server it binds fails as it always did.
+    user = conf_of(ca.issue("alice", USER))
+    lazy = ClusterSecurity.for_daemon(user)
+    with pytest.raises(ConfigError, match="is not marked for servers"):
+        lazy.server_context()
+    with pytest.raises(ConfigError, match="is not marked for servers"):
+        ClusterSecurity.for_daemon(user, serves=True)
+
+
+def test_the_cli_names_pem_files_it_cannot_load(ca, tmp_path):
+    """The command's security is made when its configuration is loaded: unusable PEM
+    files fail the command there, with the error they always had."""
+    from click.testing import CliRunner
+
+    from nimbus.cli import main
+
+    alice = ca.issue("alice", USER)
+    broken = tmp_path / "broken.key"
+    broken.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    broken.chmod(0o600)
+    sets = [f"{key}={value}" for key, value in
+            {**alice.conf(), "storm.thrift.tls.key.file": str(broken)}.items()]
+    result = CliRunner().invoke(main, ["leader", *(a for s in sets for a in ("--set", s))])
+    assert result.exit_code == 1
+    assert result.output.startswith("Error: storm.thrift.tls: "), result.output
+    missing = CliRunner().invoke(main, ["leader", "--set", "storm.thrift.transport=tls"])
+    assert missing.exit_code == 1
+    assert "Error: storm.thrift.tls.ca.file must name a PEM file when " \
+           "storm.thrift.transport is tls (got None)" in missing.output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nimbus.devcluster import LocalCluster
+from nimbus.dev.cluster import LocalCluster
 from nimbus.topology_paths import (
     checkpoint_location,
     is_relative_path,

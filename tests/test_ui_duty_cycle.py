@@ -14,7 +14,7 @@ from waiting import wait_for
 from werkzeug.test import Client
 
 from nimbus.config import load_config
-from nimbus.devcluster import free_port
+from nimbus.dev.zookeeper import free_port
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.ui.app import UIApp
 from nimbus.ui.local_nimbus import LocalNimbus
@@ -35,7 +35,7 @@ def ui(make_zk, zk_server, zk_root):
 
 
 def client_inside(ui: Harness, local: LocalNimbus | None) -> Client:
-    return Client(UIApp(ui.conf, ui.view, ui.leader, local_nimbus=local))  # type: ignore[arg-type]
+    return Client(UIApp(ui.conf, ui.reader, ui.leader, local_nimbus=local))  # type: ignore[arg-type]
 
 
 def ages(client: Client) -> tuple[dict[str, float | None], dict[str, float | None]]:
@@ -69,7 +69,7 @@ def test_a_ui_of_its_own_leaves_the_field_out(ui):
 
 def test_a_nimbus_serving_the_ui_shows_its_duty_cycle_age_while_it_leads(
         zk_server, zk_root, tmp_path):
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
 
     host, _, zk_port = zk_server.hosts.rpartition(":")
     ui_port, thrift_port = free_port(), free_port()
@@ -92,12 +92,12 @@ def test_a_nimbus_serving_the_ui_shows_its_duty_cycle_age_while_it_leads(
             return next((n for n in rows if n["status"] == "Leader"
                          and "dutyCycleAgeSecs" in n), None)
 
-        wait_for(lambda: daemon.cycles >= 1, 30, "the first duty cycle of the leadership")
+        wait_for(lambda: daemon.master.cycles >= 1, 30, "the first duty cycle of the leadership")
         # No cycle runs meanwhile, so the age shown lies between two readings of it.
-        cycles, earlier = daemon.cycles, daemon.watchdog.age_s()
+        cycles, earlier = daemon.master.cycles, daemon.master.watchdog.age_s()
         row = wait_for(leader_row, 30, "the UI to show the leader's duty-cycle age")
-        later = daemon.watchdog.age_s()
-        assert daemon.cycles == cycles
+        later = daemon.master.watchdog.age_s()
+        assert daemon.master.cycles == cycles
         assert row["port"] == thrift_port
         assert round(earlier, 1) <= row["dutyCycleAgeSecs"] <= round(later, 1)
     finally:

@@ -21,7 +21,7 @@ from tls_certs import USER, CertificateAuthority
 from ui_fixtures import conf_for, write_cluster
 
 from nimbus.config import ConfigError
-from nimbus.devcluster import free_port
+from nimbus.dev.zookeeper import free_port
 from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.ui.server import UIServer

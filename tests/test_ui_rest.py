@@ -11,7 +11,7 @@ from nimbus.state.cluster_state import StormClusterState
 from nimbus.ui.app import URLS, UIApp
 from nimbus.ui.openapi import openapi_document
 from nimbus.ui.pretty import pretty_uptime
-from nimbus.ui.view import ClusterView
+from nimbus.ui.zk_reader import ZooKeeperReader
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +72,7 @@ def test_nimbus_summary_marks_leader(ui):
 
 def test_nimbus_summary_lists_unregistered_seed_offline(ui):
     ui.state.zk.delete(ui.state.path("nimbuses", "127.0.0.1:2"))
-    ui.view.refresh_now()
+    ui.reader.refresh_now()
     nimbuses = ui.client.get("/api/v1/nimbus/summary").json["nimbuses"]
     assert [(n["port"], n["status"]) for n in nimbuses] == [(1, "Leader"), (2, "Offline")]
 
@@ -216,7 +216,7 @@ def test_supervisor_summary_shows_warm_workers(ui):
     ui.state.supervisor_heartbeat("sup-a", SupervisorInfo(
         time_secs=1, hostname="host-a", meta=[6700, 6701], warm_ready=1, warm_starting=1,
         warm_memory_bytes=420 * 2**20))
-    ui.view.refresh_now()
+    ui.reader.refresh_now()
     (sup,) = ui.client.get("/api/v1/supervisor/summary").json["supervisors"]
     assert (sup["warmReady"], sup["warmStarting"], sup["warmMemoryBytes"]) == (
         1, 1, 420 * 2**20)
@@ -226,11 +226,12 @@ def test_a_ui_started_before_any_nimbus_names_the_root_then_shows_the_cluster(
         make_zk, zk_server, zk_root):
     """Never an empty cluster: until a nimbus sets the root up, every read says why (503,
     naming the root); its watch then brings the cluster in without a restart."""
-    view = ClusterView(conf_for(zk_server, zk_root), make_zk(), fetch_conf=lambda t: "{}")
-    view.start()
+    reader = ZooKeeperReader(conf_for(zk_server, zk_root), make_zk(),
+                             fetch_conf=lambda t: "{}")
+    reader.start()
     try:
-        client = Client(UIApp(conf_for(zk_server, zk_root), view, FakeLeader()))
-        assert view.wait_ready(10) is False  # returns once it knows why: no snapshot
+        client = Client(UIApp(conf_for(zk_server, zk_root), reader, FakeLeader()))
+        assert reader.wait_ready(10) is False  # returns once it knows why: no snapshot
         response = client.get("/api/v1/cluster/summary")
         assert response.status_code == 503
         assert response.json["errorMessage"] == (
@@ -244,10 +245,10 @@ def test_a_ui_started_before_any_nimbus_names_the_root_then_shows_the_cluster(
         assert client.get("/api/v1/cluster/summary").json["topologies"] == 1
         # A layout directory gone later (a wiped ZooKeeper) is an error, never "empty".
         state.zk.delete(state.path("supervisors"), recursive=True)
-        view.refresh_now()
+        reader.refresh_now()
         response = client.get("/api/v1/supervisor/summary")
         assert response.status_code == 503
         assert response.json["errorMessage"].startswith(
             f"{zk_root}/supervisors does not exist: ZooKeeper was wiped")
     finally:
-        view.stop()
+        reader.stop()

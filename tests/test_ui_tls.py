@@ -22,10 +22,9 @@ from tls_certs import DAEMON, SERVER, USER, CertificateAuthority
 from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import storm
-from nimbus.thrift.tls import configure_clients
 
 pytestmark = pytest.mark.integration
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
@@ -77,7 +76,7 @@ class UIProcess:
 def env(zk_server, tmp_path_factory):
     """One TLS nimbus with alice's topology "alices" (topology.users [carol],
     topology.readonly.users [dave]) and bob's "bobs"; the UI runs as "ui", an admin."""
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
     from nimbus.thrift.client import NimbusClient
 
     tmp = tmp_path_factory.mktemp("ui-tls")
@@ -95,12 +94,11 @@ def env(zk_server, tmp_path_factory):
     daemon.start()
     ui = None
     try:
-        wait_for(daemon.elector.is_leader, 20, "the nimbus to lead")
+        wait_for(daemon.master.elector.is_leader, 20, "the nimbus to lead")
 
         def client(name: str) -> NimbusClient:
             conf = load_config(overrides={**base, **ids[name].conf()})
-            configure_clients(conf)
-            return NimbusClient(conf, deadline_s=10)
+            return NimbusClient(conf, deadline_s=10)  # presenting name's certificate
 
         directory = tmp / "topology"
         directory.mkdir()
@@ -119,7 +117,6 @@ def env(zk_server, tmp_path_factory):
         if ui is not None:
             ui.stop()
         daemon.stop()
-        configure_clients(load_config(overrides={}))
 
 
 def as_user(env, name: str) -> dict:
@@ -138,7 +135,7 @@ def post(env, name: str, path: str, **kwargs) -> requests.Response:
 
 
 def status_of(env, name: str) -> tuple[str, int]:
-    base = env["daemon"].state.storm_base(env["topologies"][name])
+    base = env["daemon"].master.state.storm_base(env["topologies"][name])
     return base.status, base.num_workers
 
 
@@ -186,7 +183,6 @@ def test_actions_follow_the_leaders_rules_for_the_caller(env):
     # The very message the leader gives bob over Thrift.
     with pytest.raises(storm.AuthorizationException) as thrift_refusal:
         env["client"]("bob").deactivate("alices")
-    configure_clients(load_config(overrides={}))
     refused = post(env, "bob", f"/api/v1/topology/{alices}/deactivate")
     assert (refused.status_code, refused.json()) == (403, forbidden(thrift_refusal.value.msg))
     assert thrift_refusal.value.msg == ("bob may not deactivate alices: not its submitter, "

@@ -24,7 +24,7 @@ from nimbus.state.records import (
 )
 from nimbus.ui.app import UIApp
 from nimbus.ui.https import IDENTITY_KEY
-from nimbus.ui.view import ClusterView
+from nimbus.ui.zk_reader import ZooKeeperReader
 
 pytestmark = pytest.mark.integration
 
@@ -74,12 +74,12 @@ class Page:
             error_time_secs=1_800_000_000, host="host-a", port=6700))
         self.conf = conf_for(zk_server, zk_root)
         install_log_redaction(self.conf)
-        self.view = ClusterView(self.conf, self.state.zk,
-                                fetch_conf=lambda tid: json.dumps(TOPOLOGY_CONF))
-        self.view.start()
-        assert self.view.wait_ready(10)
+        self.reader = ZooKeeperReader(self.conf, self.state.zk,
+                                      fetch_conf=lambda tid: json.dumps(TOPOLOGY_CONF))
+        self.reader.start()
+        assert self.reader.wait_ready(10)
         self.leader = FakeLeader()
-        app = UIApp(self.conf, self.view, self.leader)  # type: ignore[arg-type]
+        app = UIApp(self.conf, self.reader, self.leader)  # type: ignore[arg-type]
         # nimbus.authorizer needs TLS (tests/test_ui_tls.py has the real thing); the
         # app's rule is what is tested here, with the same decisions.
         app.authorizer = authorizer
@@ -94,7 +94,7 @@ def page(make_zk, zk_server, zk_root):
     made = Page(zk_server, zk_root, make_zk)
     yield made
     assert made.leader.calls == [], "reads never reach the leader"
-    made.view.stop()
+    made.reader.stop()
 
 
 def test_the_page_data_is_topology_info_with_what_the_page_needs(page):
@@ -197,8 +197,8 @@ def test_the_read_rule_of_a_topology_applies(make_zk, zk_server, zk_root):
                 if expected == 403:
                     check_error(answer, 403)
         # The page's buttons: for who may change it, not for a read-only user.
-        secured.view.fetch_topology_conf(secured.tid)   # cached, as the dashboard has it
+        secured.reader.fetch_topology_conf(secured.tid)   # cached, as the dashboard has it
         assert [secured.get(paths[0], who).json["may_change"]
                 for who in ("alice", "carol", "dave", "ops")] == [True, True, False, True]
     finally:
-        secured.view.stop()
+        secured.reader.stop()

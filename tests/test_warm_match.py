@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from nimbus.worker.spark import warm_mismatch
-from nimbus.worker.spec import WorkerSpec
 from nimbus.worker.warm import SupervisorGone, wait_for_take
+from nimbus.worker_protocol.spark_settings import warm_mismatch
+from nimbus.worker_protocol.spec import WorkerSpec
 
 BASE = {"topology.spark.master": "local[1]",
         "topology.spark.conf": {"spark.driver.memory": "512m",

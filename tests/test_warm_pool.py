@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nimbus.supervisor.warm_pool import WAIT, WarmPool
-from nimbus.worker.spec import WorkerSpec
+from nimbus.worker_protocol.spec import WorkerSpec
 
 DEFAULTS = {"topology.spark.master": "local[1]",
             "topology.spark.conf": {"spark.driver.memory": "512m"}}

@@ -19,18 +19,19 @@ import time
 from pathlib import Path
 
 import pytest
-from worker_harness import WorkerHarness, group_members, process_alive, wait_until
+from worker_harness import WorkerHarness, group_members, process_alive, wait_until, worker_conf
 
 from nimbus.state.records import WorkerBeat
 from nimbus.supervisor.takeover import find_orphans
 from nimbus.supervisor.worker_handle import WorkerHandle
-from nimbus.worker.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK, EXIT_STARTUP
 from nimbus.worker.lease import Lease
-from nimbus.worker.pipeline import assigned
-from nimbus.worker.spark import session_settings
-from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
-from nimbus.worker.takeover import SOCKET_NAME, socket_path
+from nimbus.worker.takeover import socket_path
+from nimbus.worker_protocol.component_share import assigned
+from nimbus.worker_protocol.exits import EXIT_FAILED, EXIT_INVALID_TOPOLOGY, EXIT_OK, EXIT_STARTUP
+from nimbus.worker_protocol.spark_settings import session_settings
+from nimbus.worker_protocol.spec import SpecError, WorkerSpec
+from nimbus.worker_protocol.takeover import SOCKET_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY_ID = "tailer-1-1700000000"
@@ -117,7 +118,7 @@ def test_no_lease_means_no_command_and_exit_1(tmp_path, harnesses):
 
 def test_command_starts_only_after_the_first_lease(tmp_path, harnesses):
     worker = harnesses(make_worker(tmp_path))
-    worker.wait_for(lambda: "waiting up to 60 s for the first lease" in worker.log_text(),
+    worker.wait_for(lambda: "waiting up to 90 s for the first lease" in worker.log_text(),
                     START_TIMEOUT, "the worker to wait for its lease")
     assert not (state_dir(tmp_path) / "started").exists()
     assert worker.messages == []
@@ -391,7 +392,7 @@ def test_command_gets_the_contract_variables_and_yaml_env(tmp_path, harnesses):
 def spec_for(tmp_path: Path, **changes) -> WorkerSpec:
     fields = dict(topology_id="t-1-1", port=6700, supervisor_id="s", host="127.0.0.1",
                   code_dir=str(tmp_path), lease_fd=5, status_fd=6,
-                  conf={"storm.local.dir": str(tmp_path / "local")})
+                  conf=worker_conf({"storm.local.dir": str(tmp_path / "local")}))
     fields.update(changes)
     return WorkerSpec(**fields)
 
@@ -430,6 +431,30 @@ def test_worker_spec_load_names_missing_fields(tmp_path):
     (tmp_path / "worker.json").write_text(json.dumps(base))
     with pytest.raises(SpecError, match=r"missing fields \['status_fd'\]$"):
         WorkerSpec.load(tmp_path)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("topology.stall.timeout.secs", None,
+     "worker spec: conf has no 'topology.stall.timeout.secs' (its supervisor writes every "
+     "key a worker reads: one of another release?)"),
+    ("supervisor.worker.start.timeout.secs", 0,
+     "key 'supervisor.worker.start.timeout.secs' must be a positive number, got 0"),
+    ("topology.spark.master", "", "key 'topology.spark.master' must be a non-empty string, "
+                                  "got ''"),
+])
+def test_a_worker_reads_its_settings_from_its_spec_and_copies_no_default(
+        tmp_path, key, value, message):
+    spec = spec_for(tmp_path)
+    assert (spec.first_lease_wait_s, spec.stall_timeout_s, spec.orphan_timeout_s,
+            spec.spark_master) == (90.0, 300.0, 300.0, "local[*]"), "the cluster defaults"
+    conf = dict(spec.conf)
+    if value is None:
+        del conf[key]
+    else:
+        conf[key] = value
+    with pytest.raises(SpecError) as info:
+        spec_for(tmp_path, conf=conf).check_settings()
+    assert str(info.value) == message
 
 
 def test_components_are_shared_round_robin_in_sorted_order():

@@ -14,7 +14,7 @@ from kazoo.security import make_digest_acl, make_digest_acl_credential
 from waiting import wait_for
 
 from nimbus.config import ConfigError, load_config
-from nimbus.devcluster import free_port
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_auth import zk_security
@@ -52,7 +52,7 @@ def walk(zk: KazooClient, root: str) -> list[str]:
 
 
 def test_every_node_a_nimbus_makes_is_closed_to_others(zk_server, zk_root, tmp_path):
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
     from nimbus.thrift.client import NimbusClient
 
     admin_id = make_digest_acl_credential(*ADMIN.split(":"))
@@ -184,7 +184,7 @@ def test_a_supervisor_with_the_credentials_registers(zk_server, zk_root, tmp_pat
 def test_a_root_someone_else_made_is_not_adopted(zk_server, zk_root, tmp_path):
     """Issue 19, Z6: a root created before the cluster's first start by a client without
     its credentials (open to anyone) used to be adopted, ACL and all, without a word."""
-    from nimbus.master.daemon import NimbusDaemon
+    from nimbus.daemons.nimbus import NimbusDaemon
     from nimbus.state.zk_auth import ForeignAclError
 
     squatter = client(zk_server)

@@ -6,7 +6,7 @@ import pytest
 from kazoo.client import KazooClient
 from waiting import wait_for
 
-from nimbus.state.zkserver import ZooKeeperEnsemble, server_mode
+from nimbus.dev.zookeeper import ZooKeeperEnsemble, server_mode
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """Shared set-up of the fast UI tests: cluster records written straight into a real
-ZooKeeper (as the leader, nimbuses and supervisors write them), a started ClusterView,
+ZooKeeper (as the leader, nimbuses and supervisors write them), a started ZooKeeperReader,
 and the WSGI app under Werkzeug's test client with a fake leader client."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from nimbus.state.records import (
     SupervisorInfo,
 )
 from nimbus.ui.app import UIApp
-from nimbus.ui.view import ClusterView
+from nimbus.ui.zk_reader import ZooKeeperReader
 
 
 class FakeLeader:
@@ -98,12 +98,12 @@ class Harness:
         self.conf = conf
         self.state = state
         self.leader = FakeLeader()
-        self.view = ClusterView(conf, state.zk, fetch_conf=lambda tid: "{}",
-                                fetch_replicas=fetch_replicas)
-        self.view.start()
-        assert self.view.wait_ready(10)
-        self.app = UIApp(conf, self.view, self.leader)  # type: ignore[arg-type]
+        self.reader = ZooKeeperReader(conf, state.zk, fetch_conf=lambda tid: "{}",
+                                      fetch_replicas=fetch_replicas)
+        self.reader.start()
+        assert self.reader.wait_ready(10)
+        self.app = UIApp(conf, self.reader, self.leader)  # type: ignore[arg-type]
         self.client = Client(self.app)
 
     def close(self) -> None:
-        self.view.stop()
+        self.reader.stop()

@@ -303,11 +303,12 @@ def record_case(rng: random.Random, cls: type[Record]) -> tuple[str, bytes, Call
 
 def _consume(record: Record) -> None:
     """Run the pure code that reads a decoded record of this type (it must not crash)."""
-    from nimbus.master import runtime_view
+    from nimbus.state import runtime_view
+    from nimbus.state.cluster_snapshot import ClusterSnapshot
     from nimbus.supervisor.policy import desired_workers
 
     if isinstance(record, Assignment):
-        runtime_view.used_ports_by_supervisor({"t-1-1": record})
+        ClusterSnapshot(assignments={"t-1-1": record}).used_ports()
         desired_workers({"t-1-1": record}, "sup", [6700, 6701])
     elif isinstance(record, CodeMeta):
         _ = record.metafile
@@ -947,10 +948,10 @@ class FuzzNimbus:
         from kazoo.client import KazooClient
         from waiting import wait_for
 
+        from nimbus.daemons.nimbus import NimbusDaemon
+        from nimbus.dev.zookeeper import free_port
         from nimbus.distribution.archive import pack_directory
-        from nimbus.master.daemon import NimbusDaemon
         from nimbus.state.cluster_state import StormClusterState
-        from nimbus.state.zkserver import free_port
         from nimbus.thrift.client import NimbusClient
 
         nimbus_log = logging.getLogger("nimbus")
@@ -972,7 +973,7 @@ class FuzzNimbus:
         self.daemon = NimbusDaemon(self.conf)
         try:
             self.daemon.start()
-            wait_for(self.daemon.elector.is_leader, 60, "the fuzzed nimbus to lead")
+            wait_for(self.daemon.master.elector.is_leader, 60, "the fuzzed nimbus to lead")
             src = self.work_dir / "healthy"
             src.mkdir(parents=True, exist_ok=True)
             (src / "topology.yaml").write_text('command: ["true"]\n')
@@ -1004,10 +1005,10 @@ class FuzzNimbus:
                                           meta=[STAND_IN_PORT]).encode(), ephemeral=True)
         except NodeExistsError:
             return
-        self.daemon.wake_duties()
+        self.daemon.master.wake_duties()
         wait_for(lambda: (a := self.state.assignment_info(self.topology_id)) and
                  a.executor_node_port == {"worker-0": [STAND_IN_SUPERVISOR, STAND_IN_PORT]}
-                 or self.daemon.wake_duties(), 60, "the healthy worker on the stand-in")
+                 or self.daemon.master.wake_duties(), 60, "the healthy worker on the stand-in")
 
     # -- probes ------------------------------------------------------------------------
     def client(self) -> Any:
@@ -1034,7 +1035,7 @@ class FuzzNimbus:
         for sub in ("storms", "assignments", "code-distributor"):
             data, stat = self.zk.get(self.state.path(sub, self.topology_id))
             out[sub] = (data, stat.version)
-        code = self.daemon.store.path(self.topology_id)
+        code = self.daemon.master.store.path(self.topology_id)
         out["code"] = sorted((p.name, sha256_file(p)) for p in code.iterdir())
         return out
 
@@ -1043,16 +1044,16 @@ class FuzzNimbus:
         the code sync and the duty cycle."""
         from waiting import wait_for
 
-        daemon = self.daemon
-        runs, cycles = daemon.sync.runs, daemon.cycles
-        daemon.sync.wake()
-        daemon.wake_duties()
-        daemon.cache.refresh_now(timeout_s)
-        wait_for(lambda: daemon.sync.runs >= runs + 2 or daemon.sync.wake(), timeout_s,
+        master = self.daemon.master
+        runs, cycles = master.sync.runs, master.cycles
+        master.sync.wake()
+        master.wake_duties()
+        master.cache.refresh_now(timeout_s)
+        wait_for(lambda: master.sync.runs >= runs + 2 or master.sync.wake(), timeout_s,
                  "two code-sync passes")
-        wait_for(lambda: daemon.cycles >= cycles + 2 or daemon.wake_duties(),
-                 timeout_s, "two duty cycles")
-        daemon.cache.refresh_now(timeout_s)
+        wait_for(lambda: master.cycles >= cycles + 2 or master.wake_duties(),
+                 timeout_s, "two cycles with the leader's duties")
+        master.cache.refresh_now(timeout_s)
 
 
 NODE_KINDS = ("storms", "storms_bad_id", "assignments", "supervisors", "workerbeats",
@@ -1136,7 +1137,7 @@ def check_node_case(fz: FuzzNimbus, case: NodeCase) -> str | None:
     problems: list[str] = []
     fz.ensure_stand_in()
     before = fz.healthy_state()
-    fz.daemon.state.forget_unreadable()  # each case must be reported, as if it were first
+    fz.daemon.master.state.forget_unreadable()  # each case must be reported, as if it were first
     mark = fz.logs.mark()
     restore: tuple[str, bytes] | None = None
     path = case.path
@@ -1183,7 +1184,7 @@ def check_node_case(fz: FuzzNimbus, case: NodeCase) -> str | None:
             except NoNodeError:
                 pass
         if case.kind == "root":
-            wait_for(fz.daemon.elector.is_leader, 60, "leadership back once the root is")
+            wait_for(fz.daemon.master.elector.is_leader, 60, "leadership back once the root is")
         fz.settle()
     if case.kind == "code_distributor_healthy":  # written twice here: garbage, then back
         data, version = before["code-distributor"]

@@ -15,7 +15,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, NotEmptyError
 from waiting import wait_for
 
-from nimbus.devcluster import LocalCluster, sample_topology
+from nimbus.dev.cluster import LocalCluster, sample_topology
 from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
 

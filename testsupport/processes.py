@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
 
 
 def workers_in(worker_dir: Path) -> list[int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyspark
 
-from nimbus.state.zkserver import free_port
+from nimbus.dev.zookeeper import free_port
 
 
 class SparkStandalone:

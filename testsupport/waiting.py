@@ -2,7 +2,7 @@
 
 :func:`wait_for` is what the tests wait with (it names what it waited for and the last
 error the condition raised); :func:`wait_until` is the unit tests' short form. The
-shipping ``nimbus.devcluster.wait_for`` is dev-cluster's own: tests do not import it.
+shipping ``nimbus.dev.cluster.wait_for`` is dev-cluster's own: tests do not import it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.state.worker_logs import LOG_FILE, log_root, port_dir
-from nimbus.worker.spec import WorkerSpec
+from nimbus.worker_protocol.spec import WorkerSpec
 
 
 def group_members(pgid: int) -> list[int]:
@@ -65,6 +65,19 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
         time.sleep(interval)
 
 
+def worker_conf(conf: dict[str, Any]) -> dict[str, Any]:
+    """``conf`` over what a supervisor writes into every worker's spec: the cluster's
+    defaults of each key a worker reads (a worker copies none), with ``storm.local.dir``
+    as ``conf`` gives it."""
+    from nimbus.config import load_config
+    from nimbus.supervisor.starting import cluster_worker_conf
+
+    local_dir = Path(conf.get("storm.local.dir") or "/nonexistent-storm-local-dir")
+    defaults = cluster_worker_conf(load_config(
+        overrides={"storm.local.dir": str(local_dir)}), local_dir)
+    return {**defaults, **conf}
+
+
 class WorkerHarness:
     """One worker process and the supervisor end of its lease and status pipes."""
 
@@ -74,7 +87,8 @@ class WorkerHarness:
                  num_workers: int = 1) -> None:
         self.worker_dir = Path(worker_dir)
         self.fields = dict(topology_id=topology_id, port=port, supervisor_id=supervisor_id,
-                           host=host, code_dir=str(code_dir), conf=conf, restarts=restarts,
+                           host=host, code_dir=str(code_dir), conf=worker_conf(conf),
+                           restarts=restarts,
                            worker_index=worker_index, num_workers=num_workers)
         self.proc: subprocess.Popen[bytes] | None = None
         self.messages: list[dict[str, Any]] = []

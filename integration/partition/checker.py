@@ -29,7 +29,7 @@ from typing import Any
 from copies import TopologyCopies
 from leadership import Interval, claims, log_intervals, overlaps
 
-from nimbus.pipeline_feed import exactly_once_report
+from nimbus.dev.feed import exactly_once_report
 from nimbus.state.leader_audit import AuditedWrite, deposed_writes
 
 

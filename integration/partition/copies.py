@@ -22,7 +22,7 @@ from pathlib import Path
 
 from processes import frozen
 
-from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
+from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
 
 CONCURRENT_MARKERS = ("Concurrent update to the log", "Multiple streaming jobs detected",
                       "ConcurrentModificationException")

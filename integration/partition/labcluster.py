@@ -3,7 +3,7 @@ each in a network namespace of its own (:mod:`netlab`), each daemon bound to its
 address.
 
 The daemons are the same ``nimbus-ha nimbus|supervisor --config FILE`` processes as in
-:mod:`nimbus.devcluster`, started with ``ip netns exec``, each in its own process group
+:mod:`nimbus.dev.cluster`, started with ``ip netns exec``, each in its own process group
 and with its output in ``<work>/<name>.log``. The test process cannot reach the lab's
 addresses, so whatever talks to the cluster (:mod:`probe` for one call, :mod:`workload`
 for a recorded history) runs inside the client node; files and pids are shared, so
@@ -111,7 +111,7 @@ class PartitionLab:
 
     def _zk_env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO)  # zkserver of this checkout (it can bind a host)
+        env["PYTHONPATH"] = str(REPO)  # nimbus.dev.zookeeper of this checkout (it can bind a host)
         return env
 
     def _nimbus(self, index: int, env: dict[str, str]) -> LabNimbus:
@@ -272,7 +272,7 @@ class PartitionLab:
 
     def topology_workers(self, topology_id: str) -> dict[int, str]:
         """Live worker processes of ``topology_id`` (pid -> supervisor name), from /proc."""
-        from nimbus.pipeline_feed import WORKER_MODULE, processes_with_arg
+        from nimbus.dev.feed import WORKER_MODULE, processes_with_arg
 
         found = {}
         for pid in processes_with_arg(WORKER_MODULE, f"{topology_id}-"):

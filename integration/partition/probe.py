@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nimbus.config import Config, load_config
+from nimbus.config import Config
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.thrift.client import NimbusClient, connect
 
 ReadZk = Callable[[Any], Any]
@@ -140,7 +141,7 @@ def main() -> None:
     p.set_defaults(run=assignment)
     commands.add_parser("trail").set_defaults(run=trail)
     args = parser.parse_args()
-    conf = load_config(args.conf)
+    conf = load_cluster_config(args.conf)
     try:
         print(json.dumps(args.run(conf, args)), flush=True)
     except Exception as exc:

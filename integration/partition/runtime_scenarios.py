@@ -28,7 +28,7 @@ from steps import (
     wait_worker,
 )
 
-from nimbus.pipeline_feed import WORDCOUNT, CommittedOutput, RecordFeed
+from nimbus.dev.feed import WORDCOUNT, CommittedOutput, RecordFeed
 
 
 class Pipeline:

@@ -16,7 +16,7 @@ from labcluster import PartitionLab
 from labprocess import LabNimbus, wait_until
 from leadership import claims, log_events
 
-from nimbus.pipeline_feed import RecordFeed
+from nimbus.dev.feed import RecordFeed
 
 SPARK_CONF = {"spark.ui.enabled": "false", "spark.driver.memory": "512m",
               "spark.sql.shuffle.partitions": "2",

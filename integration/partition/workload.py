@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nimbus.config import Config, load_config
+from nimbus.config import Config
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.thrift.client import NimbusClient, connect, not_leader_redirect
 
 JOIN_TIMEOUT_S = 3.0
@@ -215,7 +216,7 @@ def main() -> None:
     parser.add_argument("--spec", required=True, type=Path)
     parser.add_argument("--history", required=True, type=Path)
     args = parser.parse_args()
-    conf = load_config(args.conf)
+    conf = load_cluster_config(args.conf)
     spec = json.loads(args.spec.read_text())
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

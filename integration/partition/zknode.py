@@ -17,7 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
-from nimbus.state.zkserver import ZooKeeperServer, find_classpath
+from nimbus.dev.zookeeper import ZooKeeperServer, find_classpath
 
 SLF4J_SIMPLE = Path("/usr/share/java/slf4j-simple.jar")
 # Read by every JVM at start; a date format without spaces, since the variable is split

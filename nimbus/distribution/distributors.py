@@ -15,12 +15,15 @@ import difflib
 import importlib
 import inspect
 import logging
+import threading
+from collections.abc import Iterable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import pluggy
 
+from nimbus.config import Config, load_config
 from nimbus.distribution import hookspecs
 from nimbus.log_policy import treat_as_own
 from nimbus.redaction import Secret, mark_secret
@@ -102,11 +105,33 @@ def broken_distributors() -> dict[str, Exception]:
     return _load_entry_points()[1]
 
 
-def _load_entry_points() -> tuple[dict[str, type], dict[str, Exception]]:
-    """(name -> class of each plugin that imports, name -> error of each that does not)."""
+_Loaded = tuple[dict[str, type], dict[str, Exception]]
+# Plugins are imported, and their settings read, once per process for a given set of
+# installed entry points (a set that changes, as tests make it, is loaded afresh).
+_loaded: dict[tuple[Any, ...], _Loaded] = {}
+_settings: dict[tuple[Any, ...], tuple[dict[str, Any], dict[str, str]]] = {}
+_cache_lock = threading.RLock()
+
+
+def _installed_entry_points() -> tuple[Any, ...]:
+    return tuple(entry_points(group=hookspecs.ENTRY_POINT_GROUP))
+
+
+def _load_entry_points() -> _Loaded:
+    """(name -> class of each plugin that imports, name -> error of each that does not),
+    loaded once per process for the installed set."""
+    installed = _installed_entry_points()
+    with _cache_lock:
+        if installed not in _loaded:
+            _loaded[installed] = _load(installed)
+        found, broken = _loaded[installed]
+        return dict(found), dict(broken)
+
+
+def _load(installed: tuple[Any, ...]) -> _Loaded:
     found: dict[str, type] = {}
     broken: dict[str, Exception] = {}
-    for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+    for ep in installed:
         try:
             found[ep.name] = ep.load()
         except Exception as exc:  # a broken plugin must not take the nimbus down
@@ -191,6 +216,15 @@ def plugin_settings() -> tuple[dict[str, Any], dict[str, str]]:
     loader accepts keys under it unchecked, with a warning, so that commands which do
     not need the distributor (``list``, ``kill``) still read a YAML that holds its keys.
     """
+    key = _installed_entry_points()
+    with _cache_lock:
+        if key not in _settings:
+            _settings[key] = _read_settings()
+        merged, unchecked = _settings[key]
+        return dict(merged), dict(unchecked)
+
+
+def _read_settings() -> tuple[dict[str, Any], dict[str, str]]:
     merged: dict[str, Any] = {}
     unchecked: dict[str, str] = {}
     installed, failed = _load_entry_points()
@@ -205,6 +239,16 @@ def plugin_settings() -> tuple[dict[str, Any], dict[str, str]]:
             unchecked[f"{PLUGIN_KEY_PREFIX}{name}."] = (
                 f"code distributor {name!r} could not report its settings: {exc}")
     return merged, unchecked
+
+
+def load_cluster_config(path: str | Path | None = None,
+                        overrides: Iterable[str] | Mapping[str, Any] = ()) -> Config:
+    """:func:`nimbus.config.load_config` with the keys of every installed distributor
+    plugin known (and those of a plugin that cannot report them accepted unchecked, with
+    a warning): how the commands and the daemons read ``storm.yaml``."""
+    extra_defaults, unchecked = plugin_settings()
+    return load_config(path, overrides, extra_defaults=extra_defaults,
+                       unchecked_prefixes=unchecked)
 
 
 #: Every plugin's keys start with this and its entry-point name (docs/plugins.md).

@@ -31,7 +31,8 @@ class DistributorContext:
     distributor on this host; ``code_dir`` the directory under which the nimbus keeps
     the code of each topology (``code_dir / topology_id``);
     ``fetch_file(peer, remote_path, dest)`` downloads a file through a peer nimbus's
-    Thrift ``beginFileDownload`` and returns its sha256.
+    Thrift ``beginFileDownload`` and returns its sha256 (presenting the certificate of
+    the process's security, which its root bound to it).
 
     ``role`` is :data:`ROLE_NIMBUS` on a nimbus and :data:`ROLE_SUPERVISOR` on a
     supervisor, which prepares only a plugin whose class sets ``serves_supervisors =

@@ -4,7 +4,7 @@ Each queued nimbus owns an ephemeral sequential node under ``<root>/leader-lock`
 lowest node is the leader. kazoo's ``Lock`` recipe is a blocking mutex; what the design
 needs is a queue whose head can *refuse* the lock (when it lacks topology code) and
 re-queue later, and whose node path serves as a fence for leader writes, so the elector
-is built directly on kazoo's primitives and runs as one named loop (``leader-elector``):
+is built directly on kazoo's primitives, its decisions taken in the nimbus's cycle:
 
 * ``is_leader()`` is true only while this nimbus holds the lowest node, the connection
   is CONNECTED *and* the node's lease holds (:mod:`nimbus.master.leader_lease`): a
@@ -13,16 +13,24 @@ is built directly on kazoo's primitives and runs as one named loop (``leader-ele
   nimbus whose lease runs out steps down (logs "lost leadership") before its session
   can have expired, so before any other nimbus can take the lock; it claims the lock
   again only once an answer has renewed the lease.
-* After a LOST session the node is gone; the thread re-queues when the client reconnects.
+* After a LOST session the node is gone; the cycle re-queues when the client reconnects.
 * Every SUSPENDED or LOST advances a connection epoch, under the same lock that sets the
   leader. A step claims leadership only if no such change happened since it began, so a
   connection lost while a step runs can never be followed by a claim on a node that
   died with the session.
-* At the head of the queue the nimbus checks ``has_all_code()``; if any topology's code
-  is missing it deletes its node, asks for a code sync, and re-queues as soon as
-  :meth:`wake` is called by the sync and the code is complete. The check's own result
-  (a :class:`~nimbus.master.code_sync.CodeCheck`: the live ids it read, those held) is
-  what the "gained leadership" line logs: the evidence the lock was taken on.
+* The elector does not run on its own: the nimbus's cycle (:mod:`nimbus.master.cycle`)
+  calls :meth:`LeaderElector.step` with the facts the decision needs, and the elector
+  rings the cycle's bell when it learns something (a predecessor gone, a connection
+  change, a lease renewed or run out). Taking the lock is decided only in a step;
+  *losing* it takes effect at once on whichever thread learns of it (kazoo's, the
+  lease's), since that must never wait for a cycle.
+* At the head of the queue a step needs the code check (a
+  :class:`~nimbus.master.code_sync.CodeCheck`: the live ids it read, those held), which
+  the cycle supplies when :meth:`LeaderElector.wants_code_check` says so. If any
+  topology's code is missing the nimbus deletes its node, the step reports it
+  (``lacks_code``, for the cycle to ask the code sync for it), and it re-queues in the
+  first step whose check is complete. The check that granted the lock is what the
+  "gained leadership" line logs: the evidence the lock was taken on.
 * Node names carry a per-process id, so a node whose create reply was lost, or whose
   delete failed, is recognised as ours on the next step and adopted or removed: it can
   never block the queue while this process lives.
@@ -52,7 +60,6 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import KazooState
 
-from nimbus.background_loop import BackgroundLoop
 from nimbus.master.leader_lease import LeaderLease
 from nimbus.state.cluster_state import (
     Fence,
@@ -88,78 +95,77 @@ class Leadership:
     term: int
 
 
+@dataclass(frozen=True)
+class ElectionStep:
+    """What one :meth:`LeaderElector.step` decided: the leadership it leaves (None: not
+    leading), whether it gave up the head of the queue for lack of code (the code sync
+    is to be asked for it), and, after a ZooKeeper error, how soon to step again."""
+
+    leadership: Leadership | None
+    lacks_code: bool = False
+    retry_in_s: float | None = None
+
+
 class LeaderElector:
     """Queue for, hold and give up the leader lock; see the module docstring."""
 
-    # Upper bound on how long a missed watch can delay a decision.
+    #: Upper bound on how long a missed watch can delay a decision: the cycle steps at
+    #: least this often.
     SAFETY_INTERVAL_S = 2.0
+    #: Pause before the next step after a ZooKeeper error.
+    RETRY_PAUSE_S = 0.2
 
     def __init__(
         self,
         zk: KazooClient,
         state: StormClusterState,
         address: str,
-        has_all_code: Callable[[], Any],
-        request_sync: Callable[[], None] = lambda: None,
-        on_change: Callable[[bool], None] = lambda leader: None,
+        wake: Callable[[], None] = lambda: None,
         session_timeout: SessionTimeout | None = None,
-        check_layout: Callable[[], None] = lambda: None,
     ):
-        """``has_all_code()`` returns a value that is true when this host holds every
-        live topology's code; its ``str()`` (say, a CodeCheck's) is logged as the evidence
-        when that value grants the lock, so a plain bool logs "(not reported)".
-
-        ``on_change`` runs under a lock that kazoo's event thread also takes: it must
-        return quickly and never wait for ZooKeeper. It is for signals (wake a loop, set
-        a metric); what a new leadership calls for is decided by whoever reads
-        :meth:`leadership` (the leader's duty cycle).
+        """``wake()`` asks the nimbus's cycle for a step soon (its bell): rung from
+        kazoo's event thread, watches and the lease's thread, so it must only signal.
 
         ``session_timeout`` is the negotiated timeout of ``zk``'s session (by default the
         tracker :func:`~nimbus.state.session_timeout.track_negotiated_timeout` made for
-        it, else kazoo's requested timeout): the lease is a share of it.
-
-        ``check_layout()`` raises LayoutMissingError when the ZooKeeper root no longer
-        holds the cluster this nimbus joined. It runs before every queue decision, so a
-        nimbus left over from a wiped cluster never takes a place in the new one's queue,
-        wherever in the queue its node would land."""
+        it, else kazoo's requested timeout): the lease is a share of it."""
         self._zk = zk
-        self._check_layout = check_layout
         self._state = state
         self._address = address
-        self._has_all_code = has_all_code
-        self._request_sync = request_sync
-        self._on_change = on_change
-        self._lock = threading.RLock()      # held by every queue decision (_evaluate)
-        # Guards _leader_node, its callback, _epoch and _session_lost: kazoo's thread and
-        # the election thread both change them.
+        self._wake = wake
+        self._lock = threading.RLock()      # held by every queue decision (step)
+        # Guards _leader_node, _epoch and _session_lost: kazoo's thread, the lease's and
+        # the cycle's all change them.
         self._leader_lock = threading.RLock()
         self._epoch = 0                     # advanced by every SUSPENDED or LOST
-        self._session_lost = False          # set on kazoo's thread, consumed by _evaluate
+        self._session_lost = False          # set on kazoo's thread, consumed by step
         self._layout_error = ""             # logged once per distinct problem
         self._want_queue = False
+        self._queued_once = False           # steps before the first queueing do nothing
         self._waiting_for_code = False
+        self._maybe_head = True             # no node ahead of ours known: check the code
         self._node: str | None = None
         self._leader_node: str | None = None   # the node verified as head of the queue
         self._term = 0                      # advanced by every gain of leadership
         self._token = uuid.uuid4().hex[:12]
-        self._loop = BackgroundLoop("leader-elector", self._step,
-                                    period=self.SAFETY_INTERVAL_S, wait_first=True,
-                                    on_error=lambda exc: self._set_leader(None))
+        self._stopped = False
         self.session_timeout = session_timeout or session_timeout_of(
             zk, getattr(zk, "_session_timeout", 10_000) / 1000.0)
-        self.lease = LeaderLease(zk, self.session_timeout, lambda: self._node,
+        self.lease = LeaderLease(zk, self.session_timeout, self._current_node,
                                  on_change=self._on_lease,
-                                 probe=lambda: state.leader_lock_path)
+                                 probe=self._lock_path)
         zk.add_listener(self._on_connection_state)
 
     # -- ILeaderElector ---------------------------------------------------------------
     def add_to_leader_lock_queue(self) -> None:
         """Queue up for the lock; returns at once, check :meth:`is_leader` afterwards."""
         with self._lock:
+            if self._stopped:
+                return
             self._want_queue = True
-        self._loop.start()  # both start once only, and never after stop()
-        self.lease.start()
-        self.wake()
+            self._queued_once = True
+        self.lease.start()  # once only, and never after stop()
+        self._wake()
 
     @property
     def token(self) -> str:
@@ -261,25 +267,37 @@ class LeaderElector:
         return [f"{n.host}:{n.port}" for n in self._state.nimbuses()]
 
     # -- lifecycle ----------------------------------------------------------------------
-    def wake(self) -> None:
-        """Re-evaluate soon (e.g. after a code sync completed or a watch fired)."""
-        self._loop.wake()
-
     def stop(self) -> None:
-        """Leave the queue, then stop the election and lease loops."""
+        """Leave the queue and stop the lease; later steps do nothing."""
+        with self._lock:
+            self._stopped = True
         self.remove_from_leader_lock_queue()
-        self._loop.stop(join_timeout=10)
         self.lease.stop()
         self._zk.remove_listener(self._on_connection_state)
 
     @property
     def waiting_for_code(self) -> bool:
+        """Whether this nimbus left the queue for lack of code and waits to re-queue."""
         return self._waiting_for_code
+
+    def wants_code_check(self) -> bool:
+        """Whether the next step needs the code check: to queue (again), or at the head
+        of the queue (or possibly there: the node ahead of ours went away). A nimbus
+        further back needs none, which keeps a large cluster's followers from reading
+        every topology at each step."""
+        return self._want_queue and (self._node is None or self._waiting_for_code
+                                     or self._maybe_head)
+
+    def _current_node(self) -> str | None:
+        return self._node
+
+    def _lock_path(self) -> str:
+        return self._state.leader_lock_path
 
     # -- internals ----------------------------------------------------------------------
     def _on_connection_state(self, state: str) -> None:
         # Runs on kazoo's event thread: only flip flags, never call ZooKeeper here, and
-        # never touch _node (the election thread reads it under _lock): the LOST flag is
+        # never touch _node (the cycle's step reads it under _lock): the LOST flag is
         # consumed there instead. The epoch makes a step that began before this change
         # unable to claim leadership afterwards (see _set_leader).
         if state in (KazooState.SUSPENDED, KazooState.LOST):
@@ -288,12 +306,12 @@ class LeaderElector:
                 if state == KazooState.LOST:
                     self._session_lost = True  # the ephemeral node died with the session
                 self._set_leader(None)
-        self._loop.wake()
+        self._wake()
 
     def _on_lease(self, valid: bool) -> None:
         # The lease thread: a lease that ran out ends leadership now (ZooKeeper may be
-        # unreachable, so nothing here waits for it); a renewed one lets the election
-        # thread claim the lock again if this nimbus still heads the queue.
+        # unreachable, so nothing here waits for it); a renewed one lets the cycle's
+        # next step claim the lock again if this nimbus still heads the queue.
         if not valid:
             with self._leader_lock:
                 if self._leader_node is not None:
@@ -305,12 +323,12 @@ class LeaderElector:
                         self.lease.length_s * 1000, self.session_timeout.seconds * 1000)
                     self._epoch += 1  # a step under way must not claim on the old proof
                     self._set_leader(None)
-        self._loop.wake()
+        self._wake()
 
     def _set_leader(self, head: str | None, code: str = "", epoch: int | None = None) -> None:
         """Lead with ``head`` (the node verified at the head of the queue), or not.
 
-        Called from the election thread and kazoo's event thread: the read-modify-write
+        Called from the cycle's step and kazoo's event thread: the read-modify-write
         and the callback run under one lock so that two changes cannot interleave.
         ``code`` is the evidence of the code check that granted the lock. ``epoch`` is the
         connection epoch the deciding step began in: if the connection was SUSPENDED or
@@ -338,10 +356,7 @@ class LeaderElector:
                 return
             if not head:
                 log.info("%s lost leadership", self._address)
-            try:
-                self._on_change(head is not None)
-            except Exception:
-                log.exception("leadership callback failed")
+                self._wake()  # the cycle sees the change (metrics, summary) at once
 
     def _drop_node(self) -> None:
         self._set_leader(None)
@@ -355,34 +370,52 @@ class LeaderElector:
                 # Still ours: the next step recognises it by its name and removes it.
                 log.warning("could not delete lock node %s yet: %s", node, exc)
 
-    def _step(self) -> None:
-        """One step of the ``leader-elector`` loop: a queue decision (see the module
-        doc). An unexpected error ends leadership (the loop's ``on_error``)."""
+    def step(self, code: Any = None) -> ElectionStep:
+        """One queue decision (see the module doc), on the nimbus's cycle.
+
+        ``code`` is the code check when :meth:`wants_code_check` asked for it (a value
+        that is true when this host holds every live topology's code; its ``str()``, a
+        CodeCheck's, is logged as the evidence when it grants the lock), else None. A
+        step that reaches the head of the queue without one claims nothing and asks
+        for another step at once. A ZooKeeper error ends leadership and asks for a step
+        again soon (``retry_in_s``); so does any other error, which is raised."""
         try:
             with self._lock:
-                self._evaluate()
+                if self._stopped or not self._queued_once:
+                    return ElectionStep(None)
+                step = self._evaluate(code)
             self._layout_error = ""
-        except LayoutMissingError as exc:
-            # Whether this nimbus holds all code cannot be known: it must not lead, nor
-            # hold a place at the head of the queue that blocks a nimbus that can. It
-            # queues again once the check passes, as after giving up for lack of code.
-            if str(exc) != self._layout_error:
-                log.error("not leading: %s", exc)
-            self._layout_error = str(exc)
-            with self._lock:
-                self._drop_node()
-                self._waiting_for_code = True
+            return step
         except KazooException as exc:
-            log.warning("leader election step failed (%s); retrying", exc)
+            return self.step_failed(exc)
+        except Exception:
             self._set_leader(None)
-            if not self._loop.sleep(0.2):
-                self._loop.wake()
+            raise
+
+    def step_failed(self, exc: KazooException) -> ElectionStep:
+        """A step that ZooKeeper failed (here, or in reading the facts for it): not
+        leading until a step succeeds, which is asked for soon."""
+        log.warning("leader election step failed (%s); retrying", exc)
+        self._set_leader(None)
+        return ElectionStep(None, retry_in_s=self.RETRY_PAUSE_S)
+
+    def stand_aside(self, problem: LayoutMissingError) -> None:
+        """Whether this host holds all code cannot be known (the ZooKeeper root no longer
+        holds the cluster this nimbus joined): it must not lead, nor hold a place at the
+        head of the queue that blocks a nimbus that can. It queues again in the first
+        step whose code check passes, as after giving up for lack of code."""
+        if str(problem) != self._layout_error:
+            log.error("not leading: %s", problem)
+        self._layout_error = str(problem)
+        with self._lock:
+            self._drop_node()
+            self._waiting_for_code = True
 
     def _own_stale_nodes(self, nodes: list[str]) -> list[str]:
         return [n for n in nodes if self._token in n
                 and posixpath.join(self._state.leader_lock_path, n) != self._node]
 
-    def _evaluate(self) -> None:
+    def _evaluate(self, code: Any) -> ElectionStep:
         with self._leader_lock:
             epoch = self._epoch  # a claim of this step is valid only in this epoch
             lost, self._session_lost = self._session_lost, False
@@ -390,12 +423,12 @@ class LeaderElector:
             self._node = None
         if self._zk.state != KazooState.CONNECTED:
             self._set_leader(None)
-            return
+            return ElectionStep(None)
         lock_path = self._state.leader_lock_path
         nodes = sorted(self._state.leader_lock_nodes(), key=_seq)
         stale = self._own_stale_nodes(nodes)
         if self._node is None and self._want_queue and stale \
-                and (not self._waiting_for_code or self._has_all_code()):
+                and (not self._waiting_for_code or code):
             # A create whose reply was lost: the node is ours, adopt it.
             self._node = posixpath.join(lock_path, stale.pop(0))
         for node in stale:
@@ -405,11 +438,11 @@ class LeaderElector:
                 pass
         if not self._want_queue:
             self._drop_node()
-            return
-        self._check_layout()
+            return ElectionStep(None)
         if self._node is None:
-            if self._waiting_for_code and not self._has_all_code():
-                return  # re-queue only once the sync has fetched what was missing
+            if self._waiting_for_code and not code:
+                # Re-queue only once the sync has fetched what was missing.
+                return ElectionStep(None)
             self._waiting_for_code = False
             self._node = self._zk.create(
                 posixpath.join(lock_path, f"{LOCK_PREFIX}{self._token}-"),
@@ -421,26 +454,38 @@ class LeaderElector:
         if mine not in nodes:
             self._node = None
             self._set_leader(None)
-            self._loop.wake()
-            return
+            self._wake()
+            return ElectionStep(None)
         index = nodes.index(mine)
         if index == 0:
-            check = self._has_all_code()  # the evidence the lock is taken on
-            if check and not self.lease.valid(self._node):
+            self._maybe_head = True
+            if code is None:
+                # Reached the head since the cycle asked: step again with the check.
+                self._wake()
+                return ElectionStep(self.leadership())
+            if code and not self.lease.valid(self._node):
                 # A node just created, or a lease that ran out: prove it first.
                 self.lease.renew_once()
-            if check:
+            if code:
                 if self._leader_node != self._node:  # report only when taking over
-                    evidence = "" if isinstance(check, bool) else str(check)
+                    evidence = "" if isinstance(code, bool) else str(code)
                     self._set_leader(self._node, evidence, epoch)
-            else:
-                log.info("%s won the lock but lacks topology code: giving it up to sync",
-                         self._address)
-                self._drop_node()
-                self._waiting_for_code = True
-                self._request_sync()
-            return
+                return ElectionStep(self.leadership())
+            log.info("%s won the lock but lacks topology code: giving it up to sync",
+                     self._address)
+            self._drop_node()
+            self._waiting_for_code = True
+            return ElectionStep(None, lacks_code=True)
+        self._maybe_head = False
         self._set_leader(None)
         predecessor = posixpath.join(lock_path, nodes[index - 1])
-        if self._zk.exists(predecessor, watch=lambda event: self._loop.wake()) is None:
-            self._loop.wake()
+        if self._zk.exists(predecessor, watch=self._on_predecessor_event) is None:
+            self._maybe_head = True
+            self._wake()
+        return ElectionStep(None)
+
+    def _on_predecessor_event(self, _event: object) -> None:
+        # kazoo's event thread: the node ahead of ours changed (went away): this nimbus
+        # may head the queue now, so the next step checks the code.
+        self._maybe_head = True
+        self._wake()

@@ -24,7 +24,7 @@ from typing import Any
 from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
-from nimbus.config import Config
+from nimbus.config import Config, ConfigError
 from nimbus.distribution.archive import bundle_kind
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore, atomic_dir, sha256_file
@@ -164,6 +164,11 @@ class TopologyLifecycle:
             raise InvalidTopologyError(f"topology conf is not JSON: {exc}") from None
         if not isinstance(topo_conf, dict):
             raise InvalidTopologyError("topology conf must be a JSON object")
+        try:
+            # The same checks as storm.yaml's: a known key's value must fit it.
+            self.conf.check_layer(topo_conf, "topology conf")
+        except ConfigError as exc:
+            raise InvalidTopologyError(str(exc)) from None
         relative = relative_path_keys(topo_conf)
         if relative:
             raise InvalidTopologyError(

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.state.records import RecordError
+from nimbus.state.records import WORKER_PREFIX, RecordError
 
 UNREADABLE = (RecordError, TypeError)
 
@@ -35,7 +35,7 @@ def log_sources(state: StormClusterState, topology_id: str) -> dict[str, Any]:
         assignment = None
     if assignment is not None:
         for executor, slot in assignment.executor_node_port.items():
-            index = executor.removeprefix("worker-")
+            index = executor.removeprefix(WORKER_PREFIX)
             assigned.setdefault(str(slot[0]), {})[int(slot[1])] = \
                 int(index) if index.isdigit() else -1
     sources = []

@@ -12,8 +12,9 @@ Bounds: the newest :data:`MAX_PER_WORKER` placements of each worker, and
 the current one), so the node stays small (about 100 bytes a placement) whatever
 happens.
 
-The history is for people; scheduling never reads it. A history this release cannot
-read is left as it is (logged once by the state), and the assignment is written alone.
+The history is for people (:func:`nimbus.state.runtime_view.placements_of` reads it
+for them); scheduling never reads it. A history this release cannot read is left as it
+is (logged once by the state), and the assignment is written alone.
 """
 
 from __future__ import annotations
@@ -108,9 +109,3 @@ def write_assignment(state: StormClusterState, fence: Fence, topology_id: str,
                     "written alone", topology_id, exc)
         state.set_assignment(fence, topology_id, new)
 
-
-def placements_of(history: PlacementHistory | None, worker: str) -> list[dict[str, Any]]:
-    """The placements of ``worker`` in ``history``, newest first (what readers show)."""
-    if history is None:
-        return []
-    return [dict(entry) for entry in reversed(history.workers.get(worker, []))]

@@ -1,14 +1,17 @@
 """The cluster summary every nimbus serves from memory, kept current by ZooKeeper watches.
 
-A named loop (``cluster-summary``) rebuilds the snapshot whenever something it shows
-changes: storms, assignments and supervisors come from the in-memory
-:class:`ClusterView` (no round trip), nimbuses and the leader queue (a handful of nodes)
-are read with watches. Replication counts are asked of the distributor only for
-topologies whose replica registrations changed, and for a few more on each safety-net
-pass (for stores without watches, like S3), so a submission costs the same round trips
-at 100 topologies as at 5,000. getClusterInfo then never touches ZooKeeper. A topology
-whose StormBase this release cannot read is left out (the state logs the node once); the
-others are still listed.
+The summary is the cluster's one read model, a
+:class:`~nimbus.state.cluster_snapshot.ClusterSnapshot`: getClusterInfo, getClusterRecords,
+``top``'s rows, the metrics and a UI inside this nimbus read it (:meth:`listen` tells them
+of each new one). A named loop (``cluster-summary``) rebuilds the snapshot whenever
+something it shows changes: storms, assignments, supervisors and replica registrations
+come from the in-memory :class:`ClusterView` (no round trip), nimbuses and the leader
+queue (a handful of nodes) are read with watches. Replication counts are asked of the
+distributor only for topologies whose replica registrations changed, and for a few more
+on each safety-net pass (for stores without watches, like S3), so a submission costs the
+same round trips at 100 topologies as at 5,000. getClusterInfo then never touches
+ZooKeeper. A topology whose StormBase this release cannot read is left out (the state
+logs the node once); the others are still listed.
 """
 
 from __future__ import annotations
@@ -16,30 +19,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 
 from kazoo.exceptions import KazooException
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
-from nimbus.state.records import Assignment, NimbusInfo, StormBase, SupervisorInfo
+from nimbus.state.records import StormBase
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ClusterSnapshot:
-    """What getClusterInfo reports, as of ``taken_at``."""
-
-    nimbuses: list[NimbusInfo] = field(default_factory=list)
-    leader: str | None = None
-    storms: dict[str, StormBase] = field(default_factory=dict)
-    replication: dict[str, int] = field(default_factory=dict)
-    supervisors: dict[str, SupervisorInfo] = field(default_factory=dict)
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-    taken_at: float = 0.0
 
 
 class ClusterSummaryCache:
@@ -59,6 +51,12 @@ class ClusterSummaryCache:
         self._replication: dict[str, int] = {}
         self._served_replication: dict[str, int] = {}  # the copy the snapshot holds
         self._stale_replication: set[str] = set()  # replica registrations changed
+        self._hosts: dict[str, list[str]] = {}
+        self._served_hosts: dict[str, list[str]] = {}  # the copy the snapshot holds
+        # Why the snapshot is not current: the cluster's layout is missing ("" if it is).
+        self._layout_error = ""
+        self._listeners: tuple[Callable[[], None], ...] = ()
+        self._listeners_lock = threading.Lock()
         # What changed since the last load: only those parts are rebuilt, so a
         # supervisor's heartbeat does not cost a pass over every topology.
         self._dirty: set[str] = set(self.PARTS)
@@ -99,7 +97,33 @@ class ClusterSummaryCache:
 
     @property
     def snapshot(self) -> ClusterSnapshot:
+        """The newest snapshot (memory only; ``version`` 0 until the first load)."""
         return self._snapshot
+
+    @property
+    def layout_error(self) -> str:
+        """Why the snapshot is not current: the cluster's layout is missing in ZooKeeper
+        (wiped, or a wrong root); "" once it is read."""
+        return self._layout_error
+
+    def listen(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (on the ``cluster-summary`` thread: it must not block)
+        after each new snapshot, and when :attr:`layout_error` changes."""
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, listener)
+
+    def unlisten(self, listener: Callable[[], None]) -> None:
+        """Stop calling ``listener`` (one equal to it: a bound method is a new object at
+        each access)."""
+        with self._listeners_lock:
+            self._listeners = tuple(f for f in self._listeners if f != listener)
+
+    def _tell(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # a reader's bug must not stop the summary
+                log.exception("cluster summary listener failed")
 
     def refresh_now(self, timeout_s: float = 5.0) -> ClusterSnapshot:
         """Wait (bounded) for a reload that *started* after this call, so that a nimbus
@@ -126,15 +150,23 @@ class ClusterSummaryCache:
             snapshot = self._load(barrier=asked, sweep=sweep)
             with self._fresh:
                 self._snapshot = snapshot
+                self._layout_error = ""
                 self._loaded = generation
                 self._fresh.notify_all()
+            self._tell()
         except LayoutMissingError as exc:
             # Serve no leader rather than a stale one; the code sync logs the cause.
             log.debug("cluster summary unavailable: %s", exc)
+            told = self._layout_error != str(exc) or self._snapshot.leader is not None
             with self._fresh:
-                self._snapshot = replace(self._snapshot, leader=None)
+                if self._snapshot.leader is not None:
+                    self._snapshot = replace(self._snapshot, leader=None,
+                                             version=self._snapshot.version + 1)
+                self._layout_error = str(exc)
             with self._stale_lock:  # everything is read again once the layout is back
                 self._dirty |= set(self.PARTS)
+            if told:
+                self._tell()
             self._retry_soon()
         except (KazooException, ViewNotLoadedError) as exc:
             log.debug("cluster summary reload failed: %s", exc)
@@ -153,6 +185,7 @@ class ClusterSummaryCache:
             view.barrier()
         with self._stale_lock:
             dirty, self._dirty = self._dirty, set()
+            stale, self._stale_replication = self._stale_replication, set()
         try:
             if "nimbuses" in dirty:
                 nimbuses = state.nimbuses(watch=self._on_nimbus_change)
@@ -166,19 +199,41 @@ class ClusterSummaryCache:
                            if dirty & {"storms", "assignments"} else previous.assignments)
             supervisors = view.supervisors() if "supervisors" in dirty \
                 else previous.supervisors
-            replication = self._count_replicas(storms, sweep)
+            replica_hosts = self._replica_hosts(storms, stale)
+            replication = self._count_replicas(storms, stale, sweep)
         except BaseException:
             with self._stale_lock:  # not loaded: try those parts again next time
                 self._dirty |= dirty
+                self._stale_replication |= stale
             raise
         return ClusterSnapshot(nimbuses=nimbuses, leader=leader, storms=storms,
-                               replication=replication, supervisors=supervisors,
-                               assignments=assignments, taken_at=time.monotonic())
+                               assignments=assignments, supervisors=supervisors,
+                               replication=replication, replica_hosts=replica_hosts,
+                               taken_at=time.monotonic(), version=previous.version + 1)
 
-    def _count_replicas(self, storms: dict[str, StormBase], sweep: bool) -> dict[str, int]:
+    def _replica_hosts(self, storms: dict[str, StormBase],
+                       stale: set[str]) -> dict[str, list[str]]:
+        """The registered replicas of ``storms`` (from the view's memory), read again for
+        new topologies and those whose registrations changed: the previous dict itself
+        when none changed."""
+        changed = False
+        for topology_id in [t for t in self._hosts if t not in storms]:
+            del self._hosts[topology_id]
+            changed = True
+        for topology_id in storms:
+            if topology_id in self._hosts and topology_id not in stale:
+                continue
+            hosts = self._view.replica_hosts(topology_id)
+            if self._hosts.get(topology_id) != hosts:
+                self._hosts[topology_id] = hosts
+                changed = True
+        if changed:
+            self._served_hosts = dict(self._hosts)
+        return self._served_hosts
+
+    def _count_replicas(self, storms: dict[str, StormBase], stale: set[str],
+                        sweep: bool) -> dict[str, int]:
         """Replication counts of ``storms``: the previous dict itself when none changed."""
-        with self._stale_lock:
-            stale, self._stale_replication = self._stale_replication, set()
         changed = False
         for topology_id in [t for t in self._replication if t not in storms]:
             del self._replication[topology_id]

@@ -1,7 +1,9 @@
 """One row per live topology, as ``nimbus-ha top`` shows them: read from ZooKeeper by a
 nimbus (getTopologyRows, nimbus/thrift/nimbus_ha.thrift) and sent to ``top`` as JSON.
 
-The numbers are those of ``topology-info`` (:func:`nimbus.master.runtime_view.topology_info`):
+The topologies are those of the nimbus's summary (its
+:class:`~nimbus.state.cluster_snapshot.ClusterSnapshot`); their numbers are those of
+``topology-info`` (:func:`nimbus.state.runtime_view.topology_info`), read when asked:
 workers running (a fresh beat, nimbus/state/worker_state.py) of those wanted, rates summed
 over the running workers, the last batch id and the newest error's first line.
 """
@@ -10,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nimbus.master import runtime_view
-from nimbus.state import worker_state
+from nimbus.state import runtime_view, worker_state
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import RecordError
 
@@ -55,13 +57,14 @@ def row_of(info: dict[str, Any]) -> dict[str, Any]:
         "error_count": sum(len(kept) for kept in info["errors"].values())}
 
 
-def topology_rows(state: StormClusterState, may_read: Any = None,
+def topology_rows(state: StormClusterState, snapshot: ClusterSnapshot, may_read: Any = None,
                   timeout_s: float = worker_state.DEFAULT_TIMEOUT_S) -> list[dict[str, Any]]:
-    """One row (:func:`row_of`) per live topology, sorted by name; with ``may_read``
-    (topology id -> bool), only the topologies it allows. ``timeout_s``:
-    ``nimbus.task.timeout.secs``, as topology-info judges workers."""
+    """One row (:func:`row_of`) per topology of ``snapshot``, read from ``state`` now,
+    sorted by name; with ``may_read`` (topology id -> bool), only the topologies it
+    allows. ``timeout_s``: ``nimbus.task.timeout.secs``, as topology-info judges
+    workers."""
     rows = []
-    for topology_id in state.active_storms():
+    for topology_id in sorted(snapshot.storms):
         if may_read is not None and not may_read(topology_id):
             continue
         try:

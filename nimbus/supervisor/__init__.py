@@ -13,5 +13,11 @@ workers' heartbeats and errors. See docs/runtime.md for the contract.
   :mod:`~nimbus.supervisor.registration`, :mod:`~nimbus.supervisor.reporting`,
   :mod:`~nimbus.supervisor.starting`, :mod:`~nimbus.supervisor.ending`,
   :mod:`~nimbus.supervisor.adoption`, :mod:`~nimbus.supervisor.slots` and
-  :mod:`~nimbus.supervisor.identity`.
+  :mod:`~nimbus.supervisor.identity`;
+* :mod:`nimbus.supervisor.code_transport`, :mod:`nimbus.supervisor.telemetry`: what its
+  composition root (:mod:`nimbus.daemons.supervisor`) gives it: Thrift's code fetch and
+  its metrics, layers above it.
+
+What it shares with its workers (``worker.json``, exit codes, the take-over socket, ...)
+is :mod:`nimbus.worker_protocol`; it imports nothing of :mod:`nimbus.worker`.
 """

@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from nimbus.worker.frozen import clear_mark
+from nimbus.worker_protocol.frozen_cgroup import clear_mark
 
 log = logging.getLogger(__name__)
 

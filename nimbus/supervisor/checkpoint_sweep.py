@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.distribution.local_code import check_topology_id
-from nimbus.worker.spec import checkpoint_root_of
+from nimbus.topology_paths import checkpoint_root_of
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The supervisor's Spark class archive: built once per host, Spark and JDK, in the
 background, then named in every worker's spec (``supervisor.spark.class.archive``).
 
-What the archive is and why: :mod:`nimbus.worker.class_archive`. Here: where it lives
+What the archive is and why: :mod:`nimbus.worker.class_archive`, the program that builds
+it. Here: which file fits this host's Spark and JDK (:func:`archive_path`), where it lives
 (``<storm.local.dir>/supervisor/class-archive/``, the supervisor's), building it on the
 ``supervisor-class-archive`` thread once a Spark session is first wanted here (a warm
 worker, a pipeline; a JVM start, about 30 s of CPU, at low priority; the workers started
@@ -13,15 +14,16 @@ the supervisor restarts: workers then start as they would without one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.util
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-
-from nimbus.worker.class_archive import ARCHIVE_PREFIX, SUFFIX, archive_path
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,42 @@ ARCHIVE_KEY = "supervisor.spark.class.archive"
 BUILD_LOG = "build.log"
 #: The most one build may take before it is given up (killed).
 BUILD_TIMEOUT_S = 600.0
+#: The program that builds an archive into the file it is given (a JVM's start).
+BUILDER = "nimbus.worker.class_archive"
+#: The archive of this host's Spark and JDK is ``<dir>/<ARCHIVE_PREFIX><key>.jsa``.
+ARCHIVE_PREFIX = "spark-classes-"
+SUFFIX = ".jsa"
+
+
+def archive_key() -> str | None:
+    """What the archive depends on, hashed: the pyspark release, the Spark jars it ships
+    and the ``java`` that runs them; a change to any of them makes a new file. None when
+    pyspark is not installed. Cheap: imports nothing of pyspark."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return None
+    package = Path(spec.origin).parent
+    parts = [str(package)]
+    with contextlib.suppress(OSError):
+        parts.append((package / "version.py").read_text(encoding="utf-8"))
+    jars = package / "jars"
+    if jars.is_dir():
+        parts += sorted(f"{p.name}:{p.stat().st_size}" for p in jars.iterdir())
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if java is not None and Path(java).exists():
+        real = Path(java).resolve()
+        parts += [str(real), str(real.stat().st_mtime_ns)]
+        for libjvm in real.parent.parent.glob("lib/server/libjvm.so"):
+            parts.append(f"{libjvm.stat().st_size}:{libjvm.stat().st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def archive_path(directory: Path) -> Path | None:
+    """Where the archive of this host's Spark and JDK goes in ``directory`` (None:
+    pyspark is not installed)."""
+    key = archive_key()
+    return None if key is None else directory / f"{ARCHIVE_PREFIX}{key}{SUFFIX}"
 
 
 class ClassArchive:
@@ -115,8 +153,7 @@ class ClassArchive:
                     return
                 # Low priority: it must not slow the workers that start meanwhile.
                 proc = self._proc = subprocess.Popen(
-                    ["nice", "-n", "10", self._python, "-m", "nimbus.worker.class_archive",
-                     str(self._target)],
+                    ["nice", "-n", "10", self._python, "-m", BUILDER, str(self._target)],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     start_new_session=True)
             try:

@@ -8,8 +8,9 @@ so it exists only when complete and verified.
 
 The files come through the cluster's code distributor when it serves supervisors
 (:mod:`nimbus.supervisor.distributor_source`), and otherwise, or when that fails, from
-the nimbuses over Thrift, in the order the caller gives (a random one: see the
-supervisor's ``_peers``), each file tried on every nimbus.
+the nimbuses over Thrift (the ``fetch`` the cache is given:
+:mod:`nimbus.supervisor.code_transport`), in the order the caller gives (a random one:
+see the supervisor's ``_peers``), each file tried on every nimbus.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from nimbus.distribution.archive import BundleError, check_bundle
 from nimbus.distribution.local_code import TEMP_PREFIX, atomic_dir, check_topology_id
+from nimbus.supervisor.code_transport import FetchFile
 from nimbus.supervisor.distributor_source import DistributorSource
 
 log = logging.getLogger(__name__)
@@ -36,10 +38,6 @@ CONF_FILE = "stormconf.json"
 TOPOLOGY_FILE = "stormcode.ser"
 CODE_FILES = (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)
 RESOURCES_DIR = "resources"
-
-# fetch(peer "host:port", remote path "<topology-id>/<file>", destination, timeout_s=...)
-# -> sha256; timeout_s bounds each connect and read.
-Fetch = Callable[..., str]
 
 #: How long one connect or read of a fetch may take at most (a deadline may cut it).
 FETCH_IO_TIMEOUT_S = 30.0
@@ -53,17 +51,13 @@ class CodeVerificationError(CodeUnavailableError):
     """Fetched code does not match the Assignment's sha256, or its bundle is unsafe."""
 
 
-def _default_fetch(peer: str, remote_path: str, dest: Path,
-                   timeout_s: float = FETCH_IO_TIMEOUT_S) -> str:
-    from nimbus.thrift.client import fetch_file
-
-    return fetch_file(peer, remote_path, dest, timeout_s=timeout_s)
-
-
 class CodeCache:
-    """Complete, verified topology code on this host; see the module docstring."""
+    """Complete, verified topology code on this host; see the module docstring.
 
-    def __init__(self, root: Path, max_bundle_bytes: int, fetch: Fetch = _default_fetch,
+    ``fetch`` copies a file from a nimbus (the supervisor's: Thrift's); None, the cache
+    fetches nothing from the nimbuses (only through ``distributor``, if any)."""
+
+    def __init__(self, root: Path, max_bundle_bytes: int, fetch: FetchFile | None = None,
                  distributor: DistributorSource | None = None):
         self.root = Path(root)
         self.distributor = distributor
@@ -121,8 +115,13 @@ class CodeCache:
                 peers = list(dict.fromkeys(peers))
                 if not peers:
                     raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
+                fetch = self._fetch
+                if fetch is None:
+                    raise CodeUnavailableError(f"{topology_id}: not delivered through the "
+                                               "code distributor, and this cache cannot "
+                                               "fetch from the nimbuses")
                 for name in CODE_FILES:
-                    self._fetch_one(topology_id, name, code_sha256[name], peers,
+                    self._fetch_one(fetch, topology_id, name, code_sha256[name], peers,
                                     staging / name, deadline)
             self._unpack(topology_id, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
         self.fetched_from[source] += 1
@@ -130,8 +129,8 @@ class CodeCache:
                  "code distributor" if source == "distributor" else "nimbuses")
         return dest
 
-    def _fetch_one(self, topology_id: str, name: str, expected: str, peers: list[str],
-                   dest: Path, deadline: float | None = None) -> None:
+    def _fetch_one(self, fetch: FetchFile, topology_id: str, name: str, expected: str,
+                   peers: list[str], dest: Path, deadline: float | None = None) -> None:
         problems = []
         for peer in peers:
             timeout_s = FETCH_IO_TIMEOUT_S
@@ -142,7 +141,7 @@ class CodeCache:
                                     "(supervisor.code.fetch.timeout.secs)")
                     break
             try:
-                got = self._fetch(peer, f"{topology_id}/{name}", dest, timeout_s=timeout_s)
+                got = fetch(peer, f"{topology_id}/{name}", dest, timeout_s=timeout_s)
             except Exception as exc:  # a peer down or without the file: try the next
                 problems.append(f"{peer}: {exc or type(exc).__name__}")
                 continue

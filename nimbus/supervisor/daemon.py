@@ -1,5 +1,12 @@
 """One supervisor process: its lifecycle and its reconcile pass.
 
+Built by its composition root (:func:`nimbus.daemons.supervisor.build_supervisor`),
+which gives it the Thrift transport for code fetches
+(:mod:`~nimbus.supervisor.code_transport`), its metrics
+(:mod:`~nimbus.supervisor.telemetry`) and its process's security
+(:class:`~nimbus.cluster_security.ClusterSecurity`: the logviewer's server context and
+authorizer; the code fetches present its client certificate).
+
 Threads (each named, each stopped and joined by :meth:`Supervisor.stop`):
 
 * ``supervisor-monitor``: the reconcile loop, a
@@ -64,9 +71,9 @@ from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
 from nimbus.background_loop import BackgroundLoop
-from nimbus.cluster_tls import configure_clients
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config
-from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
+from nimbus.daemon_base import StopOnce
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.records import Assignment, RecordError
@@ -78,6 +85,7 @@ from nimbus.supervisor.checkpoint_sweep import sweep_checkpoints
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.code_cache import CodeCache
 from nimbus.supervisor.code_fetcher import CodeFetcher
+from nimbus.supervisor.code_transport import FetchFile
 from nimbus.supervisor.distributor_source import DistributorSource
 from nimbus.supervisor.ending import WorkerEnder
 from nimbus.supervisor.identity import (
@@ -102,11 +110,12 @@ from nimbus.supervisor.reporting import Reporter, handle_executor
 from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY, account_for, remove_account
 from nimbus.supervisor.slots import WorkerTable
 from nimbus.supervisor.starting import WorkerStarter, peers
+from nimbus.supervisor.telemetry import MetricsEndpoint, Readings, TelemetryFactory
 from nimbus.supervisor.warm_pool import WARM_KEY, WarmPool, make_warm_pool
 from nimbus.supervisor.worker_env import worker_env
 from nimbus.supervisor.worker_handle import WORKER_COMMAND, WorkerHandle, stop_all
 from nimbus.timing import WORKER_LEASE_FRACTION
-from nimbus.worker.frozen import REAPERS_CGROUP
+from nimbus.worker_protocol.frozen_cgroup import REAPERS_CGROUP
 
 # Names this module has always offered (the CLI and tests import them from here).
 __all__ = ["Supervisor", "SupervisorDirInUseError", "advertised_host",
@@ -117,18 +126,26 @@ log = logging.getLogger(__name__)
 
 class Supervisor:
     """A running supervisor; :meth:`start`, then :meth:`stop` (in a process of its own:
-    :class:`nimbus.foreground.Foreground`).
+    :class:`nimbus.foreground.Foreground`). Built by
+    :func:`nimbus.daemons.supervisor.build_supervisor`.
 
-    ``worker_command`` is the argv that runs one worker (the worker directory is appended);
-    tests may point it at a stand-in that follows the same protocol. ``warm_command`` runs
-    a warm worker; by default ``worker_command`` with ``--warm`` when that is the real
-    worker, else none (a stand-in has no warm mode).
+    ``fetch_file`` copies a file of topology code from a nimbus (Thrift's, with
+    ``security``'s client certificate); ``security`` is the process's; ``telemetry``
+    makes this supervisor's metrics from what they read of it (its
+    :class:`~nimbus.supervisor.telemetry.Readings`). ``worker_command`` is the argv that
+    runs one worker (the worker directory is appended); tests may point it at a stand-in
+    that follows the same protocol. ``warm_command`` runs a warm worker; by default
+    ``worker_command`` with ``--warm`` when that is the real worker, else none (a
+    stand-in has no warm mode).
     """
 
-    def __init__(self, conf: Config, worker_command: tuple[str, ...] = WORKER_COMMAND,
+    def __init__(self, conf: Config, *, fetch_file: FetchFile, telemetry: TelemetryFactory,
+                 security: ClusterSecurity,
+                 worker_command: tuple[str, ...] = WORKER_COMMAND,
                  warm_command: tuple[str, ...] | None = None):
         check_supervisor_conf(conf)
         self.conf = conf
+        self.security = security
         self.ports = sorted({int(p) for p in conf["supervisor.slots.ports"]})
         self.host = advertised_host(conf)
         # Checked before anything is taken, so a failure leaves nothing to release.
@@ -142,7 +159,7 @@ class Supervisor:
         # The workers' logs, outside their directories (nimbus/state/worker_logs.py).
         self.log_root = log_root(conf)
         self.code = CodeCache(self.supervisor_dir / "stormdist",
-                              conf["nimbus.max.topology.bytes"])
+                              conf["nimbus.max.topology.bytes"], fetch_file)
         self._run_as_user = bool(conf[RUN_AS_USER_KEY])
         if self._run_as_user:
             try:
@@ -160,10 +177,8 @@ class Supervisor:
         self._connected = threading.Event()
         self._stop = threading.Event()
         self.passes = 0  # reconcile passes completed (tests wait on it)
-        self._stopping = False
-        self._stopping_lock = threading.Lock()
+        self._stop_once = StopOnce(self._stop)
 
-        configure_clients(conf)  # code fetches present this supervisor's certificate
         try:
             self.zk = make_zk_client(conf, "supervisor")
         except BaseException:
@@ -174,7 +189,7 @@ class Supervisor:
         if conf["supervisor.code.through.distributor"]:
             self.code.distributor = DistributorSource(
                 conf, self.zk, conf.zk_root, self.id, self.supervisor_dir,
-                private_copies=self._run_as_user)
+                fetch_file=fetch_file, private_copies=self._run_as_user)
         if self.zk.connected:
             self._connected.set()
         # This supervisor's assignments, in memory and kept current by watches on its own
@@ -207,14 +222,14 @@ class Supervisor:
             assignment_path=lambda topology_id: self.state.path("assignments", topology_id),
             holds=self._assignment_holds, may_renew=self._connected.is_set,
             on_unassigned=self._on_unassigned)
-        self.metrics = SupervisorMetrics(
+        self.telemetry = telemetry(Readings(
             self.table.running, self.table.restarts,
             warm=lambda: self.warm.summary() if self.warm is not None else None,
             code_fetches=lambda: dict(self.code.fetched_from),
             states=self.registration.slot_states,
-            frozen_orphans=lambda: self.adoption.frozen_orphans())
+            frozen_orphans=lambda: self.adoption.frozen_orphans()))
         self.reporting = Reporter(self.zk, self.state, self.id, self.host, self._connected,
-                                  lambda h, c: self.metrics.progress.observe(h, c),
+                                  lambda h, c: self.telemetry.observe(h, c),
                                   beat_now=self.registration.beat_now,
                                   wake_monitor=self._monitor.wake)
         self.adoption = Adoption(
@@ -236,7 +251,7 @@ class Supervisor:
             self.table, self.reporting, self.registration.beat_now, grace_s=self._grace_s,
             timeout_s=float(conf["supervisor.worker.timeout.secs"]),
             start_timeout_s=self._start_timeout_s)
-        self.metrics_server: MetricsServer | None = None
+        self.metrics_server: MetricsEndpoint | None = None
         self.log_sweeper = LogSweeper(self.log_root, 60.0 * float(conf[RETENTION_KEY]),
                                       self._logs_in_use, lock=self.log_dirs.lock)
 
@@ -244,11 +259,10 @@ class Supervisor:
     def start(self) -> None:
         """Register, then start the threads; raises if ZooKeeper refuses the registration."""
         # First: a taken metrics port fails the start before anything is registered.
-        self.metrics_server = serve_metrics(
-            self.metrics.registry, self.conf["supervisor.metrics.bind.address"],
-            self.conf["supervisor.metrics.port"], "supervisor-metrics", conf=self.conf)
+        self.metrics_server = self.telemetry.bind(self.conf)
         try:  # so is a taken logviewer port (its port and scheme go into the record)
-            self.logviewer = make_logviewer(self.conf, self.log_root, self.host)
+            self.logviewer = make_logviewer(self.conf, self.log_root, self.host,
+                                            self.security)
         except BaseException:
             if self.metrics_server is not None:
                 self.metrics_server.stop()
@@ -310,11 +324,9 @@ class Supervisor:
     def stop(self) -> None:
         """Stop every worker gracefully (their leases still renewed meanwhile), then the
         threads, then the ZooKeeper session (which removes this supervisor's node)."""
-        with self._stopping_lock:
-            if self._stopping:
-                return
-            self._stopping = True
-        self._stop.set()   # from here on no pass starts anything, no heartbeat is written
+        # From here on no pass starts anything, no heartbeat is written.
+        if not self._stop_once.begin():
+            return
         self._monitor.stop(join_timeout=60)
         self.log_sweeper.stop()
         handles = self.table.pop_all()

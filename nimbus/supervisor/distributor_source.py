@@ -9,6 +9,9 @@ under ``<supervisor dir>/code/<topology-id>``; the code cache then takes the thr
 from it into its own directory, each checked against the sha256 the leader wrote into the
 Assignment, so a distributor is never trusted on its own.
 
+A plugin that downloads through the nimbuses (localfs) does it with the supervisor's own
+transport, given to :class:`DistributorSource` (:mod:`nimbus.supervisor.code_transport`).
+
 Whenever this path cannot deliver, :meth:`DistributorSource.fetch` says so and the cache
 falls back to the nimbuses over Thrift:
 
@@ -41,6 +44,7 @@ from nimbus.distribution.hookspecs import ROLE_SUPERVISOR, DistributorContext
 from nimbus.distribution.local_code import TEMP_PREFIX, check_topology_id
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.records import RecordError
+from nimbus.supervisor.code_transport import FetchFile
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +72,17 @@ class DistributorSource:
     """The distributor on this supervisor; see the module docstring.
 
     ``copies`` is where the distributor keeps its copies (its ``code_dir``);
-    ``private_copies`` makes :meth:`fetch` copy files instead of hard-linking them, for
-    code that is handed to a topology's own account (run-as-user), which must never be
-    able to change the distributor's copy (the one a swarm seeds).
+    ``fetch_file`` is how the plugin may download from a nimbus
+    (``DistributorContext.fetch_file``); ``private_copies`` makes :meth:`fetch` copy
+    files instead of hard-linking them, for code that is handed to a topology's own
+    account (run-as-user), which must never be able to change the distributor's copy
+    (the one a swarm seeds).
     """
 
     def __init__(self, conf: Any, zk: KazooClient, zk_root: str, supervisor_id: str,
-                 supervisor_dir: Path, private_copies: bool = False):
+                 supervisor_dir: Path, fetch_file: FetchFile, private_copies: bool = False):
         self._conf = conf
+        self._fetch_file = fetch_file
         self._state = StormClusterState(zk, zk_root)
         self._zk = zk
         self._zk_root = zk_root
@@ -137,7 +144,7 @@ class DistributorSource:
             distributor.prepare(self._conf, DistributorContext(
                 zk=self._zk, zk_root=self._zk_root, address=self._address,
                 local_dir=self._local_dir / distributor.name, code_dir=self.copies,
-                fetch_file=_thrift_fetch, role=ROLE_SUPERVISOR))
+                fetch_file=self._fetch_file, role=ROLE_SUPERVISOR))
         except DistributorError as exc:
             self._close(distributor)
             self._say(str(exc))
@@ -234,9 +241,3 @@ class DistributorSource:
             distributor.close(self._conf)
         except Exception as exc:
             log.warning("closing code distributor %s failed: %s", distributor.name, exc)
-
-
-def _thrift_fetch(peer: str, remote_path: str, dest: Path, **kwargs: Any) -> str:
-    from nimbus.thrift.client import fetch_file  # the transport: only when a plugin asks
-
-    return fetch_file(peer, remote_path, dest, **kwargs)

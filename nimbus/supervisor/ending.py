@@ -19,8 +19,8 @@ from nimbus.supervisor.policy import DesiredWorker
 from nimbus.supervisor.reporting import Reporter, handle_executor
 from nimbus.supervisor.slots import WorkerTable
 from nimbus.supervisor.worker_handle import WorkerHandle, stop_all
-from nimbus.worker.exits import EXIT_WARM_REFUSED
-from nimbus.worker.pipeline import assigned
+from nimbus.worker_protocol.component_share import assigned
+from nimbus.worker_protocol.exits import EXIT_WARM_REFUSED
 
 log = logging.getLogger(__name__)
 

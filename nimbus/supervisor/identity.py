@@ -23,7 +23,7 @@ from nimbus.supervisor.log_sweep import RETENTION_KEY
 from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY, check_reachable
 from nimbus.supervisor.warm_pool import WARM_KEY
 from nimbus.timing import check_timing
-from nimbus.worker.frozen import ORPHAN_TIMEOUT_KEY
+from nimbus.worker_protocol.frozen_cgroup import ORPHAN_TIMEOUT_KEY
 
 ID_FILE = "id"
 LOCK_FILE = "supervisor.lock"

@@ -31,7 +31,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from nimbus.state.incarnation import Incarnation
-from nimbus.worker.frozen import REAPERS_CGROUP, clock, end_cgroup, is_frozen, read_mark
+from nimbus.worker_protocol.frozen_cgroup import (
+    REAPERS_CGROUP,
+    clock,
+    end_cgroup,
+    is_frozen,
+    read_mark,
+)
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,8 @@ from nimbus.supervisor.warm_pool import WAIT as WARM_WAIT
 from nimbus.supervisor.warm_pool import WarmPool
 from nimbus.supervisor.worker_env import worker_env
 from nimbus.supervisor.worker_handle import WorkerHandle
-from nimbus.worker.spec import SPEC_FILE, WorkerSpec, checkpoint_root_of
+from nimbus.topology_paths import checkpoint_root_of
+from nimbus.worker_protocol.spec import SPEC_FILE, WorkerSpec
 
 log = logging.getLogger(__name__)
 

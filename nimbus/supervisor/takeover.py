@@ -2,7 +2,7 @@
 
 A supervisor killed with kill -9 leaves its workers running to the end of the leases it
 granted (at most 2/3 of its session timeout), each listening on
-``<worker-dir>/supervisor.sock`` (:mod:`nimbus.worker.takeover`). At start, the next
+``<worker-dir>/supervisor.sock`` (:mod:`nimbus.worker_protocol.takeover`). At start, the next
 process connects to every such socket and reads what the worker says of itself
 (:func:`find_orphans`); its first reconcile pass takes over each one that the assignment
 still places on the same slot with the same share of its topology, and ends the others.
@@ -42,7 +42,7 @@ from typing import Any
 from nimbus.supervisor.cgroups import is_frozen, kill_cgroup
 from nimbus.supervisor.lease_record import LeaseRecord, load_record
 from nimbus.supervisor.memory import group_pids
-from nimbus.worker.takeover import SOCKET_NAME, peer_credentials
+from nimbus.worker_protocol.takeover import SOCKET_NAME, peer_credentials
 
 log = logging.getLogger(__name__)
 

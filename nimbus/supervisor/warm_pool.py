@@ -5,8 +5,8 @@ supervisor keeps ``supervisor.warm.workers`` processes (``python -m nimbus.worke
 see ``nimbus/worker/warm.py``) with Python started, pyspark imported and a session up with
 the cluster's default ``topology.spark.*`` settings. A slot that starts a pipeline takes
 one whose settings fixed at Spark's start match the topology's
-(:func:`~nimbus.worker.spark.warm_mismatch`); otherwise the worker starts cold and the
-supervisor logs why.
+(:func:`~nimbus.worker_protocol.spark_settings.warm_mismatch`); otherwise the worker
+starts cold and the supervisor logs why.
 
 What a warm worker is not: it holds no lease, is in no slot, writes no beat and touches no
 checkpoint until it is taken. When its supervisor dies (EOF on its lease pipe) it waits
@@ -34,9 +34,9 @@ from nimbus.supervisor.cgroups import WorkerCgroups, kill_cgroup, unified_root
 from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY
 from nimbus.supervisor.takeover import Orphan, cgroup_of, find_warm_orphans
 from nimbus.supervisor.worker_handle import LOG_FILE, WorkerHandle, stop_all, tidy_warm_dir
-from nimbus.worker.spark import warm_mismatch
-from nimbus.worker.spec import SpecError, WorkerSpec
-from nimbus.worker.warm import WARM_FILE
+from nimbus.worker_protocol.spark_settings import warm_mismatch
+from nimbus.worker_protocol.spec import SpecError, WorkerSpec
+from nimbus.worker_protocol.warm import WARM_FILE
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from nimbus.supervisor.memory import GroupMemory
 from nimbus.supervisor.run_as_user import as_account
 from nimbus.supervisor.status_input import ErrorBudget
 from nimbus.supervisor.takeover import Orphan, TakenOverProcess
-from nimbus.worker.warm import WARM_FILE
+from nimbus.worker_protocol.warm import TAKE, WARM_FILE
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ class WorkerHandle:
             if self._lease_w < 0:
                 return False
             try:
-                os.write(self._lease_w, f"take {worker_dir}\n".encode())
+                os.write(self._lease_w, f"{TAKE} {worker_dir}\n".encode())
                 return True
             except (BlockingIOError, BrokenPipeError, OSError):
                 return False

@@ -76,9 +76,9 @@ from nimbus.testing.conformance import (
     ConformanceHost,
     DistributorConformance,
     _assert_names,
-    _digests,
-    _write_code,
     flip_byte,
+    tree_digests,
+    write_code,
 )
 from nimbus.testing.hosts import SimulatedHosts
 
@@ -214,7 +214,7 @@ class DistributorKit(DistributorConformance):
         dest = host.code_dir / self.topology_id
         files = host.distributor.download(dest, self.topology_id,
                                           self._metafile(tmp_path, metafile))
-        assert _digests(dest) == digests
+        assert tree_digests(dest) == digests
         assert {f.relative_to(dest).as_posix() for f in files} == set(digests)
         self._assert_count(group[0], 1)
         # A nimbus that downloads after it still adds exactly itself.
@@ -236,7 +236,7 @@ class DistributorKit(DistributorConformance):
         other = second.code_dir / self.topology_id
         second.distributor.download(other, self.topology_id,
                                     self._metafile(tmp_path, metafile))
-        assert _digests(other) == digests
+        assert tree_digests(other) == digests
 
     @pytest.fixture
     def other_store(self) -> dict[str, Any] | None:
@@ -315,7 +315,7 @@ class DistributorKit(DistributorConformance):
 
         other = UNREACHABLE_TOPOLOGY_ID
         source = group[0].code_dir / other
-        _write_code(source, seed=1, big_bytes=64 * 1024)
+        write_code(source, seed=1, big_bytes=64 * 1024)
         start = time.monotonic()
         with pytest.raises(DistributorError) as err:
             group[0].distributor.upload(source, other)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
-from nimbus.state.zkserver import ZooKeeperServer
+from nimbus.dev.zookeeper import ZooKeeperServer
 
 
 @pytest.fixture(scope="session")

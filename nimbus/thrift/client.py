@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -25,12 +26,12 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
 from nimbus.distribution import code_stream
 from nimbus.distribution.archive import PieceReader, bundle_pieces
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha, storm
-from nimbus.thrift.tls import current_client_context
 from nimbus.topology_paths import resolve_path_keys
 
 CHUNK_BYTES = UPLOAD_CHUNK_BYTES
@@ -83,12 +84,13 @@ class TransferRefusedError(ValueError):
 
 
 @contextlib.contextmanager
-def connect(address: HostPort | str, timeout_s: float = 30.0) -> Iterator[Any]:
+def connect(address: HostPort | str, timeout_s: float = 30.0,
+            security: ClusterSecurity | None = None) -> Iterator[Any]:
     """A Thrift client of the NimbusHa service (Storm's Nimbus and nimbus-ha's own
-    reads: nimbus/thrift/nimbus_ha.thrift) at ``address``, closed on exit (over TLS
-    with this process's certificate when nimbus.thrift.tls.configure_clients set one)."""
+    reads: nimbus/thrift/nimbus_ha.thrift) at ``address``, closed on exit: over TLS with
+    ``security``'s client certificate when it has one, plain TCP without (None)."""
     hp = address if isinstance(address, HostPort) else HostPort.parse(str(address), 6627)
-    context = current_client_context()
+    context = security.client_context if security is not None else None
     client = make_client(nimbus_ha.NimbusHa, hp.host, hp.port,
                          proto_factory=TBinaryProtocolFactory(),
                          trans_factory=TFramedTransportFactory(),
@@ -118,20 +120,23 @@ def not_leader_redirect(exc: Exception) -> str | None:
     return None
 
 
-def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0) -> str:
+def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0,
+               security: ClusterSecurity | None = None) -> str:
     """Copy one file of topology code from a nimbus; returns the sha256 of the bytes
     written, computed while they arrive so that callers can verify the copy without
-    reading it again.
+    reading it again. ``security``: as :func:`connect` (a root binds its own with
+    :func:`file_fetcher`).
 
     The download session is opened over Thrift (``beginFileDownload``, so the port's
     authentication applies) and drained over the code stream beside it
     (:mod:`nimbus.distribution.code_stream`); a nimbus without the code stream is read
     with Storm's ``downloadChunk`` instead.
     """
-    with connect(peer, timeout_s) as client:
+    context = security.client_context if security is not None else None
+    with connect(peer, timeout_s, security) as client:
         session = client.beginFileDownload(remote_path)
         try:
-            with _stream_socket(peer, timeout_s) as sock:
+            with _stream_socket(peer, timeout_s, context) as sock:
                 return code_stream.receive(sock, session, dest)
         except code_stream.StreamUnsupportedError:
             pass
@@ -145,20 +150,27 @@ def fetch_file(peer: str, remote_path: str, dest: Path, timeout_s: float = 30.0)
                 digest.update(chunk)
 
 
+def file_fetcher(security: ClusterSecurity) -> Callable[..., str]:
+    """:func:`fetch_file` with ``security``: what a process's root gives the master,
+    the supervisor and the code distributors (``DistributorContext.fetch_file``)."""
+    return functools.partial(fetch_file, security=security)
+
+
 @contextlib.contextmanager
-def _stream_socket(peer: str, timeout_s: float) -> Iterator[socket.socket]:
-    """A connection to ``peer``'s Thrift port for a code stream, over TLS when clients
-    are configured for it (the same certificate as the Thrift calls)."""
+def _stream_socket(peer: str, timeout_s: float, context: ssl.SSLContext | None
+                   ) -> Iterator[socket.socket]:
+    """A connection to ``peer``'s Thrift port for a code stream, over TLS with
+    ``context`` when there is one (the same certificate as the Thrift calls)."""
     hp = HostPort.parse(str(peer), 6627)
-    with _stream_socket_to(hp.host, hp.port, timeout_s) as sock:
+    with _stream_socket_to(hp.host, hp.port, timeout_s, context) as sock:
         yield sock
 
 
 @contextlib.contextmanager
-def _stream_socket_to(host: str, port: int, timeout_s: float) -> Iterator[socket.socket]:
+def _stream_socket_to(host: str, port: int, timeout_s: float,
+                      context: ssl.SSLContext | None) -> Iterator[socket.socket]:
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
-        context = current_client_context()
         if context is not None:
             sock = context.wrap_socket(sock, server_hostname=host)
         yield sock
@@ -176,10 +188,14 @@ def _peer_of(client: Any) -> tuple[str, int]:
 class NimbusClient:
     """Talk to the cluster: find the leader, send leader-only calls there, retry."""
 
-    def __init__(self, conf: Config, deadline_s: float | None = None):
+    def __init__(self, conf: Config, deadline_s: float | None = None,
+                 security: ClusterSecurity | None = None):
         """``deadline_s``: how long calls wait for the cluster (a nimbus, a leader);
-        default ``nimbus.client.wait.secs``. Every call makes at least one attempt."""
+        default ``nimbus.client.wait.secs``. Every call makes at least one attempt.
+        ``security``: the process's, whose client certificate it presents; by default
+        that of ``conf``'s TLS settings (:meth:`ClusterSecurity.for_client`)."""
         self.conf = conf
+        self.security = security if security is not None else ClusterSecurity.for_client(conf)
         self.seeds = conf.seeds
         self.timeout_s = max(5.0, conf.session_timeout_s * 2)
         self.deadline_s = deadline_s if deadline_s is not None else conf.client_wait_s
@@ -201,7 +217,7 @@ class NimbusClient:
         not_up = True
         for seed in self.seeds:
             try:
-                with connect(seed, self.timeout_s) as client:
+                with connect(seed, self.timeout_s, self.security) as client:
                     leader = client.getLeader()
                 return HostPort(leader.host, leader.port)
             except CONNECTION_ERRORS as exc:
@@ -217,7 +233,7 @@ class NimbusClient:
         not_up = True
         for seed in self.seeds:
             try:
-                with connect(seed, self.timeout_s) as client:
+                with connect(seed, self.timeout_s, self.security) as client:
                     return call(client)
             except CONNECTION_ERRORS as exc:
                 errors.append(f"{seed}: {_one_line(exc)}")
@@ -268,7 +284,7 @@ class NimbusClient:
         while True:
             try:
                 target = target or self.find_leader()
-                with connect(target, self.timeout_s) as client:
+                with connect(target, self.timeout_s, self.security) as client:
                     return call(client)
             except TApplicationException as exc:
                 redirect = not_leader_redirect(exc)
@@ -296,7 +312,7 @@ class NimbusClient:
         there is no leader, on any nimbus; waits for one to answer."""
         def attempt() -> Any:
             try:
-                with connect(self.find_leader(), self.timeout_s) as client:
+                with connect(self.find_leader(), self.timeout_s, self.security) as client:
                     return call(client)
             except (NimbusUnavailableError, *CONNECTION_ERRORS):
                 return self._try_any(call)
@@ -319,7 +335,7 @@ class NimbusClient:
 
     def topology_view(self, name: str) -> dict[str, Any]:
         """What ``topology-info --json`` shows of topology ``name``
-        (nimbus/master/runtime_view.py topology_info): getTopologyView."""
+        (nimbus/state/runtime_view.py topology_info): getTopologyView."""
         topology_id = self.topology_id(name)
         return json.loads(self._named(name, lambda c: c.getTopologyView(topology_id)))
 
@@ -362,7 +378,8 @@ class NimbusClient:
         location = client.beginFileUpload()
         host, port = _peer_of(client)
         try:
-            with _stream_socket_to(host, port, self.timeout_s) as sock, \
+            with _stream_socket_to(host, port, self.timeout_s,
+                                   self.security.client_context) as sock, \
                     contextlib.closing(bundle_pieces(data_source)) as pieces:
                 code_stream.send_upload(sock, location, pieces, progress)
             return location

@@ -25,7 +25,6 @@ from nimbus import __version__
 from nimbus.config import Config
 from nimbus.distribution.file_transfer import FileTransfers, TransferError
 from nimbus.distribution.local_code import TOPOLOGY_ID_RE, LocalCodeStore, UnsafePathError
-from nimbus.master import runtime_view
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.master.lifecycle import (
     CONF_FILE,
@@ -39,6 +38,7 @@ from nimbus.master.log_sources import log_sources
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.master.topology_rows import topology_rows
 from nimbus.redaction import redact
+from nimbus.state import runtime_view
 from nimbus.state.cluster_state import (
     ConcurrentChangeError,
     NotLeaderError,
@@ -49,7 +49,7 @@ from nimbus.state.records import ACTIVE, INACTIVE, RecordError
 from nimbus.thrift import NOT_LEADER_PREFIX, page_info, storm
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
-    authorizer_from_conf,
+    SimpleAclAuthorizer,
     read_refusal,
     topology_users,
 )
@@ -98,10 +98,13 @@ class NimbusHandler:
 
     def __init__(self, conf: Config, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  cache: ClusterSummaryCache, transfers: FileTransfers, store: LocalCodeStore,
-                 started_at: float, reads: StormClusterState | None = None):
+                 started_at: float, reads: StormClusterState | None = None, *,
+                 authorizer: SimpleAclAuthorizer | None):
         """``reads`` is the state that client reads go to (getTopologyInfo): a session
         other than the elector's, so that a client's traffic neither queues behind nor
-        disguises the elector's (docs/ha.md); by default the lifecycle's."""
+        disguises the elector's (docs/ha.md); by default the lifecycle's. ``authorizer``:
+        the process's (``ClusterSecurity.authorizer``, which its root made of
+        ``nimbus.authorizer``), None for none."""
         self.conf = conf
         self._calls = concurrent.futures.ThreadPoolExecutor(
             max_workers=int(conf["nimbus.thrift.threads"]), thread_name_prefix="leader-call")
@@ -116,7 +119,7 @@ class NimbusHandler:
         # getClusterInfo
         self._summaries: tuple[tuple[Any, ...], int, list[Any]] | None = None
         self.address = str(conf.nimbus_address)
-        self.authorizer = authorizer_from_conf(conf)
+        self.authorizer = authorizer
 
     # -- guards -------------------------------------------------------------------------------
     def _while_leading(self, action: Callable[[], Any]) -> Any:
@@ -367,16 +370,14 @@ class NimbusHandler:
     def getClusterInfo(self) -> Any:
         snap = self.cache.snapshot  # memory only: no ZooKeeper round trip per call
         now = time.time()
-        found = snap.assignments
         topologies = self._topology_summaries(snap, now)
-        used = runtime_view.used_ports_by_supervisor(found)
         supervisors = [storm.SupervisorSummary(
-            host=info.hostname, uptime_secs=_i32(info.uptime_secs), num_workers=len(info.meta),
+            host=row["host"], uptime_secs=_i32(row["uptime_secs"]), num_workers=row["slots"],
             # Used slots are the leader's assignments; the supervisor's own used_ports
             # lags them by a heartbeat.
-            num_used_workers=len(used.get(sid, [])),
-            supervisor_id=sid, version=info.version or None)
-            for sid, info in sorted(snap.supervisors.items())]
+            num_used_workers=row["used_slots"],
+            supervisor_id=row["id"], version=row["version"] or None)
+            for row in runtime_view.supervisor_rows(snap)]
         return storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
                                     nimbuses=self._nimbus_summaries(),
                                     nimbus_uptime_secs=int(now - self.started_at))
@@ -599,7 +600,7 @@ class NimbusHandler:
         else:
             raise storm.NotAliveException(msg="getSupervisorPageInfo: give a supervisor id "
                                               "or a host")
-        used = runtime_view.used_ports_by_supervisor(snap.assignments)
+        used = snap.used_ports()
         summaries = [page_info.supervisor_summary(sid, snap.supervisors[sid],
                                                   used.get(sid, []))
                      for sid in chosen]
@@ -642,8 +643,8 @@ class NimbusHandler:
         # A UI reading through this nimbus sees every topology (it applies its own
         # users' rights, as with getClusterRecords).
         every = self.authorizer is None or self._may_read_cluster()
-        rows = _readable(lambda: topology_rows(self.reads, None if every else may_read,
-                                               timeout_s))
+        rows = _readable(lambda: topology_rows(self.reads, self.cache.snapshot,
+                                               None if every else may_read, timeout_s))
         return json.dumps(rows, sort_keys=True)
 
     def getLogSources(self, id: str) -> str:  # noqa: A002
@@ -668,7 +669,7 @@ class NimbusHandler:
         records as they are in ZooKeeper: ``{"nimbuses": [NimbusInfo], "leader": str |
         None, "storms": {id: StormBase}, "assignments": {id: Assignment},
         "supervisors": {id: SupervisorInfo}, "replication": {id: int}, "taken_at":
-        float}``. For a UI with ``ui.source: thrift`` (nimbus/ui/thrift_view.py), which
+        float}``. For a UI with ``ui.source: thrift`` (nimbus/ui/thrift_reader.py), which
         applies each of its users' rights itself: with an authorizer, only
         ``nimbus.admins``, ``nimbus.ui.users`` and ``nimbus.daemon.users`` may call it
         (the supervisors' records hold every topology's worker errors)."""

@@ -1,5 +1,5 @@
 """Storm UI's page structures (TopologyPageInfo, ComponentPageInfo, WorkerSummary) built
-from :func:`nimbus.master.runtime_view.topology_info`'s dict.
+from :func:`nimbus.state.runtime_view.topology_info`'s dict.
 
 The handler (``getTopologyPageInfo``, ``getComponentPageInfo``, ``getSupervisorPageInfo``)
 reads and authorises; this module only maps nimbus-ha's model onto Storm's, with the

@@ -4,6 +4,8 @@ The cluster's TLS (contexts, roles, identities) is :mod:`nimbus.cluster_tls`, sh
 every port of the cluster; its names are offered here too, where the Thrift service and
 its clients have always imported them. What is the Thrift service's own: the identity of
 the caller of the call being served on this thread (:func:`set_caller`, :func:`caller`).
+The contexts a process uses are in its one security object
+(:class:`nimbus.cluster_security.ClusterSecurity`), passed to its clients and servers.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from nimbus.cluster_tls import (
     NoIdentityError,
     client_context,
     common_name,
-    configure_clients,
-    current_client_context,
     peer_identity,
     server_context,
     tls_enabled,
@@ -30,8 +30,8 @@ from nimbus.cluster_tls import (
 
 __all__ = ["CLIENT_AUTH", "FILE_KEYS", "HOW_TO_ISSUE", "SERVER_AUTH", "TLS_NAMES",
            "TRANSPORT_KEY", "ClusterClientContext", "NoIdentityError", "caller",
-           "client_context", "common_name", "configure_clients", "current_client_context",
-           "peer_identity", "server_context", "set_caller", "tls_enabled"]
+           "client_context", "common_name", "peer_identity", "server_context", "set_caller",
+           "tls_enabled"]
 
 _caller = threading.local()
 

@@ -31,14 +31,14 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config
-from nimbus.master.runtime_view import set_checkpoints
 from nimbus.state.cluster_state import LayoutMissingError
 from nimbus.state.component_ids import is_component_id
 from nimbus.state.records import RecordError, StormBase
+from nimbus.state.runtime_view import set_checkpoints
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
-    authorizer_from_conf,
     read_refusal,
     refusal,
     topology_users,
@@ -50,7 +50,7 @@ from nimbus.ui.dashboard import dashboard_data, restrict_topology
 from nimbus.ui.https import IDENTITY_KEY
 from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.openapi import openapi_document
-from nimbus.ui.view import ClusterView, ViewUnavailableError
+from nimbus.ui.reader import ClusterUnavailableError, UIReader
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +110,21 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
 
 
 class UIApp:
-    """The WSGI callable; ``view`` must be started, ``client`` reaches the leader,
-    ``local_nimbus`` is the nimbus this UI runs inside (None: a UI process of its own)."""
+    """The WSGI callable; ``reader`` must be started, ``client`` reaches the leader,
+    ``local_nimbus`` is the nimbus this UI runs inside (None: a UI process of its own).
+    ``security``: its process's (the authorizer, the client certificate it reads the
+    logviewers with); by default made of ``conf`` (:meth:`ClusterSecurity.for_daemon`)."""
 
-    def __init__(self, conf: Config, view: ClusterView, client: NimbusClient,
-                 own_identity: str | None = None, local_nimbus: LocalNimbus | None = None):
+    def __init__(self, conf: Config, reader: UIReader, client: NimbusClient,
+                 own_identity: str | None = None, local_nimbus: LocalNimbus | None = None,
+                 security: ClusterSecurity | None = None):
         self.conf = conf
-        self.view = view
+        self.reader = reader
         self.client = client
         self.local_nimbus = local_nimbus
-        self.authorizer = authorizer_from_conf(conf)
+        self.security = security if security is not None else \
+            ClusterSecurity.for_daemon(conf)
+        self.authorizer = self.security.authorizer
         self.own_identity = own_identity  # the UI's certificate, for the leader's refusals
         self.static = _static_files()
         self._openapi = json.dumps(openapi_document(), separators=(",", ":"))
@@ -141,7 +146,7 @@ class UIApp:
             return handler(request, **args)
         except ApiError as exc:
             return error_response(exc.status, exc.error, exc.message)
-        except ViewUnavailableError as exc:
+        except ClusterUnavailableError as exc:
             return error_response(503, "Service Unavailable", str(exc))
         except (KazooException, LayoutMissingError) as exc:
             return error_response(503, "Service Unavailable",
@@ -172,25 +177,25 @@ class UIApp:
 
     # -- Storm UI's GETs ----------------------------------------------------------------
     def on_cluster_summary(self, request: Request) -> Response:
-        return json_response(storm_json.cluster_summary(self.view.snapshot()))
+        return json_response(storm_json.cluster_summary(self.reader.snapshot()))
 
     def on_cluster_configuration(self, request: Request) -> Response:
         return json_response(self.conf.redacted())
 
     def on_nimbus_summary(self, request: Request) -> Response:
-        return json_response(storm_json.nimbus_summary(self.view.snapshot(), self.conf,
+        return json_response(storm_json.nimbus_summary(self.reader.snapshot(), self.conf,
                                                        local=self.local_nimbus))
 
     def on_supervisor_summary(self, request: Request) -> Response:
-        return json_response(storm_json.supervisor_summary(self.view.snapshot()))
+        return json_response(storm_json.supervisor_summary(self.reader.snapshot()))
 
     def on_topology_summary(self, request: Request) -> Response:
-        return json_response(storm_json.topology_summary(self.view.snapshot()))
+        return json_response(storm_json.topology_summary(self.reader.snapshot()))
 
     def on_topology(self, request: Request, topology_id: str) -> Response:
         info, _base = self._page_info(request, topology_id)
         return json_response(storm_json.topology_detail(
-            self.view.snapshot(), info, self.view.fetch_topology_conf(topology_id),
+            self.reader.snapshot(), info, self.reader.fetch_topology_conf(topology_id),
             int(self.conf["topology.message.timeout.secs"])))
 
     # -- the topology page (nimbus/ui/topology_page.py) ----------------------------------
@@ -206,11 +211,13 @@ class UIApp:
         size = _whole(request.args.get("bytes", str(worker_logs.TAIL_BYTES)), "bytes", 1,
                       worker_logs.MAX_TAIL_BYTES)
         info, _base = self._page_info(request, topology_id)
-        snap = self.view.snapshot()
+        snap = self.reader.snapshot()
         needle = request.args.get("search")
         if needle is not None:
-            return json_response(worker_logs.search(snap, info, worker, needle))
-        return json_response(worker_logs.tail(snap, info, worker, size))
+            return json_response(worker_logs.search(snap, info, worker, needle,
+                                                    self.security.client_context))
+        return json_response(worker_logs.tail(snap, info, worker, size,
+                                              self.security.client_context))
 
     def on_component(self, request: Request, topology_id: str, component: str) -> Response:
         if not is_component_id(component):
@@ -230,32 +237,32 @@ class UIApp:
         """The topology's runtime_view.topology_info (read now, with its components'
         checkpoint locations, worker text masked) and StormBase, once the caller passed
         the read rule of /api/v1/topology/:id; 404 for an unknown id."""
-        self.view.snapshot()  # 503 while the UI cannot read the cluster
+        self.reader.snapshot()  # 503 while the UI cannot read the cluster
         self._check_id(topology_id)
         try:
-            base = self.view.storm_base(topology_id)
+            base = self.reader.storm_base(topology_id)
         except RecordError as exc:
             raise ApiError(503, "Service Unavailable", f"cannot read this topology: "
                                                        f"{exc}") from None
         if base is None:
             raise not_found(topology_id)
         self._check_read(request, topology_id, base)
-        info = self.view.topology_info(
+        info = self.reader.topology_info(
             topology_id, timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
         if info is None:
             raise not_found(topology_id)
-        set_checkpoints(info, self.view.fetch_topology_conf(topology_id))
+        set_checkpoints(info, self.reader.fetch_topology_conf(topology_id))
         return topology_page.mask_info(info), base
 
     def on_dashboard(self, request: Request) -> Response:
-        self.view.demand()
-        snap = self.view.snapshot()
+        self.reader.demand()
+        snap = self.reader.snapshot()
         now = int(time.time())
-        key = (snap.version, self.view.live_version, now)
+        key = (snap.version, self.reader.live_version, now)
         data = self._dashboard_data
         if data is None or data[0] != key:
             data = self._dashboard_data = (
-                key, dashboard_data(self.view, snap, self.conf, now, self.local_nimbus),
+                key, dashboard_data(self.reader, snap, self.conf, now, self.local_nimbus),
                 snap.storms)
         who = self._identity(request)
         cached = self._dashboard_cache.get(who)
@@ -289,7 +296,7 @@ class UIApp:
 
     def _rights(self, who: str | None, topology_id: str,
                 base: StormBase | None) -> tuple[bool, bool]:
-        """(may read, may change) the topology, from what the view holds (the dashboard
+        """(may read, may change) the topology, from what the reader holds (the dashboard
         must not wait for a nimbus; a configuration not fetched yet counts as empty)."""
         if self.authorizer is None:
             return True, True
@@ -297,14 +304,14 @@ class UIApp:
             return False, False
         if self.authorizer.permit(who, base.owner, ()):
             return True, True
-        conf = self.view.topology_conf(topology_id) or {}
+        conf = self.reader.topology_conf(topology_id) or {}
         users = topology_users(conf)
         may_change = self.authorizer.permit(who, base.owner, users)
         return may_change or self.authorizer.permit_read(
             who, base.owner, users, topology_users(conf, READONLY_USERS_KEY)), may_change
 
     def _acl_conf(self, topology_id: str, name: str) -> dict[str, Any]:
-        conf = self.view.try_fetch_topology_conf(topology_id)
+        conf = self.reader.try_fetch_topology_conf(topology_id)
         if conf is None:
             raise ApiError(503, "Service Unavailable",
                            f"cannot check who may use {name}: no nimbus answered "
@@ -356,13 +363,13 @@ class UIApp:
                                f"{wait_time[:40]!r}")
             wait_secs = int(wait_time)
         num_workers = self._num_workers(request, body) if action == "rebalance" else None
-        base = self.view.storm_base(topology_id)
+        base = self.reader.storm_base(topology_id)
         if base is None:
             raise not_found(topology_id)
         self._check_change(request, action, topology_id, base)
         run_action(self.client, action, base.storm_name, base.status, wait_secs, num_workers,
                    self.own_identity)
-        self.view.refresh_now()
+        self.reader.refresh_now()
         return json_response(storm_json.operation(action, topology_id))
 
     # -- input checks -------------------------------------------------------------------

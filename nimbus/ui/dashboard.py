@@ -10,11 +10,12 @@ from typing import Any
 
 from nimbus.config import Config
 from nimbus.redaction import mask
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.records import KILLED
 from nimbus.state.worker_state import count_states
 from nimbus.ui import storm_json
 from nimbus.ui.local_nimbus import LocalNimbus
-from nimbus.ui.view import ClusterView, Snapshot
+from nimbus.ui.reader import UIReader
 
 TIMELINE_SHOWN = 50
 # A topology's own numbers (Storm's getTopologyPageInfo): shown only to who may read it.
@@ -32,7 +33,7 @@ def restrict_topology(entry: dict[str, Any], may_read: bool,
     return out
 
 
-def code_completeness(snap: Snapshot) -> dict[str, tuple[int, int]]:
+def code_completeness(snap: ClusterSnapshot) -> dict[str, tuple[int, int]]:
     """nimbus host:port -> (live topologies whose code it holds, live topologies).
 
     "Holds" means it registered a complete replica under /code-distributor/<id>
@@ -42,12 +43,12 @@ def code_completeness(snap: Snapshot) -> dict[str, tuple[int, int]]:
     out = {}
     for info in snap.nimbuses:
         address = f"{info.host}:{info.port}"
-        held = sum(1 for t in live if address in snap.replicas.get(t, []))
+        held = sum(1 for t in live if address in snap.replica_hosts.get(t, []))
         out[address] = (held, len(live))
     return out
 
 
-def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config, now: float,
+def dashboard_data(reader: UIReader, snap: ClusterSnapshot, conf: Config, now: float,
                    local: LocalNimbus | None = None) -> dict[str, Any]:
     """The dashboard's JSON (see nimbus/ui/static/dashboard.js for its use); ``local``:
     the nimbus this UI runs inside, if any (its duty-cycle age while it leads)."""
@@ -60,7 +61,7 @@ def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config, now: float,
     topologies = []
     for entry in storm_json.topology_summary(snap, now)["topologies"]:
         topology_id = entry["id"]
-        live = view.live(topology_id)
+        live = reader.live(topology_id)
         newest = live.newest_error
         if newest is not None and "error" in newest:  # worker text: mask known secrets
             newest = {**newest, "error": mask(str(newest["error"]))}
@@ -73,11 +74,11 @@ def dashboard_data(view: ClusterView, snap: Snapshot, conf: Config, now: float,
             "workersAlive": live.alive_workers,
             "workerStates": dict(live.worker_states) or count_states([]),
             "replicationCount": entry["replicationCount"],
-            "replicationMin": view.min_replication(topology_id),
+            "replicationMin": reader.min_replication(topology_id),
             "recordsPerSecond": live.records_per_second, "history": list(live.history),
             "restarts": live.restarts, "newestError": newest,
             "errorCount": live.error_count})
-    events = view.timeline.events()[-TIMELINE_SHOWN:]
+    events = reader.timeline.events()[-TIMELINE_SHOWN:]
     return {"generatedAt": now, "leader": snap.leader,
             "cluster": storm_json.cluster_summary(snap),
             "nimbuses": nimbuses,

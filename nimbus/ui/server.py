@@ -1,8 +1,12 @@
 """Serving the UI: cheroot (CherryPy's production WSGI server) in a named thread.
 
-:class:`UIServer` owns everything the UI runs: its ZooKeeper client, the
-:class:`ClusterView` threads, the leader client and the HTTP server; ``stop`` ends and
-joins them all. It binds only ``ui.host`` (default 127.0.0.1).
+:class:`UIServer` owns everything the UI runs: its ZooKeeper client, the threads of its
+reader (:mod:`nimbus.ui.reader`), the leader client and the HTTP server; ``stop`` ends
+and joins them all. It binds only ``ui.host`` (default 127.0.0.1). Which reader depends
+on where it runs: inside a nimbus it shows that nimbus's summary
+(:mod:`nimbus.ui.summary_reader`); a UI process of its own reads ZooKeeper
+(:mod:`nimbus.ui.zk_reader`) or, with ``ui.source: thrift``, asks a nimbus
+(:mod:`nimbus.ui.thrift_reader`).
 
 With ``storm.thrift.transport: tls`` it serves HTTPS and requires client certificates
 of the cluster's CA (nimbus/ui/https.py); plain HTTP then needs ``ui.insecure.allow``.
@@ -22,16 +26,19 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config, ConfigError
-from nimbus.thrift.authorizer import authorizer_from_conf
+from nimbus.daemon_base import StopOnce
 from nimbus.thrift.client import NimbusClient, connect
 from nimbus.thrift.tls import tls_enabled
 from nimbus.ui.app import MAX_BODY_BYTES, UIApp
 from nimbus.ui.hosts import ANY, KEY, WILDCARD_BINDS, HostCheck, accepted_hosts, allowed_entries
 from nimbus.ui.https import ClientCertAdapter, own_identity, server_context, ui_transport
 from nimbus.ui.local_nimbus import LocalNimbus
-from nimbus.ui.thrift_view import ThriftClusterView
-from nimbus.ui.view import ClusterView
+from nimbus.ui.reader import UIReader
+from nimbus.ui.summary_reader import NimbusSummary, SummaryReader
+from nimbus.ui.thrift_reader import ThriftReader
+from nimbus.ui.zk_reader import ZooKeeperReader
 from nimbus.web.gate import GatedServer, HeadLimits
 
 log = logging.getLogger(__name__)
@@ -74,20 +81,21 @@ def head_limits(conf: Config) -> HeadLimits:
     return HeadLimits(line_bytes=line, head_bytes=head, timeout_s=float(timeout))
 
 
-def ui_client(conf: Config) -> NimbusClient:
+def ui_client(conf: Config, security: ClusterSecurity) -> NimbusClient:
     """The leader client of the UI's actions: it retries across a failover for about
     two session timeouts, then the request gets 503."""
-    return NimbusClient(conf, deadline_s=max(15.0, 2 * conf.session_timeout_s))
+    return NimbusClient(conf, deadline_s=max(15.0, 2 * conf.session_timeout_s),
+                        security=security)
 
 
-def topology_conf_fetcher(conf: Config) -> Any:
+def topology_conf_fetcher(conf: Config, security: ClusterSecurity) -> Any:
     """A function id -> getTopologyConf JSON, asking each seed in turn (a follower may
     not hold the code yet; any nimbus that does answers the same)."""
     def fetch(topology_id: str) -> str:
         errors = []
         for seed in conf.seeds:
             try:
-                with connect(seed, CONF_FETCH_TIMEOUT_S) as client:
+                with connect(seed, CONF_FETCH_TIMEOUT_S, security) as client:
                     return client.getTopologyConf(topology_id)
             except Exception as exc:  # down, no code yet, not alive: try the next one
                 errors.append(f"{seed}: {getattr(exc, 'msg', None) or exc!r}")
@@ -95,14 +103,14 @@ def topology_conf_fetcher(conf: Config) -> Any:
     return fetch
 
 
-def replica_count_fetcher(conf: Config) -> Any:
+def replica_count_fetcher(conf: Config, security: ClusterSecurity) -> Any:
     """A function returning {topology id: replication count} as a nimbus reports it in
     getClusterInfo (any seed answers from its cache)."""
     def fetch() -> dict[str, int]:
         errors = []
         for seed in conf.seeds:
             try:
-                with connect(seed, CONF_FETCH_TIMEOUT_S) as client:
+                with connect(seed, CONF_FETCH_TIMEOUT_S, security) as client:
                     return {t.id: int(t.replication_count or 0)
                             for t in client.getClusterInfo().topologies}
             except Exception as exc:  # down or starting: try the next one
@@ -113,21 +121,35 @@ def replica_count_fetcher(conf: Config) -> Any:
 
 class UIServer:
     """The REST API and dashboard on ``ui.host``:``ui.port`` (``port`` overrides; 0 picks
-    a free one, see :attr:`port` after :meth:`start`). ``local_nimbus``: the nimbus this
-    UI runs inside (``nimbus.ui.enabled``), which the UI then shows its duty cycle of."""
+    a free one, see :attr:`port` after :meth:`start`). ``zk``: a ZooKeeper client to read
+    with (else the UI makes its own). Inside a nimbus (``nimbus.ui.enabled``):
+    ``local_nimbus``, that nimbus, which the UI then shows the duty cycle of, and
+    ``summary``, that nimbus's cluster summary, which the UI then shows instead of
+    reading the cluster again (with ``zk``, the nimbus's session, for what the summary
+    does not hold: heartbeats, errors, one topology's page). ``security``: that
+    nimbus's (its authorizer and client certificate); a UI process of its own makes its
+    own at :meth:`start` (:meth:`ClusterSecurity.for_daemon`)."""
 
     def __init__(self, conf: Config, zk: KazooClient | None = None, port: int | None = None,
-                 host: str | None = None, local_nimbus: LocalNimbus | None = None):
+                 host: str | None = None, local_nimbus: LocalNimbus | None = None,
+                 summary: NimbusSummary | None = None,
+                 security: ClusterSecurity | None = None):
+        if summary is not None and zk is None:
+            raise ValueError("a UI showing a nimbus's summary reads with that nimbus's "
+                             "ZooKeeper client: give zk too")
         self.conf = conf
         self.local_nimbus = local_nimbus
+        self.summary = summary
+        self.security = security
         self.host = host if host is not None else str(conf["ui.host"])
         self._port = int(conf["ui.port"]) if port is None else port
         self._own_zk = zk is None
         self.zk = zk
-        self.view: ClusterView | None = None
+        self.reader: UIReader | None = None
         self._http: GatedServer | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._stop_once = StopOnce(self._stopped)
         self.scheme = "http"
 
     @property
@@ -141,29 +163,23 @@ class UIServer:
         return f"{self.scheme}://{self.host}:{self.port}"
 
     def start(self, wait_ready_s: float = 15.0) -> UIServer:
-        """Check the security settings (ConfigError before anything starts), connect to
-        ZooKeeper, read the cluster once, then listen."""
+        """Check the security settings (ConfigError before anything starts), start the
+        reader and let it read the cluster once (a UI of its own), then listen."""
         limits = head_limits(self.conf)
         hosts = allowed_entries(self.conf, self.host)
         self.scheme = ui_transport(self.conf)
         context = server_context(self.conf) if self.scheme == "https" else None
-        authorizer = authorizer_from_conf(self.conf)
+        if self.security is None:  # a UI process of its own
+            self.security = ClusterSecurity.for_daemon(self.conf)
+        security = self.security
+        authorizer = security.authorizer
         me = own_identity(self.conf)
         self._warn_about(authorizer, me, hosts)
-        source = ui_source(self.conf)
-        if source == "thrift" and self._own_zk:
-            self.view = ThriftClusterView(self.conf, topology_conf_fetcher(self.conf))
-        else:  # inside a nimbus (nimbus.ui.enabled) the UI reads that nimbus's ZooKeeper
-            if self.zk is None:
-                from nimbus.state.zk_client import make_zk_client
-
-                self.zk = make_zk_client(self.conf)
-            self.view = ClusterView(self.conf, self.zk, topology_conf_fetcher(self.conf),
-                                    replica_count_fetcher(self.conf))
-        self.view.start()
-        self.view.wait_ready(wait_ready_s)
-        app = UIApp(self.conf, self.view, ui_client(self.conf), own_identity=me,
-                    local_nimbus=self.local_nimbus)
+        self.reader = self._reader(ui_source(self.conf), security)
+        self.reader.start()
+        self.reader.wait_ready(wait_ready_s)
+        app = UIApp(self.conf, self.reader, ui_client(self.conf, security), own_identity=me,
+                    local_nimbus=self.local_nimbus, security=security)
         self._http = GatedServer(
             (self.host, self._port), app, name="ui-http", threads=HTTP_THREADS,
             limits=limits, server_name="nimbus-ha-ui",
@@ -180,6 +196,21 @@ class UIServer:
         self._thread.start()
         log.info("UI serving on %s", self.url)
         return self
+
+    def _reader(self, source: str, security: ClusterSecurity) -> UIReader:
+        """The reader of this UI (module docstring); ``source``: ``ui.source``."""
+        fetch_conf = topology_conf_fetcher(self.conf, security)
+        if self.summary is not None and self.zk is not None:  # inside a nimbus
+            return SummaryReader(self.conf, self.zk, self.summary, fetch_conf)
+        if source == "thrift" and self._own_zk:
+            return ThriftReader(self.conf, fetch_conf,
+                                NimbusClient(self.conf, deadline_s=0, security=security))
+        if self.zk is None:
+            from nimbus.state.zk_client import make_zk_client
+
+            self.zk = make_zk_client(self.conf)
+        return ZooKeeperReader(self.conf, self.zk, fetch_conf,
+                               replica_count_fetcher(self.conf, security))
 
     def _warn_about(self, authorizer: object, me: str | None,
                     hosts: list[tuple[str, int | None]] | None) -> None:
@@ -205,19 +236,23 @@ class UIServer:
                         "nor is in the topology.users of (docs/security.md)", me, me)
 
     def stop(self) -> None:
-        """Stop serving, stop the view's threads and join every thread started here."""
-        if self._stopped.is_set():
+        """Stop serving, stop the reader's threads and join every thread started here."""
+        if not self._stop_once.begin():
             return
-        self._stopped.set()
         if self._http is not None:
             self._http.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self.view is not None:
-            self.view.stop()
+        if self.reader is not None:
+            self.reader.stop()
         if self._own_zk and self.zk is not None:
             self.zk.stop()
             self.zk.close()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once :meth:`stop` has begun (what a foreground run waits for)."""
+        return self._stopped
 
     def wait(self) -> None:
         """Block until :meth:`stop` (from a signal handler)."""

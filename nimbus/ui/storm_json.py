@@ -1,5 +1,5 @@
 """Storm UI's REST shapes (field names of storm-webapp's UIHelpers and the Storm UI REST
-API document), built from a :class:`nimbus.ui.view.Snapshot`.
+API document), built from a :class:`nimbus.state.cluster_snapshot.ClusterSnapshot`.
 
 nimbus-ha has no resource-aware scheduler, tuple acking or latencies: those fields are
 present (so existing scripts find them) with zero values, and
@@ -14,31 +14,21 @@ from typing import Any
 
 from nimbus import __version__
 from nimbus.config import Config
-from nimbus.master import runtime_view
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.ui.local_nimbus import LocalNimbus
 from nimbus.ui.pretty import pretty_uptime
-from nimbus.ui.view import Snapshot
 from nimbus.ui.worker_logs import worker_log_link
 
 LEADER, NOT_LEADER, OFFLINE = "Leader", "Not a Leader", "Offline"
 ALL_TIME = ":all-time"
 
 
-def _placed(snap: Snapshot, topology_id: str) -> int:
-    assignment = snap.assignments.get(topology_id)
-    return len(assignment.executor_node_port) if assignment is not None else 0
-
-
-def _used_slots(snap: Snapshot) -> dict[str, list[int]]:
-    return runtime_view.used_ports_by_supervisor(snap.assignments)
-
-
-def cluster_summary(snap: Snapshot) -> dict[str, Any]:
+def cluster_summary(snap: ClusterSnapshot) -> dict[str, Any]:
     """GET /api/v1/cluster/summary."""
-    used = _used_slots(snap)
+    used = snap.used_ports()
     total = sum(len(info.meta) for info in snap.supervisors.values())
     used_n = sum(len(used.get(sid, [])) for sid in snap.supervisors)
-    executors = sum(_placed(snap, t) for t in snap.storms)
+    executors = sum(snap.placed_workers(t) for t in snap.storms)
     return {"stormVersion": __version__, "supervisors": len(snap.supervisors),
             "topologies": len(snap.storms), "slotsTotal": total, "slotsUsed": used_n,
             "slotsFree": max(0, total - used_n), "executorsTotal": executors,
@@ -47,11 +37,11 @@ def cluster_summary(snap: Snapshot) -> dict[str, Any]:
             "memAssignedPercentUtil": 0.0, "cpuAssignedPercentUtil": 0.0}
 
 
-def nimbus_status(snap: Snapshot, address: str) -> str:
+def nimbus_status(snap: ClusterSnapshot, address: str) -> str:
     return LEADER if address == snap.leader else NOT_LEADER
 
 
-def nimbus_summary(snap: Snapshot, conf: Config, now: float | None = None,
+def nimbus_summary(snap: ClusterSnapshot, conf: Config, now: float | None = None,
                    local: LocalNimbus | None = None) -> dict[str, Any]:
     """GET /api/v1/nimbus/summary: registered nimbuses, then seeds not registered
     (``Offline``: down, or not yet up). nimbus-ha adds ``dutyCycleAgeSecs`` to the
@@ -80,9 +70,9 @@ def nimbus_summary(snap: Snapshot, conf: Config, now: float | None = None,
     return {"nimbuses": out}
 
 
-def supervisor_summary(snap: Snapshot) -> dict[str, Any]:
+def supervisor_summary(snap: ClusterSnapshot) -> dict[str, Any]:
     """GET /api/v1/supervisor/summary (used slots from the leader's assignments)."""
-    used = _used_slots(snap)
+    used = snap.used_ports()
     return {"supervisors": [
         {"id": sid, "host": info.hostname, "uptime": pretty_uptime(info.uptime_secs),
          "uptimeSeconds": info.uptime_secs, "slotsTotal": len(info.meta),
@@ -95,21 +85,21 @@ def supervisor_summary(snap: Snapshot) -> dict[str, Any]:
         "schedulerDisplayResource": False}
 
 
-def topology_entry(snap: Snapshot, topology_id: str, now: float) -> dict[str, Any]:
+def topology_entry(snap: ClusterSnapshot, topology_id: str, now: float) -> dict[str, Any]:
     base = snap.storms[topology_id]
     up = max(0, int(now - base.launch_time_secs))
-    placed = _placed(snap, topology_id)
+    placed = snap.placed_workers(topology_id)
     return {"id": topology_id, "name": base.storm_name, "status": base.status,
             "uptime": pretty_uptime(up), "uptimeSeconds": up, "tasksTotal": placed,
             "workersTotal": placed, "executorsTotal": placed,
-            "replicationCount": max(len(snap.replicas.get(topology_id, [])),
-                                    snap.reported_replicas.get(topology_id, 0)),
+            "replicationCount": max(len(snap.replica_hosts.get(topology_id, [])),
+                                    snap.replication.get(topology_id, 0)),
             "requestedMemOnHeap": 0.0, "requestedMemOffHeap": 0.0,
             "requestedTotalMem": 0.0, "requestedCpu": 0.0, "assignedMemOnHeap": 0.0,
             "assignedMemOffHeap": 0.0, "assignedTotalMem": 0.0, "assignedCpu": 0.0}
 
 
-def topology_summary(snap: Snapshot, now: float | None = None) -> dict[str, Any]:
+def topology_summary(snap: ClusterSnapshot, now: float | None = None) -> dict[str, Any]:
     """GET /api/v1/topology/summary, sorted by name then id."""
     now = time.time() if now is None else now
     ids = sorted(snap.storms, key=lambda t: (snap.storms[t].storm_name, t))
@@ -128,7 +118,7 @@ def _component_error(errors: list[dict[str, Any]], now: float) -> dict[str, Any]
             "errorWorkerLogLink": ""}
 
 
-def topology_detail(snap: Snapshot, info: dict[str, Any], topology_conf: dict[str, Any],
+def topology_detail(snap: ClusterSnapshot, info: dict[str, Any], topology_conf: dict[str, Any],
                     default_msg_timeout: int, now: float | None = None) -> dict[str, Any]:
     """GET /api/v1/topology/:id from runtime_view.topology_info's ``info``.
 

@@ -45,7 +45,8 @@ def placement(assignment: Any) -> dict[str, tuple[str, int]]:
 
 
 def diff(timeline: Timeline, old: Any, new: Any) -> None:
-    """Record what changed from snapshot ``old`` to ``new`` (both :class:`Snapshot`).
+    """Record what changed from snapshot ``old`` to ``new`` (both
+    :class:`~nimbus.state.cluster_snapshot.ClusterSnapshot`).
 
     The first snapshot (``old`` None) records only who leads, so the timeline does not
     open with one "assigned" event per topology.
@@ -68,7 +69,8 @@ def diff(timeline: Timeline, old: Any, new: Any) -> None:
             timeline.add(STATUS, f"{name}: {before.status} -> {after.status}", topology_id)
         _diff_assignment(timeline, topology_id, name, old.assignments.get(topology_id),
                          new.assignments.get(topology_id))
-        _diff_replicas(timeline, topology_id, name, old.replicas, new.replicas)
+        _diff_replicas(timeline, topology_id, name, old.replica_hosts,
+                       new.replica_hosts)
 
 
 def _diff_assignment(timeline: Timeline, topology_id: str, name: str,

@@ -1,6 +1,6 @@
 """The topology page's data: what ``GET /api/v1/topology/:id/page`` and Storm UI's
 ``GET /api/v1/topology/:id/component/:component`` answer, built from
-:func:`nimbus.master.runtime_view.topology_info`'s dict (read from ZooKeeper by this UI, or
+:func:`nimbus.state.runtime_view.topology_info`'s dict (read from ZooKeeper by this UI, or
 from a nimbus: nothing here reads anything).
 
 ``/page`` is nimbus-ha's extension, one request per refresh of the page

@@ -1,6 +1,7 @@
 """The topology page's Logs panel: the tail of one worker's log, or the matches of a
 search in it, read from the logviewer of the supervisor that runs the worker
-(nimbus/web/logviewer_client.py, docs/logs.md) with the UI's own client certificate.
+(nimbus/web/logviewer_client.py, docs/logs.md) with the UI's own client certificate (the
+client context of its process's security, which the UI passes as ``context``).
 
 The caller has passed the topology's read rule before (nimbus/ui/app.py); the logviewer
 applies it again to the UI's identity, so with ``nimbus.authorizer`` the UI's certificate
@@ -10,14 +11,14 @@ other worker text the UI shows (secrets of the UI's own configuration).
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 from urllib.parse import quote
 
-from nimbus.cluster_tls import current_client_context
 from nimbus.redaction import mask
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.worker_logs import LOG_FILE
 from nimbus.ui.actions import ApiError
-from nimbus.ui.view import Snapshot
 from nimbus.web.logviewer_client import LogviewerClient, LogviewerError
 
 #: The tail's default and largest size, in bytes.
@@ -29,7 +30,7 @@ SEARCH_MATCHES = 50
 MAX_NEEDLE_CHARS = 200
 
 
-def worker_log_link(snap: Snapshot, supervisor_id: str, topology_id: str,
+def worker_log_link(snap: ClusterSnapshot, supervisor_id: str, topology_id: str,
                     port: int) -> str:
     """Storm UI's ``workerLogLink``: the worker's log on its supervisor's logviewer
     (``/api/v1/log?file=<topology-id>/<port>/worker.log``), "" when it serves none."""
@@ -42,8 +43,8 @@ def worker_log_link(snap: Snapshot, supervisor_id: str, topology_id: str,
             f"/api/v1/log?file={path}")
 
 
-def _slot(snap: Snapshot, info: dict[str, Any], worker: int
-          ) -> tuple[LogviewerClient, str, dict[str, Any]]:
+def _slot(snap: ClusterSnapshot, info: dict[str, Any], worker: int,
+          context: ssl.SSLContext | None) -> tuple[LogviewerClient, str, dict[str, Any]]:
     """The logviewer that holds worker ``worker``'s log now, the log's path there, and
     the worker (from ``info``, runtime_view.topology_info)."""
     found = next((w for w in info["workers"] if w["index"] == worker), None)
@@ -59,7 +60,7 @@ def _slot(snap: Snapshot, info: dict[str, Any], worker: int
     try:
         client = LogviewerClient(supervisor.hostname, int(supervisor.logviewer_port),
                                  bool(supervisor.logviewer_https),
-                                 context=current_client_context())
+                                 context=context)
     except LogviewerError as exc:
         raise ApiError(503, "Service Unavailable", exc.message) from None
     return client, f"{info['id']}/{found['port']}/{LOG_FILE}", found
@@ -71,12 +72,12 @@ def _refused(exc: LogviewerError) -> ApiError:
                     ("Forbidden" if status == 403 else "Not Found"), exc.message)
 
 
-def tail(snap: Snapshot, info: dict[str, Any], worker: int,
-         size: int = TAIL_BYTES) -> dict[str, Any]:
+def tail(snap: ClusterSnapshot, info: dict[str, Any], worker: int,
+         size: int = TAIL_BYTES, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """The last ``size`` bytes of the worker's current log, as whole lines:
     ``{"worker", "host", "port", "file", "logviewer", "size", "start", "lines"}``
     (``lines`` empty while the worker has written nothing)."""
-    client, path, found = _slot(snap, info, worker)
+    client, path, found = _slot(snap, info, worker, context)
     size = max(1, min(size, MAX_TAIL_BYTES))
     try:
         files = client.list_files(info["id"], int(found["port"]))
@@ -100,15 +101,15 @@ def tail(snap: Snapshot, info: dict[str, Any], worker: int,
             "lines": [mask(line) for line in lines]}
 
 
-def search(snap: Snapshot, info: dict[str, Any], worker: int, needle: str
-           ) -> dict[str, Any]:
+def search(snap: ClusterSnapshot, info: dict[str, Any], worker: int, needle: str,
+           context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """The first :data:`SEARCH_MATCHES` matches of ``needle`` in the worker's current
     log: ``{"worker", "file", "logviewer", "search", "matches": [{"byteOffset",
     "beforeString", "matchString", "afterString"}]}``."""
     if not needle or len(needle) > MAX_NEEDLE_CHARS:
         raise ApiError(400, "Bad Request", f"search must be 1 to {MAX_NEEDLE_CHARS} "
                                            "characters")
-    client, path, _found = _slot(snap, info, worker)
+    client, path, _found = _slot(snap, info, worker, context)
     try:
         answer = client.search(path, needle, SEARCH_MATCHES)
     except LogviewerError as exc:

@@ -3,8 +3,9 @@
 
 Plain HTTP, or HTTPS with this process's client certificate when the logviewer says it
 serves HTTPS (``SupervisorInfo.logviewer_https``). The context is the one every client
-of the cluster uses (:func:`nimbus.cluster_tls.current_client_context`): it trusts the
-cluster's CA only, and a server only if its certificate is marked for servers.
+of the process uses, which its caller passes (``ClusterSecurity.client_context``,
+nimbus/cluster_security.py): it trusts the cluster's CA only, and a server only if its
+certificate is marked for servers.
 
 A logviewer's refusal (a JSON ``{"error", "errorMessage"}`` with a 4xx status) and a
 logviewer that cannot be reached are both :class:`LogviewerError`, saying which.

@@ -8,9 +8,10 @@ session's start from about 5 s to 2-3 s, and the JVM's CPU time to about half, w
 what a host restarting several pipelines at once is short of.
 
 A supervisor builds one archive for its Spark and its JDK (``supervisor.spark.class.
-archive``; :class:`nimbus.supervisor.class_archive.ClassArchive` runs this module as a
-program, ``python -m nimbus.worker.class_archive <file>``) and names it in every
-worker's ``worker.json``; :func:`java_options` adds it to the driver's JVM options. The
+archive``; :class:`nimbus.supervisor.class_archive.ClassArchive` chooses the file, named
+for this host's Spark and JDK, and runs this module as a program, ``python -m
+nimbus.worker.class_archive <file>``) and names it in every worker's ``worker.json``;
+:func:`java_options` adds it to the driver's JVM options. The
 JVM checks the archive against its own build and class path, and one that does not fit
 (another JDK, another Spark, a damaged file) is ignored with a warning in the worker's
 log: the session starts as it would have without it. The file is the supervisor's:
@@ -20,51 +21,13 @@ it).
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-#: The archive of this host's Spark and JDK is ``<dir>/<ARCHIVE_PREFIX><key>.jsa``.
-ARCHIVE_PREFIX = "spark-classes-"
-SUFFIX = ".jsa"
 LOOPBACK = "127.0.0.1"
-
-
-def archive_key() -> str | None:
-    """What the archive depends on, hashed: the pyspark release, the Spark jars it ships
-    and the ``java`` that runs them; a change to any of them makes a new file. None when
-    pyspark is not installed. Cheap: imports nothing of pyspark (a supervisor calls it)."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or spec.origin is None:
-        return None
-    package = Path(spec.origin).parent
-    parts = [str(package)]
-    with contextlib.suppress(OSError):
-        parts.append((package / "version.py").read_text(encoding="utf-8"))
-    jars = package / "jars"
-    if jars.is_dir():
-        parts += sorted(f"{p.name}:{p.stat().st_size}" for p in jars.iterdir())
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if java is not None and Path(java).exists():
-        real = Path(java).resolve()
-        parts += [str(real), str(real.stat().st_mtime_ns)]
-        for libjvm in real.parent.parent.glob("lib/server/libjvm.so"):
-            parts.append(f"{libjvm.stat().st_size}:{libjvm.stat().st_mtime_ns}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def archive_path(directory: Path) -> Path | None:
-    """Where the archive of this host's Spark and JDK goes in ``directory`` (None:
-    pyspark is not installed)."""
-    key = archive_key()
-    return None if key is None else directory / f"{ARCHIVE_PREFIX}{key}{SUFFIX}"
 
 
 def java_options(archive: str, configured: str | None) -> str | None:

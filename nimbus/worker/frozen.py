@@ -11,7 +11,9 @@ an end, ``supervisor.worker.orphan.timeout.secs`` after it:
   until when it may stay frozen, on ``CLOCK_BOOTTIME`` (seconds since this host booted:
   one clock for every process of the host, which nobody sets). The worker removes the
   mark when it is thawed, and so does the supervisor that thaws it
-  (:func:`nimbus.supervisor.cgroups.thaw`);
+  (:func:`nimbus.supervisor.cgroups.thaw`). The mark, and how a frozen cgroup is ended,
+  are what the worker and every supervisor of the host share
+  (:mod:`nimbus.worker_protocol.frozen_cgroup`); this module is the worker's side;
 * **the reaper**: a frozen process cannot run its own timer, so the worker starts a small
   process (``python -m nimbus.worker.frozen <cgroup> <token>``) just before it freezes,
   detached from it (not its child, in no group of its) and moved into a cgroup beside its
@@ -36,9 +38,7 @@ session timeout that the lease leaves before the leader may move the work.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -46,75 +46,22 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+from nimbus.worker_protocol.frozen_cgroup import (
+    MARK_XATTR,
+    REAPERS_CGROUP,
+    Mark,
+    clock,
+    end_cgroup,
+    is_frozen,
+    read_mark,
+)
 
 log = logging.getLogger(__name__)
 
-ORPHAN_TIMEOUT_KEY = "supervisor.worker.orphan.timeout.secs"
-DEFAULT_ORPHAN_TIMEOUT_S = 300.0   # nimbus/defaults.yaml's
-MARK_XATTR = "user.nimbus_ha.frozen"
-#: The leaf cgroup, beside the workers' own, that holds their reapers.
-REAPERS_CGROUP = "frozen-reapers"
 #: How often a reaper looks whether the worker was thawed meanwhile.
 POLL_S = 1.0
-#: How long a reaper waits for the cgroup it ended to empty before it removes it.
-EMPTY_WAIT_S = 5.0
-
-
-def clock() -> float:
-    """Seconds since this host booted (``CLOCK_BOOTTIME``): what marks are written in."""
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-@dataclass(frozen=True)
-class Mark:
-    """One freeze of a worker's cgroup: its token, when it began and its deadline
-    (:func:`clock` seconds)."""
-
-    token: str
-    frozen_at: float
-    deadline: float
-
-    def encode(self) -> bytes:
-        return json.dumps({"token": self.token, "frozen_at": self.frozen_at,
-                           "deadline": self.deadline}, sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> Mark | None:
-        """The mark in ``data``; None for anything else (written by hand, damaged)."""
-        try:
-            obj = json.loads(data.decode("utf-8"))
-            token, frozen_at, deadline = obj["token"], obj["frozen_at"], obj["deadline"]
-        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
-            return None
-        numbers = all(isinstance(v, int | float) and not isinstance(v, bool)
-                      and math.isfinite(v) for v in (frozen_at, deadline))
-        if not isinstance(token, str) or not token or not numbers:
-            return None
-        return cls(token, float(frozen_at), float(deadline))
-
-
-def read_mark(cgroup: Path) -> Mark | None:
-    """The mark of the cgroup at ``cgroup``; None if it has none (or is gone)."""
-    try:
-        return Mark.decode(os.getxattr(cgroup, MARK_XATTR))
-    except OSError:
-        return None
-
-
-def clear_mark(cgroup: Path) -> None:
-    """Remove the cgroup's mark, if any: it was thawed."""
-    with contextlib.suppress(OSError):
-        os.removexattr(cgroup, MARK_XATTR)
-
-
-def is_frozen(cgroup: Path) -> bool:
-    """Whether ``cgroup`` is asked to be frozen (``cgroup.freeze`` reads 1)."""
-    try:
-        return (cgroup / "cgroup.freeze").read_bytes().strip() == b"1"
-    except OSError:
-        return False
 
 
 def arm(cgroup: Path, timeout_s: float, log_path: Path | None = None) -> Mark | None:
@@ -183,26 +130,6 @@ def reap(cgroup: Path, token: str, now: Callable[[], float] = clock,
             return "not frozen"
         end_cgroup(cgroup)
         return "ended"
-
-
-def end_cgroup(cgroup: Path, empty_wait_s: float = EMPTY_WAIT_S) -> bool:
-    """SIGKILL every process in ``cgroup`` (``cgroup.kill``) and remove it once empty;
-    False if it could not be killed."""
-    try:
-        (cgroup / "cgroup.kill").write_text("1")
-    except OSError as exc:
-        log.warning("cannot end cgroup %s: %s", cgroup, exc)
-        return False
-    deadline = time.monotonic() + empty_wait_s
-    while time.monotonic() < deadline:
-        try:
-            cgroup.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:  # EBUSY until the kernel has seen every process go
-            time.sleep(0.05)
-    return True   # killed; the directory is left to its supervisor's next clean-up
 
 
 def main(argv: list[str]) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nimbus.worker.exits import InvalidTopology
+from nimbus.worker_protocol.exits import InvalidTopology
 
 KEYS = ("command", "file", "every", "timeout", "grace")
 

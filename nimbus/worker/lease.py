@@ -45,6 +45,7 @@ from pathlib import Path
 
 from nimbus.worker import frozen, log_pump
 from nimbus.worker.log_pump import before_kill, current_log_file
+from nimbus.worker_protocol.frozen_cgroup import clear_mark
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def freeze_own_cgroup(end_after_s: float | None = None) -> bool:
     finally:
         os.close(fd)
         if mark is not None:  # thawed (or never frozen): its reaper leaves
-            frozen.clear_mark(Path(cgroup))
+            clear_mark(Path(cgroup))
     return True
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from nimbus.redaction import install_log_redaction
 from nimbus.state.worker_logs import LogSettings, log_root, port_dir
-from nimbus.worker.exits import EXIT_STARTUP
 from nimbus.worker.lease import ensure_group_leader
 from nimbus.worker.log_pump import start_pump
 from nimbus.worker.run import install_stop_handlers, run
-from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.warm import run_warm
+from nimbus.worker_protocol.exits import EXIT_STARTUP
+from nimbus.worker_protocol.spec import SpecError, WorkerSpec
 
 log = logging.getLogger("nimbus.worker")
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_warm(args.worker_dir)
     try:
         spec = WorkerSpec.load(args.worker_dir)
-        spec.heartbeat_secs  # noqa: B018 - validated now rather than mid-run
+        spec.check_settings()  # validated now rather than mid-run
     except SpecError as exc:
         log.error("%s", exc)
         return EXIT_STARTUP

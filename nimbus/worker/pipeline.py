@@ -20,18 +20,19 @@ from typing import TYPE_CHECKING, Any
 from nimbus.state.beat_progress import checked_url
 from nimbus.state.component_ids import InvalidComponentError, check_component_id
 from nimbus.topology_paths import checkpoint_location
-from nimbus.worker.exits import (
+from nimbus.worker.lease import Lease
+from nimbus.worker.progress import QueryProgress
+from nimbus.worker.stall import StallWatch
+from nimbus.worker.status import StatusWriter, format_error
+from nimbus.worker_protocol.component_share import assigned
+from nimbus.worker_protocol.exits import (
     EXIT_FAILED,
     EXIT_INVALID_TOPOLOGY,
     EXIT_OK,
     InvalidTopology,
     worker_component,
 )
-from nimbus.worker.lease import Lease
-from nimbus.worker.progress import QueryProgress
-from nimbus.worker.spec import WorkerSpec
-from nimbus.worker.stall import STALL_KEY, StallWatch
-from nimbus.worker.status import StatusWriter, format_error
+from nimbus.worker_protocol.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -103,14 +104,6 @@ def writers_of(result: Any) -> dict[str, DataStreamWriter]:
     raise InvalidTopology(f"build() returned {type(result).__name__}, not a DataStreamWriter "
                           "or a dict {component: DataStreamWriter}: return df.writeStream...")
 
-
-def assigned(names: list[str], worker_index: int, num_workers: int) -> list[str]:
-    """The components this worker runs: index in sorted order ``i mod N == worker_index``."""
-    return [name for i, name in enumerate(sorted(names)) if i % num_workers == worker_index]
-
-
-#: topology.stall.timeout.secs when a worker's conf lacks it (the cluster default).
-DEFAULT_STALL_S = 300.0
 
 
 class PipelineRunner:
@@ -233,7 +226,7 @@ class PipelineRunner:
         # Judged on the worker's running time: a freeze (nimbus/worker/lease.py) is no
         # stall of the query's.
         clock = self._lease.running_clock if self._lease is not None else time.monotonic
-        stalls = StallWatch(float(self.spec.conf.get(STALL_KEY, DEFAULT_STALL_S)), clock)
+        stalls = StallWatch(self.spec.stall_timeout_s, clock)
         while not self.stop.is_set():
             if self._misplaced:  # never sent by a supervisor that agrees with this worker
                 return self._fail(self.whole, self._misplaced, EXIT_FAILED)

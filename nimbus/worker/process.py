@@ -30,17 +30,17 @@ from typing import IO, Any
 
 import yaml
 
-from nimbus.worker.exits import (
+from nimbus.worker.health import HealthCheck, HealthSpec
+from nimbus.worker.lease import Lease
+from nimbus.worker.status import StatusWriter
+from nimbus.worker_protocol.exits import (
     EXIT_FAILED,
     EXIT_INVALID_TOPOLOGY,
     EXIT_OK,
     InvalidTopology,
     worker_component,
 )
-from nimbus.worker.health import HealthCheck, HealthSpec
-from nimbus.worker.lease import Lease
-from nimbus.worker.spec import WorkerSpec
-from nimbus.worker.status import StatusWriter
+from nimbus.worker_protocol.spec import WorkerSpec
 
 log = logging.getLogger(__name__)
 

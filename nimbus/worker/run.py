@@ -16,36 +16,21 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from nimbus.worker.exits import (
+from nimbus.worker.lease import Lease, freeze_own_cgroup
+from nimbus.worker.status import StatusWriter
+from nimbus.worker.takeover import TakeoverPoint
+from nimbus.worker_protocol.exits import (
     EXIT_INVALID_TOPOLOGY,
     EXIT_OK,
     EXIT_STARTUP,
     worker_component,
 )
-from nimbus.worker.frozen import DEFAULT_ORPHAN_TIMEOUT_S, ORPHAN_TIMEOUT_KEY
-from nimbus.worker.lease import Lease, freeze_own_cgroup
-from nimbus.worker.spec import WorkerSpec
-from nimbus.worker.status import StatusWriter
-from nimbus.worker.takeover import TakeoverPoint
+from nimbus.worker_protocol.spec import WorkerSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("nimbus.worker")
-
-# Longest wait for the first lease when the configuration does not say
-# (supervisor.worker.start.timeout.secs: the supervisor gives up on a silent worker then).
-FIRST_LEASE_WAIT_SECS = 60.0
-
-
-def first_lease_wait(spec: WorkerSpec) -> float:
-    """How long to wait for the first lease: ``supervisor.worker.start.timeout.secs`` if
-    the configuration has it (a worker silent that long is killed anyway), else 60 s."""
-    value = spec.conf.get("supervisor.worker.start.timeout.secs")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return FIRST_LEASE_WAIT_SECS
-
 
 def install_stop_handlers(stop: threading.Event) -> None:
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -55,15 +40,6 @@ def install_stop_handlers(stop: threading.Event) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, request_stop)
-
-
-def orphan_timeout_s(conf: dict[str, Any]) -> float:
-    """``supervisor.worker.orphan.timeout.secs`` of a worker's configuration (its
-    supervisor's), or its default when an earlier supervisor gave none."""
-    value = conf.get(ORPHAN_TIMEOUT_KEY)
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    return DEFAULT_ORPHAN_TIMEOUT_S
 
 
 def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
@@ -77,7 +53,7 @@ def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
                           restarts=spec.restarts)
     # Every freeze ends after supervisor.worker.orphan.timeout.secs unless thawed first:
     # a frozen orphan must not hold its memory for ever (nimbus/worker/frozen.py).
-    end_after_s = orphan_timeout_s(spec.conf)
+    end_after_s = spec.orphan_timeout_s
     lease = Lease(spec.lease_fd, outlives_supervisor=True,
                   freeze=lambda: freeze_own_cgroup(end_after_s)).start()
     takeover = TakeoverPoint(worker_dir, lease, status,
@@ -96,7 +72,7 @@ def run(spec: WorkerSpec, stop: threading.Event, worker_dir: Path,
 def _run_topology(spec: WorkerSpec, stop: threading.Event, session: SparkSession | None,
                   status: StatusWriter, lease: Lease) -> int:
     whole = worker_component(spec.worker_index)  # errors about the worker as a whole
-    wait = first_lease_wait(spec)
+    wait = spec.first_lease_wait_s
     log.info("waiting up to %.0f s for the first lease", wait)
     if not lease.wait_first(wait, stop):
         if stop.is_set():

@@ -27,7 +27,6 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,11 +34,10 @@ from typing import Any
 
 from nimbus.worker.lease import Lease
 from nimbus.worker.status import StatusWriter
+from nimbus.worker_protocol.takeover import SOCKET_NAME, peer_credentials
 
 log = logging.getLogger(__name__)
 
-#: The socket's name in the worker directory.
-SOCKET_NAME = "supervisor.sock"
 _POLL_SECS = 0.5
 
 
@@ -83,13 +81,6 @@ def supervisor_peer(conn: socket.socket) -> int | None:
         conn.close()
         return None
     return pid
-
-
-def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of a Unix socket (Linux)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
 
 
 class TakeoverPoint:

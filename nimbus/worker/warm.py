@@ -6,7 +6,7 @@ a pipeline that restarts or moves here skips the 10-15 s a SparkSession takes to
 
 Order of events:
 
-1. Read ``<warm-dir>/warm.json``: a :class:`~nimbus.worker.spec.WorkerSpec` holding the
+1. Read ``<warm-dir>/warm.json``: a :class:`~nimbus.worker_protocol.spec.WorkerSpec` holding the
    cluster's default worker configuration (no topology's) and the two inherited pipes.
 2. Start the SparkSession with the cluster's default ``topology.spark.*`` settings and
    run one tiny job, then say ``{"warm": {"ready": ...}}`` on the status pipe.
@@ -42,17 +42,17 @@ from typing import Any
 
 from nimbus.redaction import install_log_redaction
 from nimbus.state.worker_logs import LogSettings, log_root, port_dir
-from nimbus.worker.exits import EXIT_FAILED, EXIT_OK, EXIT_STARTUP, EXIT_WARM_REFUSED
 from nimbus.worker.log_pump import LogPump, start_pump
 from nimbus.worker.run import install_stop_handlers, run
-from nimbus.worker.spec import SpecError, WorkerSpec
 from nimbus.worker.status import format_error
-from nimbus.worker.takeover import SOCKET_NAME, listen_at, supervisor_peer
+from nimbus.worker.takeover import listen_at, supervisor_peer
+from nimbus.worker_protocol.exits import EXIT_FAILED, EXIT_OK, EXIT_STARTUP, EXIT_WARM_REFUSED
+from nimbus.worker_protocol.spec import SpecError, WorkerSpec
+from nimbus.worker_protocol.takeover import SOCKET_NAME
+from nimbus.worker_protocol.warm import TAKE, WARM_FILE
 
 log = logging.getLogger("nimbus.worker.warm")
 
-WARM_FILE = "warm.json"
-TAKE = "take"
 MAX_TAKE_LINE = 4096
 #: How long a warm worker whose supervisor died waits for the supervisor's next process.
 ORPHAN_WAIT_S = 60.0

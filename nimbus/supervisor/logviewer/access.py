@@ -19,14 +19,15 @@ from nimbus.config import Config
 from nimbus.state.worker_logs import META_FILE
 from nimbus.supervisor.log_dirs import LogMeta
 from nimbus.supervisor.logviewer.files import LogFileError, LogRoot
-from nimbus.topology_acl import authorizer_from_conf, read_refusal
+from nimbus.topology_acl import SimpleAclAuthorizer, read_refusal
 
 
 class LogAccess:
-    """The read rule for the logs under ``root``."""
+    """The read rule for the logs under ``root``, with the supervisor's ``authorizer``
+    (None: every caller may read every log)."""
 
-    def __init__(self, conf: Config, root: LogRoot):
-        self.authorizer = authorizer_from_conf(conf)
+    def __init__(self, conf: Config, root: LogRoot, authorizer: SimpleAclAuthorizer | None):
+        self.authorizer = authorizer
         self._root = root
         # Who reads every topology, as on the Thrift port: the UIs (their own users'
         # rights checked by them) and the nimbuses.

@@ -10,7 +10,9 @@ It binds ``logviewer.bind.address``, by default the address the supervisor adver
 (``storm.local.hostname``, or the machine's name), where ``nimbus-ha logs`` and the UI
 find it (``SupervisorInfo.logviewer_port``). With ``storm.thrift.transport: tls`` it
 serves HTTPS only, with the supervisor's ``storm.thrift.tls.cert.file``, and requires a
-client certificate of the cluster's CA, as the Thrift port, the UI and /metrics do.
+client certificate of the cluster's CA, as the Thrift port, the UI and /metrics do. Its
+server context and read rule are those of the supervisor's process
+(:class:`~nimbus.cluster_security.ClusterSecurity`), which it is given.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import ssl
 import threading
 from pathlib import Path
 
+from nimbus.cluster_security import ClusterSecurity
 from nimbus.cluster_tls import FILE_KEYS, server_context, tls_enabled
 from nimbus.config import Config, ConfigError
 from nimbus.supervisor.logviewer.access import LogAccess
 from nimbus.supervisor.logviewer.app import LogviewerApp
 from nimbus.supervisor.logviewer.files import LogRoot
+from nimbus.topology_acl import authorizer_from_conf
 from nimbus.web.client_cert import ClientCertAdapter
 from nimbus.web.gate import GatedServer, HeadLimits
 
@@ -41,20 +45,27 @@ STOP_JOIN_S = 15.0
 
 class Logviewer:
     """This supervisor's logviewer over the worker logs under ``root``, on ``host``
-    (bound) and ``port``; ``advertised_host`` is the name its links give."""
+    (bound) and ``port``; ``advertised_host`` is the name its links give. ``security``:
+    the supervisor's (its server context and authorizer); without it, both are made of
+    ``conf`` for this logviewer alone."""
 
-    def __init__(self, conf: Config, root: Path, host: str, port: int, advertised_host: str):
+    def __init__(self, conf: Config, root: Path, host: str, port: int, advertised_host: str,
+                 security: ClusterSecurity | None = None):
         context = None
-        if tls_enabled(conf):
+        if security.tls if security is not None else tls_enabled(conf):
             try:
-                context = server_context(conf)
+                context = security.server_context() if security is not None else \
+                    server_context(conf)
             except (OSError, ssl.SSLError) as exc:
                 raise ConfigError(f"the TLS files of the logviewer ({', '.join(FILE_KEYS)}): "
                                   f"{exc}") from None
         self.https = context is not None
         self.advertised_host = advertised_host
         log_root = LogRoot(root)
-        app = LogviewerApp(log_root, LogAccess(conf, log_root), base_url=lambda: self.url)
+        authorizer = security.authorizer if security is not None else \
+            authorizer_from_conf(conf)
+        app = LogviewerApp(log_root, LogAccess(conf, log_root, authorizer),
+                           base_url=lambda: self.url)
         self._http = GatedServer(
             (host, port), app, name="supervisor-logviewer", threads=THREADS, limits=LIMITS,
             server_name="nimbus-ha-logviewer",
@@ -88,12 +99,13 @@ class Logviewer:
                 log.warning("the logviewer's thread did not stop within %.0f s", STOP_JOIN_S)
 
 
-def make_logviewer(conf: Config, root: Path, advertised_host: str) -> Logviewer | None:
-    """The logviewer ``conf`` asks for, bound, not started; None when ``logviewer.port``
-    is 0 (none). ConfigError for unusable TLS files or authorizer, OSError for a port
-    that is taken."""
+def make_logviewer(conf: Config, root: Path, advertised_host: str,
+                   security: ClusterSecurity | None = None) -> Logviewer | None:
+    """The logviewer ``conf`` asks for, with the supervisor's ``security``, bound, not
+    started; None when ``logviewer.port`` is 0 (none). ConfigError for unusable TLS files
+    or authorizer, OSError for a port that is taken."""
     port = int(conf[PORT_KEY])
     if port == 0:
         return None
     host = conf[BIND_KEY] or advertised_host
-    return Logviewer(conf, root, host, port, advertised_host)
+    return Logviewer(conf, root, host, port, advertised_host, security)

@@ -20,9 +20,9 @@ from nimbus.testing.conformance import (
     STORE,
     ConformanceHost,
     DistributorConformance,
-    _digests,
-    _write_code,
     flip_byte,
+    tree_digests,
+    write_code,
 )
 from nimbus.testing.hosts import SimulatedHosts
 from nimbus.testing.kit import DistributorKit
@@ -80,7 +80,7 @@ def test_storm_class_name_selects_hdfs():
 
 def test_local_directory_counts_one_copy(hosts):
     source, = hosts(1)
-    _write_code(source.code_dir / TOPOLOGY, big_bytes=1000)
+    write_code(source.code_dir / TOPOLOGY, big_bytes=1000)
     source.distributor.upload(source.code_dir / TOPOLOGY, TOPOLOGY)
     assert source.distributor.get_replication_count(TOPOLOGY) == 1
     source.distributor.cleanup(TOPOLOGY)  # this host's state only: the bundle is shared
@@ -116,10 +116,10 @@ def test_real_hdfs_round_trip(tmp_path, zk_server, zk_root):
     simulated = SimulatedHosts(tmp_path, zk_server.hosts, zk_root, "hdfs", conf)
     try:
         source, target = simulated.make(2)
-        digests = _write_code(source.code_dir / TOPOLOGY)
+        digests = write_code(source.code_dir / TOPOLOGY)
         metafile = source.distributor.upload(source.code_dir / TOPOLOGY, TOPOLOGY)
         target.distributor.download(target.code_dir / TOPOLOGY, TOPOLOGY, metafile)
-        assert _digests(target.code_dir / TOPOLOGY) == digests
+        assert tree_digests(target.code_dir / TOPOLOGY) == digests
         assert source.distributor.get_replication_count(TOPOLOGY) == 1
         source.distributor.cleanup(TOPOLOGY)
     finally:

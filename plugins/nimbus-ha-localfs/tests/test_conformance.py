@@ -47,11 +47,11 @@ def test_registration_comes_back_after_session_expiry(hosts, zk_server, make_zk,
     """A replica registration lost with an expired session is re-created by itself."""
     from waiting import wait_for
 
-    from nimbus.testing.conformance import _write_code
+    from nimbus.testing.conformance import write_code
 
     group = hosts(1)
     topology_id = DistributorConformance.topology_id
-    _write_code(group[0].code_dir / topology_id, big_bytes=10)
+    write_code(group[0].code_dir / topology_id, big_bytes=10)
     group[0].distributor.upload(group[0].code_dir / topology_id, topology_id)
     assert group[0].distributor.get_replication_count(topology_id) == 1
     zk = group[0].distributor._pm.get_plugins().pop()._ctx.zk
@@ -71,11 +71,11 @@ def test_corrupt_replica_is_skipped_for_a_good_one(hosts, tmp_path, monkeypatch,
     """With a tampered replica tried first and a good one second, download succeeds."""
     import nimbus_ha_localfs.distributor as localfs
 
-    from nimbus.testing.conformance import _digests, _write_code
+    from nimbus.testing.conformance import tree_digests, write_code
 
     source, good, target = hosts(3)
     topology_id = DistributorConformance.topology_id
-    digests = _write_code(source.code_dir / topology_id, big_bytes=100_000)
+    digests = write_code(source.code_dir / topology_id, big_bytes=100_000)
     metafile = source.distributor.upload(source.code_dir / topology_id, topology_id)
     meta = tmp_path / "meta"
     meta.write_bytes(metafile.read_bytes())
@@ -85,21 +85,21 @@ def test_corrupt_replica_is_skipped_for_a_good_one(hosts, tmp_path, monkeypatch,
     monkeypatch.setattr(localfs.random, "shuffle",
                         lambda peers: peers.sort(key=lambda p: p != bad_peer))
     target.distributor.download(target.code_dir / topology_id, topology_id, meta)
-    assert _digests(target.code_dir / topology_id) == digests
+    assert tree_digests(target.code_dir / topology_id) == digests
     assert f"from {bad_peer} failed" in caplog.text and "sha256 mismatch" in caplog.text
 
 
 def test_a_fleet_spreads_over_the_replicas_by_rank(tmp_path, zk_server, zk_root):
     """Each supervisor named in the Assignment starts at replica (its rank mod the
     replicas): six supervisors on three replicas start twice at each."""
-    from nimbus.testing.conformance import _write_code
+    from nimbus.testing.conformance import write_code
 
     simulated = SimulatedHosts(tmp_path, zk_server.hosts, zk_root, "localfs",
                                topology_ids=(DistributorConformance.topology_id,))
     try:
         topology_id = DistributorConformance.topology_id
         group = simulated.make(3)
-        _write_code(group[0].code_dir / topology_id, big_bytes=10)
+        write_code(group[0].code_dir / topology_id, big_bytes=10)
         meta = tmp_path / "meta"
         meta.write_bytes(group[0].distributor.upload(group[0].code_dir / topology_id,
                                                      topology_id).read_bytes())

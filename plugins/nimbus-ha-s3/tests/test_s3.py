@@ -10,17 +10,17 @@ import pytest
 from nimbus_ha_s3.distributor import PREFIX, S3CodeDistributor, S3CodeError
 from nimbus_ha_s3.seaweed import SeaweedS3Server
 
+from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.distributors import (
     CodeDistributor,
     DistributorError,
     resolve_distributor_class,
 )
 from nimbus.distribution.hookspecs import DistributorContext
-from nimbus.state.zkserver import free_port
 from nimbus.testing.conformance import (
     STORE,
     ConformanceHost,
-    _write_code,
+    write_code,
 )
 from nimbus.testing.kit import DistributorKit
 
@@ -147,7 +147,7 @@ def test_tampered_manifest_is_refused(s3, tmp_path):
     conf = s3_conf(s3)
     source, target = make_distributor(conf, tmp_path / "a"), make_distributor(conf, tmp_path / "b")
     code = tmp_path / "a" / "code" / "t-1-1"
-    _write_code(code, big_bytes=1000)
+    write_code(code, big_bytes=1000)
     meta = json.loads(source.upload(code, "t-1-1").read_text())
     meta["files"][0]["sha256"] = "0" * 64
     forged = tmp_path / "forged.meta"
@@ -376,7 +376,7 @@ def test_a_silent_endpoint_fails_within_the_timeouts(tmp_path):
         conf = s3_conf(server, **{PREFIX + "read.timeout.secs": 1, PREFIX + "max.attempts": 2})
         source = make_distributor(conf, tmp_path / "a")
         code = tmp_path / "a" / "code" / "t-1-1"
-        _write_code(code, big_bytes=1000)
+        write_code(code, big_bytes=1000)
         metafile = source.upload(code, "t-1-1")
         os.kill(server.process.pid, signal.SIGSTOP)
         stat = Path(f"/proc/{server.process.pid}/stat")

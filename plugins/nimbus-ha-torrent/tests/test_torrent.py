@@ -19,9 +19,9 @@ from nimbus.testing.conformance import (
     PER_HOST,
     ConformanceHost,
     DistributorConformance,
-    _digests,
-    _write_code,
     flip_byte,
+    tree_digests,
+    write_code,
 )
 from nimbus.testing.hosts import SimulatedHosts
 from nimbus.testing.kit import DistributorKit
@@ -67,7 +67,7 @@ def plugin(host: ConformanceHost) -> TorrentCodeDistributor:
 
 
 def upload(source: ConformanceHost, tmp_path, big_bytes: int = 3_000_000):
-    digests = _write_code(source.code_dir / TOPOLOGY, big_bytes=big_bytes)
+    digests = write_code(source.code_dir / TOPOLOGY, big_bytes=big_bytes)
     metafile = source.distributor.upload(source.code_dir / TOPOLOGY, TOPOLOGY)
     meta = tmp_path / "meta.torrent"
     meta.write_bytes(metafile.read_bytes())
@@ -103,7 +103,7 @@ def test_eight_peers_complete_and_count_as_replicas(hosts, tmp_path):
     source, *peers = hosts(9)
     digests, meta = upload(source, tmp_path)
     assert fetch_together(peers, meta, "peer") == []
-    assert all(_digests(p.code_dir / TOPOLOGY) == digests for p in peers)
+    assert all(tree_digests(p.code_dir / TOPOLOGY) == digests for p in peers)
     assert source.distributor.get_replication_count(TOPOLOGY) == 9
 
 
@@ -124,7 +124,7 @@ def test_tampered_piece_with_a_good_seeder_ends_in_a_good_copy(hosts, tmp_path):
     good.distributor.download(good.code_dir / TOPOLOGY, TOPOLOGY, meta)
     corrupt_file(source, TOPOLOGY)
     target.distributor.download(target.code_dir / TOPOLOGY, TOPOLOGY, meta)
-    assert _digests(target.code_dir / TOPOLOGY) == digests
+    assert tree_digests(target.code_dir / TOPOLOGY) == digests
 
 
 def test_torrent_for_another_topology_is_refused(hosts, tmp_path):
@@ -239,7 +239,7 @@ def test_rate_cap_holds_for_loopback_peers(hosts, tmp_path, direction):
         plugin(measured)._swarm.set_rate_limits(0, 0)
         thread.join(timeout=120)
     assert not errors and not thread.is_alive()
-    assert _digests(target.code_dir / TOPOLOGY) == digests
+    assert tree_digests(target.code_dir / TOPOLOGY) == digests
     assert moved <= CAP * window * 1.1 + CAP // 4, (moved, window)
     assert still_going
 
@@ -267,7 +267,7 @@ def test_downloaders_trade_pieces_with_each_other(hosts, tmp_path, zk_root):
     downloaders = hosts(2)
     digests, meta = upload(source, tmp_path, big_bytes=3 * CAP)
     assert fetch_together(downloaders, meta, "trading-peer") == []
-    assert all(_digests(p.code_dir / TOPOLOGY) == digests for p in downloaders)
+    assert all(tree_digests(p.code_dir / TOPOLOGY) == digests for p in downloaders)
     bundle = sum(f.stat().st_size for f in (source.code_dir / TOPOLOGY).rglob("*"))
     (seeded,) = plugin(source)._swarm.session.get_torrents()
     assert seeded.status().total_payload_upload < 1.9 * bundle

@@ -1,12 +1,9 @@
-"""The leader's duties as one cycle, read top to bottom (patroni's ``run_cycle``).
+"""The leader's duties, in order: step 5 of the nimbus's cycle (:mod:`nimbus.master.cycle`).
 
-Every ``nimbus.monitor.freq.secs`` (sooner when a worker held back by the scheduler's
-release quarantine may go or a rebalance's wait ends, and at once when woken) the
-``leader-duties`` loop runs :meth:`LeaderDutyCycle.run_cycle`:
+:meth:`LeaderDuties.run` runs them for one leadership:
 
-1. leadership: lead only on a lock whose lease holds (``elector.leadership()``); a
-   follower's cycle ends here. The first cycle of a new leadership resets the
-   scheduler's heartbeat clocks, so that ages are measured afresh by the new leader;
+1. the first run of a new leadership resets the scheduler's heartbeat clocks (ages are
+   measured afresh by the new leader), the sweeper and the assignment index;
 2. remove the KILLED topologies whose wait has passed; complete the rebalances whose
    wait has passed (REBALANCING back to the previous status with the new count; the
    deadline is in ZooKeeper, so this is whoever leads by then:
@@ -16,27 +13,26 @@ release quarantine may go or a rebalance's wait ends, and at once when woken) th
 5. when that moved work, refresh the cluster summary (read-your-writes); then bring each
    supervisor's index of its work up to date (:mod:`nimbus.master.assignment_index`);
 6. sweep, at most every ``nimbus.sweep.freq.secs``: heartbeats of moved workers and
-   shared code whose removal did not finish (:mod:`nimbus.master.sweepers`);
-7. record the cycle as completed, for the leader's watchdog
-   (:mod:`nimbus.master.leader_watchdog`), leader or not.
+   shared code whose removal did not finish (:mod:`nimbus.master.sweepers`).
 
-Others only wake the cycle: the elector when leadership changes, the daemon when it
-stops, a rebalance that set a deadline. Nothing is decided in their callbacks.
+They are due every ``nimbus.monitor.freq.secs``, sooner when a worker held back by the
+scheduler's release quarantine may go or a rebalance's wait ends (:meth:`due_in_s`), and
+at once when asked (:meth:`ask`: a submit, a kill, a new deadline).
 
 ZooKeeper unreachable: the elector already reports no leadership (SUSPENDED or LOST, or
-a lease that ran out) and every leader write is fenced, so a cycle then does nothing
-until the connection and the lease are back. A ZooKeeper error inside a cycle skips the
-rest of it; the next cycle tries again.
+a lease that ran out) and every leader write is fenced, so the duties then do nothing
+until the connection and the lease are back. A ZooKeeper error inside them skips the
+rest; the next run tries again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+import time
 
 from kazoo.exceptions import KazooException
 
-from nimbus.background_loop import BackgroundLoop
 from nimbus.master.assignment_index import AssignmentIndex
 from nimbus.master.elector import LeaderElector, Leadership, NoLeaderError
 from nimbus.master.lifecycle import TopologyLifecycle
@@ -55,16 +51,13 @@ log = logging.getLogger("nimbus.master.daemon")
 RELEASE_MARGIN_S = 0.05
 
 
-class LeaderDutyCycle:
-    """The ``leader-duties`` loop and its cycle; see the module doc.
-
-    ``period_s`` is ``nimbus.monitor.freq.secs``; ``completed()`` is called at the end of
-    every cycle, however it ended (the watchdog's ``cycle_completed``).
-    """
+class LeaderDuties:
+    """The leader's duties; see the module doc. ``period_s`` is
+    ``nimbus.monitor.freq.secs``."""
 
     def __init__(self, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  scheduler: Scheduler, cache: ClusterSummaryCache, period_s: float,
-                 completed: Callable[[], None], sweeper: LeaderSweeper | None = None,
+                 sweeper: LeaderSweeper | None = None,
                  index: AssignmentIndex | None = None):
         self._elector = elector
         self._sweeper = sweeper
@@ -73,45 +66,36 @@ class LeaderDutyCycle:
         self._scheduler = scheduler
         self._cache = cache
         self._period_s = period_s
-        self._completed = completed
         self._term: int | None = None  # the leadership the scheduler was reset for
         self._node: str | None = None  # and its lock node
         self._error = ""  # the RecordError that last stopped scheduling, if any
-        self.cycles = 0   # cycles completed (tests wait on it)
-        self._loop = BackgroundLoop("leader-duties", self.run_cycle, period=self._wait_s,
-                                    wait_first=True)
-        lifecycle.add_timer_listener(self.wake)  # a new deadline: compute the wait again
+        self._asked = threading.Event()
+        self._last_run = float("-inf")
 
-    # -- lifecycle ----------------------------------------------------------------------
-    def start(self) -> None:
-        self._loop.start()
+    def ask(self) -> None:
+        """Have the duties run at the cycle's next step (which the caller wakes)."""
+        self._asked.set()
 
-    def stop(self, join_timeout: float = 10.0) -> None:
-        """No cycle begins after this; waits for the one under way."""
-        self._loop.stop(join_timeout)
+    def due_in_s(self) -> float:
+        """Seconds until the duties are due (0 or less: now): a period after the last
+        run, or sooner when a held-back worker may go or a rebalance's wait ends."""
+        if self._asked.is_set():
+            return 0.0
+        due = self._last_run + self._period_s - time.monotonic()
+        for then in (self._scheduler.next_release_s(), self._lifecycle.next_rebalance_s()):
+            if then is not None:
+                due = min(due, then + RELEASE_MARGIN_S)
+        return due
 
-    def wake(self) -> None:
-        """Run a cycle now (or right after the one under way)."""
-        self._loop.wake()
+    def run(self, leadership: Leadership) -> None:
+        """The duties of ``leadership``, in order (a new leadership's at once)."""
+        self._asked.clear()
+        self._last_run = time.monotonic()
+        self._lead(leadership)
 
-    def _wait_s(self) -> float:
-        wait = self._period_s
-        # A held-back worker may go then; a rebalance's wait ends then.
-        for due in (self._scheduler.next_release_s(), self._lifecycle.next_rebalance_s()):
-            if due is not None:
-                wait = min(wait, due + RELEASE_MARGIN_S)
-        return wait
-
-    # -- the cycle ----------------------------------------------------------------------
-    def run_cycle(self) -> None:
-        """One pass of the leader's duties, in order; a no-op on followers."""
-        try:
-            leadership = self._elector.leadership()
-            if leadership is not None:
-                self._lead(leadership)
-        finally:
-            self.cycles += 1
-            self._completed()
+    def due(self, leadership: Leadership) -> bool:
+        """Whether :meth:`run` is due now: asked, its time come, or a new leadership."""
+        return leadership.term != self._term or self.due_in_s() <= 0
 
     def _lead(self, leadership: Leadership) -> None:
         if leadership.term != self._term:

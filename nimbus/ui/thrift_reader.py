@@ -1,8 +1,8 @@
 """What the UI shows, read through a nimbus (``ui.source: thrift``): for a UI host with
 nothing but ``nimbus.seeds``, no ZooKeeper access and no ZooKeeper credential.
 
-The same :class:`~nimbus.ui.view.ClusterView`, fed by other reads: the snapshot comes from
-getClusterRecords (a nimbus's cluster summary, its records as ZooKeeper holds them) every
+A :class:`~nimbus.ui.reader.UIReader` fed by other reads: the snapshot is the nimbus's own
+(getClusterRecords: its cluster summary, the records as ZooKeeper holds them), asked every
 ``ui.thrift.poll.secs`` and after each action; the dashboard's live numbers, while it is
 open, from getTopologyRows (every live topology's workers by state, restarts, rates and
 newest error: what ``top`` shows); one topology's page from getTopologyView. The leader
@@ -25,6 +25,7 @@ from thriftpy2.thrift import TException
 
 from nimbus.config import Config
 from nimbus.state import worker_state
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.records import (
     Assignment,
     NimbusInfo,
@@ -34,14 +35,14 @@ from nimbus.state.records import (
 )
 from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusClient, NimbusUnavailableError
-from nimbus.ui.view import ClusterView, Live, Snapshot, ViewUnavailableError
+from nimbus.ui.reader import ClusterUnavailableError, Live, UIReader
 
 UNREADABLE = (RecordError, TypeError, ValueError)
 
 
 def _record(cls: Any, value: Any) -> Any:
     """The record ``value`` (a JSON object) stands for, None if this release cannot
-    read it (skipped, as the ZooKeeper view skips a node it cannot decode)."""
+    read it (skipped, as the ZooKeeper reader skips a node it cannot decode)."""
     try:
         return cls.decode(json.dumps(value).encode())
     except UNREADABLE:
@@ -55,27 +56,20 @@ def _records(cls: Any, values: Any) -> dict[str, Any]:
     return {k: v for k, v in decoded.items() if v is not None}
 
 
-class ThriftClusterView(ClusterView):
-    """A :class:`ClusterView` that asks a nimbus (module docstring). ``start``/``stop``."""
+class ThriftReader(UIReader):
+    """A :class:`~nimbus.ui.reader.UIReader` that asks a nimbus (module docstring).
+    ``start``/``stop``."""
 
     SOURCE_ERRORS = (NimbusUnavailableError, TException, OSError, ValueError, KeyError)
     UNREACHABLE = "no nimbus answers the UI (nimbus.seeds)"
 
     def __init__(self, conf: Config, fetch_conf: Callable[[str], str] | None = None,
                  client: NimbusClient | None = None):
-        super().__init__(conf, None, fetch_conf)
+        super().__init__(conf, fetch_conf)
         # One attempt per read (every seed once): the loop retries, never waits long.
         self.client = client or NimbusClient(conf, deadline_s=0)
         self._reload_every_s = float(conf["ui.thrift.poll.secs"])
         self._answered = False
-
-    def start(self) -> None:
-        self._loop.start()
-        self._conf_loop.start()
-
-    def stop(self) -> None:
-        self._conf_loop.stop(join_timeout=15)
-        self._loop.stop(join_timeout=15)
 
     @property
     def connected(self) -> bool:
@@ -92,10 +86,10 @@ class ThriftClusterView(ClusterView):
         except storm.NotAliveException:
             return None
         except (NimbusUnavailableError, TException, OSError) as exc:
-            raise ViewUnavailableError(f"{self.UNREACHABLE}: {exc}") from None
+            raise ClusterUnavailableError(f"{self.UNREACHABLE}: {exc}") from None
 
     # -- the loop's reads --------------------------------------------------------------
-    def _load(self) -> Snapshot:
+    def _load(self) -> ClusterSnapshot:
         try:
             data = json.loads(self.client.read(lambda c: c.getClusterRecords()))
         except self.SOURCE_ERRORS:
@@ -105,15 +99,15 @@ class ThriftClusterView(ClusterView):
         nimbuses = [_record(NimbusInfo, n) for n in data.get("nimbuses") or []]
         replication = data.get("replication")
         version = (self._snapshot.version if self._snapshot else 0) + 1
-        return Snapshot(
+        return ClusterSnapshot(
             nimbuses=[n for n in nimbuses if n is not None],
             leader=data.get("leader") if isinstance(data.get("leader"), str) else None,
             storms=_records(StormBase, data.get("storms")),
             assignments=_records(Assignment, data.get("assignments")),
             supervisors=_records(SupervisorInfo, data.get("supervisors")),
-            reported_replicas={str(k): int(v) for k, v in replication.items()
-                               if isinstance(v, int)} if isinstance(replication, dict) else {},
-            taken_at=time.time(), version=version)
+            replication={str(k): int(v) for k, v in replication.items()
+                         if isinstance(v, int)} if isinstance(replication, dict) else {},
+            taken_at=time.monotonic(), version=version)
 
     def _poll_live(self, with_errors: bool) -> None:
         snap = self._snapshot

@@ -1,8 +1,11 @@
-"""Exit codes of ``python -m nimbus.worker`` and the error that means "exit 2".
+"""Exit codes of ``python -m nimbus.worker``, the error that means "exit 2", and the
+component a worker's own errors are reported under.
 
 The supervisor restarts a worker after any non-zero exit (with backoff); the codes only
-tell a reader of ``worker.log`` or the supervisor's log what kind of failure it was.
-A worker killed by its lease dies of SIGKILL (returncode -9 as Popen reports it).
+tell a reader of ``worker.log`` or the supervisor's log what kind of failure it was, but
+one: :data:`EXIT_WARM_REFUSED`, on which the supervisor starts the topology cold at once
+(nimbus/supervisor/ending.py). A worker killed by its lease dies of SIGKILL (returncode
+-9 as Popen reports it).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ EXIT_FAILED = 3  # it ran and failed: a query terminated, or the command exited
 # A warm worker was handed a topology whose Spark settings its session cannot take: no
 # failure of the topology's, the supervisor starts it cold at once.
 EXIT_WARM_REFUSED = 4
-
 
 
 def worker_component(worker_index: int) -> str:

@@ -24,10 +24,11 @@ from typing import Any, TypeVar
 
 import yaml
 
-from nimbus.config import Config, load_config
-from nimbus.dev_watch import DaemonWatch
+from nimbus.config import Config
+from nimbus.dev.watch import DaemonWatch
+from nimbus.dev.zookeeper import ZooKeeperServer, free_port, port_open
+from nimbus.distribution.distributors import load_cluster_config
 from nimbus.state.worker_logs import DEFAULT_ARTIFACTS, LOG_FILE, log_root
-from nimbus.state.zkserver import ZooKeeperServer, free_port, port_open
 from nimbus.thrift.client import NimbusClient
 
 T = TypeVar("T")
@@ -306,7 +307,7 @@ class LocalCluster:
 
     def client_conf(self, **overrides: Any) -> Config:
         values = {**self.conf_values, **overrides}
-        return load_config(overrides=values)
+        return load_cluster_config(overrides=values)
 
     def client(self, deadline_s: float = 60.0) -> NimbusClient:
         return NimbusClient(self.client_conf(), deadline_s=deadline_s)
@@ -403,7 +404,7 @@ DEV_CLUSTER_KEYS = ("storm.zookeeper.servers", "storm.zookeeper.port", "nimbus.s
 def dev_cluster_conf(conf: Config) -> tuple[dict[str, Any], list[str]]:
     """(the keys of ``conf`` that differ from the defaults, to pass to every daemon; the
     keys among those that a dev cluster sets itself and so ignores)."""
-    defaults = load_config(overrides={})
+    defaults = load_cluster_config(overrides={})
     changed = {k: v for k, v in conf.items() if k not in defaults or defaults[k] != v}
     ignored = sorted(k for k in changed if k in DEV_CLUSTER_KEYS)
     chosen = {k: v for k, v in changed.items() if k not in DEV_CLUSTER_KEYS}
@@ -435,7 +436,7 @@ def run_dev_cluster(work_dir: Path, nimbuses: int, base_port: int,
                     supervisors: int = 0, conf: dict[str, Any] | None = None,
                     warm_workers: int = 0, restart: bool = False) -> None:
     """Start a dev cluster, then run ``demo(cluster, work_dir)`` (False: exit 1; see
-    :func:`nimbus.runtime_demo.run_demos`) or wait for Ctrl-C. ``conf`` is given to
+    :func:`nimbus.dev.demo.run_demos`) or wait for Ctrl-C. ``conf`` is given to
     every nimbus and supervisor (see :func:`dev_cluster_conf`)."""
     import click
 
@@ -471,7 +472,7 @@ def end_left_workers(cluster: LocalCluster) -> int:
     Returns how many worker cgroups were ended."""
     from nimbus.supervisor.cgroups import unified_root
     from nimbus.supervisor.orphans import TREE
-    from nimbus.worker.frozen import REAPERS_CGROUP, end_cgroup
+    from nimbus.worker_protocol.frozen_cgroup import REAPERS_CGROUP, end_cgroup
 
     root = unified_root()
     if root is None:

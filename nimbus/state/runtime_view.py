@@ -1,16 +1,21 @@
-"""What runs where, read from ZooKeeper as plain dicts: for ``topology-info``, ``errors``,
-``cluster-info`` and the Thrift reads (getTopologyInfo, getClusterInfo's supervisors).
+"""What runs where, as plain dicts: for ``topology-info``, ``errors``, the Thrift reads
+(getTopologyInfo, getTopologyView, Storm UI's pages, getClusterInfo's supervisors), ``top``
+and the UI's topology page.
 
-Every function only reads, and any nimbus or the CLI (with its own read-only ZooKeeper
-client) may call it. The records are those of docs/runtime.md: supervisors'
-``SupervisorInfo``, the leader's ``Assignment``, the ``WorkerBeat`` that a supervisor
-writes for each of its workers and the components' ``ErrorInfo``. A record this release
-cannot read (``RecordError``) is skipped, or shown as a worker without a readable beat:
-one bad node must not hide the rest of the cluster.
+Every function only reads. The cluster-wide rows (:func:`supervisor_rows`) come from the
+cluster's one read model, a :class:`~nimbus.state.cluster_snapshot.ClusterSnapshot`; one
+topology's workers, components and errors (:func:`topology_info`, :func:`errors`) from
+nodes no snapshot holds (worker beats with their times, errors, the placement history),
+read from ZooKeeper when asked, by any nimbus or a UI with its own client. The records
+are those of docs/runtime.md: supervisors' ``SupervisorInfo``, the leader's
+``Assignment``, the ``WorkerBeat`` that a supervisor writes for each of its workers and
+the components' ``ErrorInfo``. A record this release cannot read (``RecordError``) is
+skipped, or shown as a worker without a readable beat: one bad node must not hide the rest
+of the cluster.
 
 Shapes (all keys always present):
 
-``supervisors(state)``, sorted by id::
+``supervisor_rows(snapshot)``, sorted by id::
 
     {"id": str, "host": str, "slots": int, "used_slots": int, "ports": [int],
      "used_ports": [int], "uptime_secs": int, "version": str}
@@ -54,7 +59,7 @@ the worker's own spelling) and the component is a query (it reports Spark's prog
 None otherwise (without that root it is under each supervisor's ``storm.local.dir``, or
 its own ``topology.spark.checkpoint.dir``). :func:`set_checkpoints` fills it in an
 ``info`` that was read without the configuration (by a nimbus, for instance). The
-placement history is the leader's (:mod:`nimbus.master.placement_history`).
+placement history is the leader's (:mod:`nimbus.master.placement_history` writes it).
 
 A worker's ``state`` (starting, running, frozen, restarting or dead) is judged by
 :func:`nimbus.state.worker_state.judge` on ZooKeeper's clock; ``alive`` is ``state ==
@@ -77,9 +82,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nimbus.master.placement_history import placements_of
 from nimbus.state import worker_state
 from nimbus.state.beat_progress import checked_history, checked_progress, checked_url
+from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import MAX_ERRORS_PER_COMPONENT, StormClusterState
 from nimbus.state.records import (
     WORKER_PREFIX,
@@ -96,43 +101,12 @@ from nimbus.topology_paths import CHECKPOINT_DIR_KEY, checkpoint_location
 UNREADABLE = (RecordError, TypeError)
 
 
-def assignments(state: StormClusterState) -> dict[str, Assignment]:
-    """topology id -> Assignment of every topology that has a readable one."""
-    out = {}
-    for topology_id in state.assignments():
-        try:
-            assignment = state.assignment_info(topology_id)
-        except UNREADABLE:
-            continue
-        if assignment is not None:
-            out[topology_id] = assignment
-    return out
-
-
-def used_ports_by_supervisor(found: dict[str, Assignment]) -> dict[str, list[int]]:
-    """supervisor id -> sorted ports that assignments give workers on it.
-
-    This, not ``SupervisorInfo.used_ports``, is what counts as used: the supervisor's
-    own list lags behind the leader's decisions by up to a heartbeat.
-    """
-    used: dict[str, set[int]] = {}
-    for assignment in found.values():
-        for supervisor_id, port in assignment.executor_node_port.values():
-            used.setdefault(str(supervisor_id), set()).add(int(port))
-    return {sid: sorted(ports) for sid, ports in used.items()}
-
-
-def supervisors(state: StormClusterState) -> list[dict[str, Any]]:
-    """Every live supervisor (sorted by id) with its slots and the slots in use."""
-    used = used_ports_by_supervisor(assignments(state))
+def supervisor_rows(snapshot: ClusterSnapshot) -> list[dict[str, Any]]:
+    """Every live supervisor of ``snapshot`` (sorted by id) with its slots and the slots
+    in use (:meth:`ClusterSnapshot.used_ports`: the leader's assignments)."""
+    used = snapshot.used_ports()
     out = []
-    for supervisor_id in state.supervisors():
-        try:
-            info = state.supervisor_info(supervisor_id)
-        except UNREADABLE:
-            continue
-        if info is None:  # its session ended since the listing
-            continue
+    for supervisor_id, info in sorted(snapshot.supervisors.items()):
         ports = used.get(supervisor_id, [])
         out.append({"id": supervisor_id, "host": info.hostname, "slots": len(info.meta),
                     "used_slots": len(ports), "ports": sorted(info.meta),
@@ -196,26 +170,18 @@ def _warm_entry(info: SupervisorInfo) -> dict[str, Any]:
             "memory_bytes": _number(info.warm_memory_bytes, int)}
 
 
-def warm_workers(state: StormClusterState,
-                 supervisor_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """supervisor id -> its warm workers (``ready``, ``starting``, ``memory_bytes``), from
-    each supervisor's heartbeat; a supervisor gone or unreadable is left out."""
-    out = {}
-    for supervisor_id in supervisor_ids:
-        try:
-            info = state.supervisor_info(supervisor_id)
-        except UNREADABLE:
-            continue
-        if info is not None:
-            out[supervisor_id] = _warm_entry(info)
-    return out
-
-
 def _placement_history(state: StormClusterState, topology_id: str) -> PlacementHistory | None:
     try:
         return state.placement_history(topology_id)[0]
     except UNREADABLE:
         return None   # written by another release: no history rather than no page
+
+
+def placements_of(history: PlacementHistory | None, worker: str) -> list[dict[str, Any]]:
+    """The placements of ``worker`` in ``history``, newest first (what readers show)."""
+    if history is None:
+        return []
+    return [dict(entry) for entry in reversed(history.workers.get(worker, []))]
 
 
 def checkpoint_of(topology_conf: dict[str, Any] | None, topology_id: str,

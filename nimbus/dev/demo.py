@@ -19,10 +19,8 @@ from typing import TypeVar
 import click
 import yaml
 
-from nimbus.devcluster import LocalCluster, sample_topology, wait_for
-from nimbus.distribution.archive import pack_directory
-from nimbus.master.runtime_view import newest_error
-from nimbus.pipeline_feed import (
+from nimbus.dev.cluster import LocalCluster, sample_topology, wait_for
+from nimbus.dev.feed import (
     WORDCOUNT,
     WORKER_MODULE,
     CommittedOutput,
@@ -30,7 +28,9 @@ from nimbus.pipeline_feed import (
     exactly_once_report,
     processes_with_arg,
 )
+from nimbus.distribution.archive import pack_directory
 from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.runtime_view import newest_error
 from nimbus.thrift.client import NimbusClient
 
 # What a 2-core laptop can afford per worker; a real cluster sets its own.

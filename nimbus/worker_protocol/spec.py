@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nimbus.topology_paths import checkpoint_root_of
+from nimbus.worker_protocol.frozen_cgroup import ORPHAN_TIMEOUT_KEY
 
 SPEC_FILE = "worker.json"
 
@@ -130,16 +131,57 @@ class WorkerSpec:
         os.replace(tmp, p)
         return p
 
-    # Derived values the worker uses; the supervisor may use them too.
+    # Typed values the worker reads of its configuration. The supervisor writes every key
+    # a worker reads into ``conf``, with the cluster's default where nobody set it, so the
+    # worker copies no default: a key that is missing or ill-typed is a SpecError.
+
+    def _number(self, key: str, positive: bool = True) -> float:
+        if key not in self.conf:
+            raise SpecError(f"worker spec: conf has no {key!r} (its supervisor writes every "
+                            "key a worker reads: one of another release?)")
+        value = self.conf[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or (positive and value <= 0):
+            kind = "a positive number" if positive else "a number"
+            raise SpecError(f"key {key!r} must be {kind}, got {value!r:.80}")
+        return float(value)
+
+    def check_settings(self) -> None:
+        """Raise SpecError unless every typed value below can be read."""
+        for name in ("heartbeat_secs", "first_lease_wait_s", "stall_timeout_s",
+                     "orphan_timeout_s", "spark_master"):
+            getattr(self, name)
 
     @property
     def heartbeat_secs(self) -> float:
-        """``worker.heartbeat.frequency.secs`` (default 1)."""
-        value = self.conf.get("worker.heartbeat.frequency.secs", 1)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise SpecError(f"key 'worker.heartbeat.frequency.secs' must be a positive number, "
-                            f"got {value!r}")
-        return float(value)
+        """``worker.heartbeat.frequency.secs``."""
+        return self._number("worker.heartbeat.frequency.secs")
+
+    @property
+    def first_lease_wait_s(self) -> float:
+        """``supervisor.worker.start.timeout.secs``: how long a worker waits for its first
+        lease (a worker silent that long is killed by its supervisor anyway)."""
+        return self._number("supervisor.worker.start.timeout.secs")
+
+    @property
+    def stall_timeout_s(self) -> float:
+        """``topology.stall.timeout.secs`` (negative: no stall watch)."""
+        return self._number("topology.stall.timeout.secs", positive=False)
+
+    @property
+    def orphan_timeout_s(self) -> float:
+        """``supervisor.worker.orphan.timeout.secs``: how long a frozen worker whose
+        supervisor is gone waits before it ends itself."""
+        return self._number(ORPHAN_TIMEOUT_KEY)
+
+    @property
+    def spark_master(self) -> str:
+        """``topology.spark.master``."""
+        value = self.conf.get("topology.spark.master")
+        if not isinstance(value, str) or not value:
+            raise SpecError(f"key 'topology.spark.master' must be a non-empty string, "
+                            f"got {value!r:.80}")
+        return value
 
     @property
     def checkpoint_root(self) -> Path:

@@ -1,11 +1,11 @@
 """A daemon run in the foreground stops on request, also when asked half-way through
-its start (nimbus/foreground.py): the stop then runs once the start has returned."""
+its start (nimbus/daemon_base.py): the stop then runs once the start has returned."""
 
 from __future__ import annotations
 
 import threading
 
-from nimbus.foreground import Foreground
+from nimbus.daemon_base import Foreground
 
 
 class Daemon:
@@ -44,3 +44,20 @@ def test_a_stop_requested_after_the_start_runs_at_once():
     daemon.foreground.run_forever()
     assert daemon.stopped.wait(10)
     assert daemon.events == ["start begins", "start ends", "stop on test-shutdown"]
+
+
+def test_stop_once_lets_the_first_caller_stop_and_no_other():
+    import threading
+
+    from nimbus.daemon_base import StopOnce
+
+    guard = StopOnce()
+    firsts = []
+    threads = [threading.Thread(target=lambda: firsts.append(guard.begin()))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert sorted(firsts) == [False] * 7 + [True]
+    assert guard.stopping.is_set()
