@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import process_bundle, s3_store
 from required_plugins import require_plugin
 
 from nimbus.dev.cluster import LocalCluster
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers match folders: every test of integration/ is `integration` and `slow`,
+    whatever its module says, and no other test is (tests/test_markers.py)."""
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

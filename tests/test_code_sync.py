@@ -14,7 +14,7 @@ from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import ACTIVE, StormBase
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 TOPOLOGY = "fresh-1-1"
 
 

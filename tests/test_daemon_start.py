@@ -12,7 +12,7 @@ from waiting import wait_for
 
 from nimbus.config import load_config
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import NotLeaderError, StormClusterState
 from nimbus.state.records import ACTIVE, KILLED, Assignment, StormBase
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 
 class CodeFacts:

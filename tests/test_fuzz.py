@@ -229,7 +229,7 @@ def test_archive_fuzz():
 
 
 # -- thrift, against a real nimbus -------------------------------------------------------------
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_thrift_fuzz_against_a_real_nimbus(zk_server, zk_root, tmp_path):
     """Random bytes, random and oversized frames, truncated requests, random and randomly
     typed arguments of every method, against the Thrift server and NimbusHandler of a

@@ -30,7 +30,7 @@ from nimbus.dev.zookeeper import free_port
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.records import Assignment, StormBase
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 NEWER = {"format": 2, "storm_name": "from-the-future", "launch_time_secs": 1,
          "status": "ACTIVE", "placement": {"rack": "r1"}}

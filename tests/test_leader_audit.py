@@ -11,7 +11,7 @@ import pytest
 from nimbus.state import leader_audit
 from nimbus.state.cluster_state import Fence, NotLeaderError, StormClusterState
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 
 def lock_node(state: StormClusterState, owner: str) -> Fence:

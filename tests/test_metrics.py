@@ -352,7 +352,7 @@ def test_dashboard_uses_only_exported_metrics():
 
 
 # -- a real nimbus -----------------------------------------------------------------------------
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_a_nimbus_serves_its_metrics_and_stops_them(zk_server, zk_root, tmp_path):
     from nimbus.daemons.nimbus import NimbusDaemon
     from nimbus.dev.zookeeper import free_port
@@ -389,7 +389,7 @@ def test_a_nimbus_serves_its_metrics_and_stops_them(zk_server, zk_root, tmp_path
         urllib.request.urlopen(url, timeout=2)
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_top_once_lists_every_topology(make_zk, zk_root):
     import io
 

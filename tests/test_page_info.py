@@ -30,7 +30,7 @@ from nimbus.thrift import handler, page_info, storm
 from nimbus.thrift.client import NimbusClient, connect
 
 PROCESS_YAML = 'command: ["sleep", "3600"]\n'
-needs_zookeeper = pytest.mark.integration
+needs_zookeeper = pytest.mark.zookeeper
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
 
 

@@ -28,7 +28,7 @@ from nimbus.state.records import ErrorInfo, SupervisorInfo, WorkerBeat
 from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusClient, connect
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 PROCESS_YAML = 'command: ["sleep", "3600"]\n'
 

@@ -39,7 +39,7 @@ from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusClient, connect
 
 PROCESS_YAML = 'command: ["sleep", "3600"]\n'
-ZOOKEEPER = pytest.mark.integration  # these run a real ZooKeeper (and a nimbus)
+ZOOKEEPER = pytest.mark.zookeeper  # these run a real ZooKeeper (and a nimbus)
 NOW = 1_700_000_000.25  # the fake clock's start, epoch seconds
 
 

@@ -31,7 +31,7 @@ from nimbus.state.records import ACTIVE, Assignment, StormBase
 from nimbus.supervisor.code_cache import CodeCache
 from nimbus.supervisor.run_as_user import account_for, remove_account
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 ALICE, BOB = "alices-1-1700000000", "bobs-2-1700000000"
 

@@ -21,7 +21,7 @@ from nimbus.state.records import (
     WorkerBeat,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 TOPOLOGY = "wordcount-7-1000"
 NOW = 2000.0

@@ -20,7 +20,7 @@ from nimbus.state.cluster_state import NotLeaderError, StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED, Assignment, StormBase, SupervisorInfo
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 TIMEOUT_S, LAUNCH_S = 30, 120
 
 

@@ -15,7 +15,7 @@ from nimbus.state.session_timeout import (
     track_negotiated_timeout,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 
 @pytest.mark.parametrize(("asked_s", "granted_s"), [(100.0, 60.0), (0.1, 0.4), (3.0, 3.0)])

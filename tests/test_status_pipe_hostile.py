@@ -33,7 +33,7 @@ from nimbus.state.records import ACTIVE, Assignment, ErrorInfo, StormBase, Worke
 from nimbus.supervisor import status_input
 from nimbus.supervisor.status_input import MAX_ERROR_CHARS
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 VICTIM = "alice-7-1700000001"
 

@@ -266,7 +266,7 @@ def test_loopback_bind_with_a_remote_advertised_host_warns(caplog):
         "127.0.0.1 only: other hosts cannot reach it (set nimbus.thrift.bind.address)"]
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_daemon_binds_the_bind_address_and_advertises_nimbus_host(zk_server, zk_root,
                                                                    make_zk, tmp_path):
     """nimbus.host goes into ZooKeeper and redirects; the socket binds loopback."""

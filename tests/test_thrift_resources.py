@@ -422,7 +422,7 @@ def submit_as(daemon, identity, name: str, data: bytes) -> str:
         return [t.id for t in client.getClusterInfo().topologies if t.name == name][0]
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_bob_cannot_block_alices_uploads_or_downloads(make_nimbus, ca, topology_bundle):
     tls = ca.issue("nimbus-1").conf()
     daemon = make_nimbus(**tls, **{"nimbus.authorizer": SIMPLE_ACL, "nimbus.admins": ["ops"]})
@@ -476,7 +476,7 @@ WAIT_FOREVER = {"topology.min.replication.count": 99,
                 "topology.max.replication.wait.time.sec": -1}
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_submissions_whose_clients_hang_up_stop_waiting(make_nimbus, topology_bundle):
     daemon = make_nimbus()
     waiting = 16
@@ -499,7 +499,7 @@ def test_submissions_whose_clients_hang_up_stop_waiting(make_nimbus, topology_bu
     assert daemon.master.elector.is_leader()
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_the_replication_wait_is_capped_cluster_wide(make_nimbus, topology_bundle):
     from nimbus.thrift.client import NimbusClient
 
@@ -514,7 +514,7 @@ def test_the_replication_wait_is_capped_cluster_wide(make_nimbus, topology_bundl
         ("an-hour", 1), ("forever", 1)]
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_a_replication_wait_below_minus_one_is_refused(make_nimbus, topology_bundle):
     from nimbus.thrift.client import connect
 
@@ -531,7 +531,7 @@ def test_a_replication_wait_below_minus_one_is_refused(make_nimbus, topology_bun
     assert nothing_left_of_submissions(daemon)
 
 
-@pytest.mark.integration
+@pytest.mark.zookeeper
 def test_a_topology_conf_is_checked_as_storm_yaml_is(make_nimbus, topology_bundle):
     """A known key of the wrong type is refused by the configuration loader's own check,
     naming the key, before anything is written; a topology's own keys pass."""

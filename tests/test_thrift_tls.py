@@ -20,7 +20,7 @@ from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import storm
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
 
 

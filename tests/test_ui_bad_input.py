@@ -11,7 +11,7 @@ from nimbus.state.records import KILLED
 from nimbus.thrift import storm
 from nimbus.thrift.client import NimbusUnavailableError
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 
 @pytest.fixture

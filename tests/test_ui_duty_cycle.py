@@ -19,7 +19,7 @@ from nimbus.state.cluster_state import StormClusterState
 from nimbus.ui.app import UIApp
 from nimbus.ui.local_nimbus import LocalNimbus
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 LEADER, FOLLOWER = "127.0.0.1:1", "127.0.0.1:2"   # as write_cluster registers them
 

@@ -26,7 +26,7 @@ from nimbus.metrics import MetricsServer, SupervisorMetrics, serve_metrics
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.ui.server import UIServer
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 SUMMARY = "/api/v1/cluster/summary"
 # How long a legitimate request may take while hostile clients hold connections open.

@@ -13,7 +13,7 @@ from nimbus.ui.openapi import openapi_document
 from nimbus.ui.pretty import pretty_uptime
 from nimbus.ui.zk_reader import ZooKeeperReader
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 CLUSTER_KEYS = {"stormVersion", "supervisors", "topologies", "slotsTotal", "slotsUsed",
                 "slotsFree", "executorsTotal", "tasksTotal", "schedulerDisplayResource",

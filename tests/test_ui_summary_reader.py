@@ -23,7 +23,7 @@ from nimbus.ui.app import UIApp
 from nimbus.ui.server import UIServer
 from nimbus.ui.summary_reader import SummaryReader
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 PATHS = ("/api/v1/cluster/summary", "/api/v1/nimbus/summary", "/api/v1/supervisor/summary",
          "/api/v1/topology/summary")

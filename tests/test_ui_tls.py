@@ -26,7 +26,7 @@ from nimbus.dev.zookeeper import free_port
 from nimbus.distribution.archive import pack_directory
 from nimbus.thrift import storm
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 SIMPLE_ACL = "org.apache.storm.security.auth.authorizer.SimpleACLAuthorizer"
 SECRET = "hunter2-secret"
 ZK_AUTH = {"storm.zookeeper.auth.scheme": "digest",

@@ -26,7 +26,7 @@ from nimbus.ui.app import UIApp
 from nimbus.ui.https import IDENTITY_KEY
 from nimbus.ui.zk_reader import ZooKeeperReader
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 SECRET = "hunter2-secret"   # conf_for's secret: masked wherever a worker wrote it
 TOPOLOGY_CONF = {"topology.spark.checkpoint.dir": "/ckpt", "topology.users": ["carol"],

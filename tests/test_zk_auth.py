@@ -20,7 +20,7 @@ from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.zk_auth import zk_security
 from nimbus.state.zk_client import make_zk_client
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 PAYLOAD = "nimbus:s3cret"
 ADMIN = "admin:adminpw"

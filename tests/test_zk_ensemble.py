@@ -8,7 +8,7 @@ from waiting import wait_for
 
 from nimbus.dev.zookeeper import ZooKeeperEnsemble, server_mode
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.zookeeper
 
 
 def test_ensemble_survives_one_server_and_comes_back_after_losing_its_quorum(tmp_path):

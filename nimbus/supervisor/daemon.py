@@ -39,8 +39,9 @@ The parts, each a module of one idea: :mod:`~nimbus.supervisor.identity` (config
 checks, id, directory lock), :mod:`~nimbus.supervisor.slots` (the workers and their
 slots' records), :mod:`~nimbus.supervisor.registration`,
 :mod:`~nimbus.supervisor.reporting`, :mod:`~nimbus.supervisor.starting`,
-:mod:`~nimbus.supervisor.ending` (reaped, stopped, killed) and
-:mod:`~nimbus.supervisor.adoption` (take-over and frozen workers).
+:mod:`~nimbus.supervisor.ending` (reaped, stopped, killed),
+:mod:`~nimbus.supervisor.adoption` (take-over and frozen workers) and
+:mod:`~nimbus.supervisor.cleanup` (what no assignment needs any more).
 
 A suspended connection (kazoo SUSPENDED: a ZooKeeper server restarting, an ensemble
 electing a leader, a network blip) stops nothing: the workers run on their leases, which
@@ -63,7 +64,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import threading
 import time
 
@@ -81,8 +81,8 @@ from nimbus.state.worker_logs import log_root
 from nimbus.state.zk_client import make_zk_client
 from nimbus.supervisor.adoption import Adoption
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
-from nimbus.supervisor.checkpoint_sweep import sweep_checkpoints
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
+from nimbus.supervisor.cleanup import LocalCleanup
 from nimbus.supervisor.code_cache import CodeCache
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.code_transport import FetchFile
@@ -104,10 +104,10 @@ from nimbus.supervisor.log_sweep import RETENTION_KEY, LogSweeper
 from nimbus.supervisor.logviewer.server import Logviewer, make_logviewer
 from nimbus.supervisor.orphans import claim
 from nimbus.supervisor.own_assignments import OwnAssignments, assignment_reader
-from nimbus.supervisor.policy import DesiredWorker, check_ports_free, desired_workers
+from nimbus.supervisor.policy import check_ports_free, desired_workers
 from nimbus.supervisor.registration import Registration, hex_session
 from nimbus.supervisor.reporting import Reporter, handle_executor
-from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY, account_for, remove_account
+from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY
 from nimbus.supervisor.slots import WorkerTable
 from nimbus.supervisor.starting import WorkerStarter, peers
 from nimbus.supervisor.telemetry import MetricsEndpoint, Readings, TelemetryFactory
@@ -251,6 +251,11 @@ class Supervisor:
             self.table, self.reporting, self.registration.beat_now, grace_s=self._grace_s,
             timeout_s=float(conf["supervisor.worker.timeout.secs"]),
             start_timeout_s=self._start_timeout_s)
+        self.cleanup = LocalCleanup(
+            self.zk, self.state, self.code, self.table, self.reporting, self.starter,
+            lambda: self.fetcher, self.workers_dir,
+            grace_s=float(conf["supervisor.code.cleanup.grace.secs"]),
+            run_as_user=self._run_as_user)
         self.metrics_server: MetricsEndpoint | None = None
         self.log_sweeper = LogSweeper(self.log_root, 60.0 * float(conf[RETENTION_KEY]),
                                       self._logs_in_use, lock=self.log_dirs.lock)
@@ -482,7 +487,7 @@ class Supervisor:
                                         num_workers.get(want.topology_id, 1), session)
         self.adoption.keep_unreadable(frozen, session)
         self.adoption.end_orphans("the assignment does not place it on its slot")
-        self._clean_up(desired, frozen)
+        self.cleanup.clean_up(desired, frozen)
 
     def _read_assignments(self, frozen: set[str]) -> dict[str, Assignment]:
         """Every readable assignment (from the view); adds the ids of unreadable ones to
@@ -536,36 +541,3 @@ class Supervisor:
                                          and now - h.started_at < self._start_timeout_s))
             for h in self.table.running())
         self.warm.fill(busy)
-
-    def _clean_up(self, desired: dict[int, DesiredWorker], frozen: set[str]) -> None:
-        keep = {w.topology_id for w in desired.values()} | frozen
-        keep |= {h.topology_id for h in self.table.running()}
-        if self.fetcher is not None:
-            self.fetcher.forget_except(keep)
-        # Unneeded code stays for supervisor.code.cleanup.grace.secs (see defaults.yaml).
-        expired = self.code.expired(keep, float(self.conf["supervisor.code.cleanup.grace.secs"]),
-                                    gone=lambda t: not self._topology_exists(t))
-        for topology_id in expired:
-            if self.code.has(topology_id):
-                sweep_checkpoints(topology_id,
-                                  self.starter.worker_conf(self.code.path(topology_id)),
-                                  self._topology_exists)
-        for topology_id in self.code.remove_except(keep | self.code.retained):
-            self.starter.owned_code.discard(topology_id)
-            if self._run_as_user:
-                remove_account(account_for(topology_id))
-        for slot in list(self.table.slots):
-            if slot[0] not in keep:
-                del self.table.slots[slot]
-        self.reporting.forget_except(keep)
-        if self.workers_dir.is_dir():
-            for worker_dir in self.workers_dir.iterdir():
-                if worker_dir.name.rsplit("-", 1)[0] not in keep:
-                    shutil.rmtree(worker_dir, ignore_errors=True)
-
-    def _topology_exists(self, topology_id: str) -> bool:
-        """True unless ZooKeeper says the topology is gone (an error counts as there)."""
-        try:
-            return self.zk.exists(self.state.storm_path(topology_id)) is not None
-        except KazooException:
-            return True
