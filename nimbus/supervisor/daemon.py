@@ -41,7 +41,8 @@ slots' records), :mod:`~nimbus.supervisor.registration`,
 :mod:`~nimbus.supervisor.reporting`, :mod:`~nimbus.supervisor.starting`,
 :mod:`~nimbus.supervisor.ending` (reaped, stopped, killed),
 :mod:`~nimbus.supervisor.adoption` (take-over and frozen workers) and
-:mod:`~nimbus.supervisor.cleanup` (what no assignment needs any more).
+:mod:`~nimbus.supervisor.cleanup` (what no assignment needs any more); what it is
+assigned is read by :mod:`~nimbus.supervisor.assigned_work`.
 
 A suspended connection (kazoo SUSPENDED: a ZooKeeper server restarting, an ensemble
 electing a leader, a network blip) stops nothing: the workers run on their leases, which
@@ -75,11 +76,12 @@ from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config
 from nimbus.daemon_base import StopOnce
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
-from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.records import Assignment, RecordError
 from nimbus.state.worker_logs import log_root
 from nimbus.state.zk_client import make_zk_client
 from nimbus.supervisor.adoption import Adoption
+from nimbus.supervisor.assigned_work import AssignedWork
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.cleanup import LocalCleanup
@@ -103,7 +105,6 @@ from nimbus.supervisor.log_dirs import LogDirs
 from nimbus.supervisor.log_sweep import RETENTION_KEY, LogSweeper
 from nimbus.supervisor.logviewer.server import Logviewer, make_logviewer
 from nimbus.supervisor.orphans import claim
-from nimbus.supervisor.own_assignments import OwnAssignments, assignment_reader
 from nimbus.supervisor.policy import check_ports_free, desired_workers
 from nimbus.supervisor.registration import Registration, hex_session
 from nimbus.supervisor.reporting import Reporter, handle_executor
@@ -192,11 +193,6 @@ class Supervisor:
                 fetch_file=fetch_file, private_copies=self._run_as_user)
         if self.zk.connected:
             self._connected.set()
-        # This supervisor's assignments, in memory and kept current by watches on its own
-        # index node and the assignments it names (made at the first pass: the layout may
-        # not be there yet; nimbus/supervisor/own_assignments.py).
-        self.view: OwnAssignments | ClusterView | None = None
-        self._view_started = False
         self._layout_problem = ""   # the LayoutMissingError last logged, if any
         # Made by start(): the others read them through callables.
         self.fetcher: CodeFetcher | None = None
@@ -209,6 +205,11 @@ class Supervisor:
         self.table = WorkerTable()
         self._monitor = BackgroundLoop("supervisor-monitor", self._monitor_step,
                                        self._next_wait)
+        # This supervisor's assignments, in memory and kept current by watches on its own
+        # index node and the assignments it names (nimbus/supervisor/assigned_work.py).
+        self.assigned = AssignedWork(self.state, self.id,
+                                     conf["supervisor.view.audit.nodes.per.sec"],
+                                     wake=self._monitor.wake)
         self.registration = Registration(
             self.zk, self.state, self.id, self.host, self.ports, self.node_path, self.table,
             heartbeat_s=float(conf["supervisor.heartbeat.frequency.secs"]),
@@ -349,8 +350,7 @@ class Supervisor:
             self.code.distributor.close()
         self._lease.stop()
         self.registration.stop()
-        if self.view is not None:
-            self.view.close()
+        self.assigned.close()
         if self.cgroups is not None:
             with contextlib.suppress(OSError):  # empty by now; left if not (a reaper
                 (self.cgroups.base / REAPERS_CGROUP).rmdir()  # of a frozen worker waits)
@@ -472,10 +472,11 @@ class Supervisor:
         # started nor stopped and their code is kept, until the node is readable again.
         frozen: set[str] = set()
         self.starter.warm_waiters = 0
-        assignments = self._read_assignments(frozen)
+        assignments = self.assigned.assignments(frozen)
         desired = desired_workers(assignments, self.id, self.ports)
         self.registration.set_desired(desired)
-        num_workers = self._num_workers({w.topology_id for w in desired.values()}, frozen)
+        num_workers = self.assigned.num_workers({w.topology_id for w in desired.values()},
+                                                frozen)
         self.ender.stop_unwanted(desired, num_workers, frozen)
         self.ender.kill_silent()
         for _port, want in sorted(desired.items()):
@@ -488,44 +489,6 @@ class Supervisor:
         self.adoption.keep_unreadable(frozen, session)
         self.adoption.end_orphans("the assignment does not place it on its slot")
         self.cleanup.clean_up(desired, frozen)
-
-    def _read_assignments(self, frozen: set[str]) -> dict[str, Assignment]:
-        """Every readable assignment (from the view); adds the ids of unreadable ones to
-        ``frozen``. LayoutMissingError until a nimbus has made the layout."""
-        if not self._view_started:
-            # LayoutMissingError if a nimbus has not made the layout yet.
-            view = assignment_reader(self.state, self.id,
-                                     self.conf["supervisor.view.audit.nodes.per.sec"])
-            view.listen(lambda _directory, _topology: self._monitor.wake())
-            try:
-                view.start()
-            except BaseException:
-                view.close()
-                raise
-            self.view, self._view_started = view, True
-        assert self.view is not None
-        out = {}
-        for topology_id in self.view.assignment_ids():
-            try:
-                found = self.view.assignment(topology_id)
-                assignment = found[0] if found is not None else None
-            except RecordError:
-                frozen.add(topology_id)
-                continue
-            if assignment is not None:
-                out[topology_id] = assignment
-        return out
-
-    def _num_workers(self, topology_ids: set[str], frozen: set[str]) -> dict[str, int]:
-        out = {}
-        for topology_id in topology_ids:
-            try:
-                base = self.state.storm_base(topology_id)
-            except RecordError:
-                frozen.add(topology_id)
-                continue
-            out[topology_id] = max(1, base.num_workers) if base is not None else 1
-        return out
 
     def _may_start(self, session: int) -> bool:
         return self._connected.is_set() and session_id(self.zk) == session
