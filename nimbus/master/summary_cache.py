@@ -26,6 +26,7 @@ from kazoo.exceptions import KazooException
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
+from nimbus.read_your_writes import Reloads
 from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
@@ -62,9 +63,7 @@ class ClusterSummaryCache:
         self._dirty: set[str] = set(self.PARTS)
         self._stale_lock = threading.Lock()
         self._sweep_from = ""  # the safety net's place in the id order
-        self._fresh = threading.Condition()
-        self._requested = 0  # reload requests made by refresh_now
-        self._loaded = 0     # the newest request a finished reload has covered
+        self._reloads = Reloads()   # read-your-writes (refresh_now)
         # Read at every wait, so that a test may lengthen the safety net.
         self._loop = BackgroundLoop("cluster-summary", self._reload,
                                     period=lambda: self.SAFETY_INTERVAL_S)
@@ -128,14 +127,7 @@ class ClusterSummaryCache:
     def refresh_now(self, timeout_s: float = 5.0) -> ClusterSnapshot:
         """Wait (bounded) for a reload that *started* after this call, so that a nimbus
         answers with its own writes included (read-your-writes)."""
-        with self._fresh:
-            self._requested += 1
-            wanted = self._requested
-        self._loop.wake()
-        deadline = time.monotonic() + timeout_s
-        with self._fresh:
-            while self._loaded < wanted and time.monotonic() < deadline:
-                self._fresh.wait(deadline - time.monotonic())
+        self._reloads.wait_for_next(self._loop.wake, timeout_s)
         return self._snapshot
 
     def _reload(self) -> None:
@@ -143,22 +135,18 @@ class ClusterSummaryCache:
         # The first load, and every safety-net pass (no wake-up for a whole interval),
         # recounts some replicas: the first load counts every topology's anyway.
         sweep = not self._loop.woken
-        with self._fresh:
-            generation = self._requested
-            asked = generation > self._loaded
+        generation, asked = self._reloads.begin()
         try:
             snapshot = self._load(barrier=asked, sweep=sweep)
-            with self._fresh:
+            with self._reloads.finish(generation):
                 self._snapshot = snapshot
                 self._layout_error = ""
-                self._loaded = generation
-                self._fresh.notify_all()
             self._tell()
         except LayoutMissingError as exc:
             # Serve no leader rather than a stale one; the code sync logs the cause.
             log.debug("cluster summary unavailable: %s", exc)
             told = self._layout_error != str(exc) or self._snapshot.leader is not None
-            with self._fresh:
+            with self._reloads.lock:
                 if self._snapshot.leader is not None:
                     self._snapshot = replace(self._snapshot, leader=None,
                                              version=self._snapshot.version + 1)

@@ -38,6 +38,7 @@ from typing import Any
 
 from nimbus.background_loop import BackgroundLoop
 from nimbus.config import Config
+from nimbus.read_your_writes import Reloads
 from nimbus.redaction import redact
 from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError
@@ -100,9 +101,7 @@ class UIReader:
         self._topology_conf: dict[str, dict[str, Any]] = {}
         self._conf_failed: dict[str, float] = {}   # id -> monotonic time of last failure
         self._lock = threading.Lock()
-        self._fresh = threading.Condition()
-        self._requested = 0
-        self._loaded = 0
+        self._reloads = Reloads()   # read-your-writes (refresh_now)
         self._demand_until = 0.0
         self._live_version = 0
         # The loop's schedule: each step sets when the next one is due.
@@ -168,14 +167,7 @@ class UIReader:
     def refresh_now(self, timeout_s: float = 3.0) -> None:
         """Wait (bounded) for a reload that started after this call (read-your-writes
         after an action)."""
-        with self._fresh:
-            self._requested += 1
-            wanted = self._requested
-        self._loop.wake()
-        deadline = time.monotonic() + timeout_s
-        with self._fresh:
-            while self._loaded < wanted and time.monotonic() < deadline:
-                self._fresh.wait(max(0.0, deadline - time.monotonic()))
+        self._reloads.wait_for_next(self._loop.wake, timeout_s)
 
     def wait_ready(self, timeout_s: float = 15.0) -> bool:
         """Wait (bounded) for the first snapshot, or for the reason there is none;
@@ -256,8 +248,7 @@ class UIReader:
         return max(RATES_EVERY_S, workers / BEATS_PER_S)
 
     def _reload_guarded(self) -> None:
-        with self._fresh:
-            generation = self._requested
+        generation, _asked = self._reloads.begin()
         try:
             snap = self._load()
         except LayoutMissingError as exc:
@@ -266,10 +257,8 @@ class UIReader:
             # is back.
             if str(exc) != self._layout_error:
                 log.warning("the UI shows no cluster: %s", exc)
-            with self._fresh:
+            with self._reloads.finish(generation):
                 self._snapshot, self._layout_error = None, str(exc)
-                self._loaded = generation
-                self._fresh.notify_all()
             self._loop.sleep(2.0)  # bounds the wait should the news be lost
             return
         except self.SOURCE_ERRORS as exc:
@@ -286,11 +275,9 @@ class UIReader:
             diff(self.timeline, old, snap)
             if self._layout_error:
                 log.info("the cluster is there: the UI shows it")
-        with self._fresh:
+        with self._reloads.finish(generation):
             if snap is not None:
                 self._snapshot, self._layout_error = snap, ""
-            self._loaded = generation
-            self._fresh.notify_all()
 
     def _poll_live_guarded(self, with_errors: bool) -> None:
         try:
