@@ -32,9 +32,14 @@ class FakeView:
 
 
 class FakeCode:
-    def __init__(self, journal, check=True, error=None):
+    def __init__(self, journal, check=True, error=None, layout_error=None):
         self.journal, self.check, self.error = journal, check, error
+        self.layout_error = layout_error
         self.syncs_asked = 0
+
+    def check_cluster(self):
+        if self.layout_error is not None:
+            raise self.layout_error
 
     def check_code(self):
         self.journal.append("code check")
@@ -123,11 +128,11 @@ LEADING = Leadership("/lock/nimbus-a-0000000000", 1)
 
 
 def cycle_of(steps, *, register_fails=False, loaded=True, check=True, code_error=None,
-             wants_check=True, due=True):
+             wants_check=True, due=True, layout_error=None):
     journal = Journal()
     parts = dict(
         registration=FakeRegistration(journal, register_fails), view=FakeView(loaded),
-        code=FakeCode(journal, check, code_error),
+        code=FakeCode(journal, check, code_error, layout_error),
         elector=FakeElector(journal, steps, wants_check), duties=FakeDuties(journal, due),
         summary=FakeSummary(journal), observer=Told())
     completed = []
@@ -192,6 +197,14 @@ def test_a_wiped_root_makes_the_nimbus_stand_aside():
     cycle.run_cycle()
     assert parts["elector"].aside == [str(problem)]
     assert "decide" not in journal and "duties" not in journal
+
+
+def test_a_follower_further_back_stands_aside_too_when_the_root_was_wiped():
+    problem = LayoutMissingError("/storm holds cluster b, not a")
+    cycle, journal, parts, _ = cycle_of([], wants_check=False, layout_error=problem)
+    cycle.run_cycle()
+    assert parts["elector"].aside == [str(problem)]
+    assert journal == ["register"], "no code read, no queue step"
 
 
 def test_a_zookeeper_error_in_the_code_check_ends_the_step_and_retries_soon():

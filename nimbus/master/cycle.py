@@ -6,7 +6,8 @@ One loop, ``nimbus-cycle``, runs :meth:`NimbusCycle.run_cycle` on every nimbus:
    (:mod:`nimbus.master.registration`; written again after a lost session);
 2. **view current**: whether the in-memory view of the cluster is loaded on a live
    session; the duties wait for it (:mod:`nimbus.state.cluster_view`);
-3. **code check**: when the elector needs it (to queue, or at the head of the queue),
+3. **code check**: that the ZooKeeper root still holds this nimbus's cluster (every
+   cycle), then, when the elector needs it (to queue, or at the head of the queue),
    whether this host holds the code of every live topology, read from ZooKeeper and the
    local store (:meth:`nimbus.master.code_sync.CodeSync.check_code`). A ZooKeeper root
    that no longer holds this nimbus's cluster makes it stand aside;
@@ -82,6 +83,8 @@ class Registration(Protocol):
 
 class CodeFacts(Protocol):
     """What the cycle reads of the code sync (:class:`~nimbus.master.code_sync.CodeSync`)."""
+
+    def check_cluster(self) -> None: ...
 
     def check_code(self) -> CodeCheck: ...
 
@@ -206,6 +209,9 @@ class NimbusCycle:
     def _decide(self) -> ElectionStep:
         code: CodeCheck | None = None
         try:
+            # At every step, wherever this nimbus is in the queue: one left over from a
+            # wiped cluster never keeps a place in the new one's queue.
+            self._code.check_cluster()
             if self._elector.wants_code_check():
                 code = self._code.check_code()
         except LayoutMissingError as exc:
