@@ -160,6 +160,14 @@ def _value_for(rng: random.Random, hint: Any, name: str) -> Any:
     if name == "executor_node_port":
         return {f"worker-{i}": [random_text(rng, 8), rng.randint(1, 65535)]
                 for i in range(rng.randint(0, 3))}
+    if name == "code_version":
+        return rng.randint(1, 9)
+    if name in ("worker_versions", "switch", "versions"):
+        # Their entries follow rules of their own (Assignment's, CodeVersions'): the
+        # fuzzer's random ones would not; the other fields vary.
+        return [] if name == "versions" else {}
+    if name == "running":
+        return 1
     if hint is Any:
         return random_json(rng, 2)
     origin = typing.get_origin(hint)

@@ -44,6 +44,7 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import ZnodeStat
 
 from nimbus.state import leader_audit
+from nimbus.state.code_versions import CodeVersions, is_version_key, topology_of
 from nimbus.state.component_ids import TOPOLOGY_ID_RE, check_component_id
 from nimbus.state.records import (
     Assignment,
@@ -191,7 +192,7 @@ class StormClusterState:
 
     SUBTREES = ("storms", "assignments", "workerbeats", "errors", "supervisors",
                 "code-distributor", "nimbuses", "leader-lock", "supervisor-assignments",
-                "placements")
+                "placements", "code-versions")
 
     def __init__(self, zk: KazooClient, root: str = "/storm", audit_writer: str = ""):
         """``audit_writer`` (this nimbus's address) turns on the audit trail of leader
@@ -519,8 +520,10 @@ class StormClusterState:
         for attempt in range(5):
             doomed: list[str] = []
             for sub in ("code-distributor", "errors", "workerbeats", "placements",
-                        "assignments", "storms"):
+                        "code-versions", "assignments", "storms"):
                 doomed.extend(self._subtree(self.path(sub, topology_id)))
+            for key in self.version_code_keys(topology_id):  # its versions' code
+                doomed[:0] = self._subtree(self.code_path(key))
             if not doomed:
                 return
             try:
@@ -529,6 +532,44 @@ class StormClusterState:
             except ConcurrentChangeError:
                 if attempt == 4:
                     raise
+
+    # -- code versions (nimbus.state.code_versions) ------------------------------------
+    def code_versions_path(self, topology_id: str) -> str:
+        return self.path("code-versions", topology_id)
+
+    def code_versions(self, topology_id: str) -> tuple[CodeVersions, int] | None:
+        """(CodeVersions, data version) of a topology; None if it was never upgraded.
+        RecordError if unreadable."""
+        path = self.code_versions_path(topology_id)
+        got = self._get(path)
+        if not got:
+            return None
+        return self.decode_record(CodeVersions, path, got), got[1].version
+
+    def version_code_keys(self, topology_id: str) -> list[str]:
+        """Code keys of versions 2 and later of ``topology_id`` that have a code node
+        (whether or not /code-versions lists them: an upload in flight, say)."""
+        return [key for key in self.code_topologies()
+                if is_version_key(key) and topology_of(key) == topology_id]
+
+    def write_switch(self, fence: Fence, topology_id: str, versions: CodeVersions,
+                     versions_version: int | None, assignment: Assignment | None = None,
+                     assignment_version: int | None = None) -> None:
+        """Write a topology's CodeVersions (creating the node when ``versions_version``
+        is None) and, in the same transaction, its Assignment if given (replacing version
+        ``assignment_version`` of it). ConcurrentChangeError, with nothing written, if
+        either node was not as the caller read it."""
+        def build(txn: Any) -> None:
+            path = self.code_versions_path(topology_id)
+            if versions_version is None:
+                txn.create(path, versions.encode())
+            else:
+                txn.set_data(path, versions.encode(), versions_version)
+            if assignment is not None:
+                txn.set_data(self.path("assignments", topology_id), assignment.encode(),
+                             -1 if assignment_version is None else assignment_version)
+
+        self._commit(fence, build)
 
     # -- assignments -------------------------------------------------------------------
     def assignments(self, watch: Watch = None) -> list[str]:

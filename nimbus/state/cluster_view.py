@@ -36,6 +36,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState, is_topology_id
+from nimbus.state.code_versions import CodeVersions
 from nimbus.state.records import (
     Assignment,
     CodeMeta,
@@ -52,7 +53,7 @@ R = TypeVar("R", bound=Record)
 
 # Every directory a nimbus reads through the view; a supervisor needs assignments only.
 NIMBUS_DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor",
-                      "workerbeats")
+                      "workerbeats", "code-versions")
 Listener = Callable[[str, str], None]
 StaleListener = Callable[[str, str], None]
 # Seconds between two steps of the background audit (ClusterView(audit_nodes_per_s=...)).
@@ -218,6 +219,21 @@ class ClusterView:
     def replica_hosts(self, topology_id: str) -> list[str]:
         tree = self._tree("code-distributor")
         return tree.children(tree.join(topology_id))
+
+    # -- code versions ------------------------------------------------------------------------
+    def code_versions(self, topology_id: str) -> tuple[CodeVersions, int] | None:
+        """(CodeVersions, data version) of an upgraded topology, None for one never
+        upgraded; RecordError if unreadable."""
+        tree = self._tree("code-versions")
+        path = tree.join(topology_id)
+        got = tree.get(path)
+        if got is None:
+            return None
+        return self._decode(CodeVersions, path, got), got[1].version
+
+    def upgraded_topologies(self) -> list[str]:
+        """Ids of the topologies that have a /code-versions node."""
+        return self._ids("code-versions")
 
     # -- audit --------------------------------------------------------------------------------
     def audit(self, budget: int, current: int = 0) -> tuple[list[tuple[str, str]], int]:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import re
 
-#: A topology id, ``<name>-<counter>-<launch time>`` (Storm's form); with ``..`` refused
-#: apart (see :func:`is_topology_id`).
-TOPOLOGY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+$")
+#: A topology id, ``<name>-<counter>-<launch time>`` (Storm's form), or the code key of a
+#: topology's version 2 or later, ``<topology id>.v<N>`` (:mod:`nimbus.state.code_versions`):
+#: every place that stores or fetches code by id takes both. ``..`` is refused apart (see
+#: :func:`is_topology_id`). A name cannot hold a ``.``, so no topology id ends in ``.v<N>``.
+TOPOLOGY_ID_RE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}-[0-9]+-[0-9]+(?:\.v[1-9][0-9]{0,5})?$")
 
 
 def is_topology_id(name: object) -> bool:

@@ -212,9 +212,33 @@ class Assignment(Record):
     executor_node_port: dict[str, list[Any]] = field(default_factory=dict)
     executor_start_time_secs: dict[str, int] = field(default_factory=dict)
     # file name -> sha256 of the topology's code, so a supervisor can verify what it fetches
+    # (of version ``code_version``: see nimbus.state.code_versions)
     code_sha256: dict[str, str] = field(default_factory=dict)
+    # The code version every worker runs unless ``worker_versions`` names its executor
+    # (1, the submitted code, in records of earlier releases).
+    code_version: int = 1
+    # During a switch between versions: executor -> the version that worker runs, for the
+    # workers that do not run ``code_version`` yet (rolling) or any more.
+    worker_versions: dict[str, int] = field(default_factory=dict)
+    # str(version) -> file name -> sha256, for each version ``worker_versions`` names.
+    version_sha256: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def code_for(self, executor: str) -> tuple[int, dict[str, str]]:
+        """(version, file name -> sha256) of the code ``executor``'s worker runs."""
+        version = self.worker_versions.get(executor, self.code_version)
+        if version == self.code_version:
+            return version, self.code_sha256
+        return version, self.version_sha256.get(str(version), {})
 
     def _invalid(self) -> str | None:
+        if self.code_version < 1:
+            return f"field 'code_version' must be 1 or more, got {self.code_version}"
+        for executor, version in self.worker_versions.items():
+            if version < 1:
+                return f"field 'worker_versions'[{executor[:40]!r}] must be 1 or more"
+            if version != self.code_version and str(version) not in self.version_sha256:
+                return (f"field 'worker_versions'[{executor[:40]!r}] names version "
+                        f"{version}, whose sha256 is not in 'version_sha256'")
         for executor, slot in self.executor_node_port.items():
             if not WORKER_KEY_RE.fullmatch(executor):
                 return (f"field 'executor_node_port' has key {executor[:40]!r}, not "
@@ -254,9 +278,12 @@ class SupervisorInfo(Record):
     warm_memory_bytes: int = 0
     # What it knows of the worker of each slot it is assigned, by port (a string: JSON
     # keys are): {"topology_id", "state" (starting, running, frozen or restarting),
-    # "restarts", "backoff_secs", "last_error"}. Written by supervisors; read by
-    # nimbus.state.worker_state, which takes a malformed entry for none. Empty in
-    # records of earlier releases, which said nothing of their workers.
+    # "restarts", "backoff_secs", "last_error", and, for upgrades
+    # (nimbus.state.code_versions), "version" (the code version of its worker),
+    # "committed" (that worker has committed a batch, or passed its health check, on that
+    # version) and "failures" (exits on that version before any commit)}. Written by
+    # supervisors; read by nimbus.state.worker_state, which takes a malformed entry for
+    # none. Empty in records of earlier releases, which said nothing of their workers.
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Where its logviewer serves its workers' logs (supervisor.logviewer.port; 0: none,
     # as in records of earlier releases), and whether over HTTPS (storm.thrift.transport
@@ -285,6 +312,9 @@ class WorkerBeat(Record):
     # absent in beats of earlier releases.
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     memory_bytes: int = 0      # resident bytes of the worker's processes (its JVM too)
+    # The code version the worker runs (nimbus.state.code_versions; 1 in beats of
+    # earlier releases).
+    code_version: int = 1
     warm_start: bool = False   # it started as a warm worker (supervisor.warm.workers)
     # Its SparkSession's UI (sparkContext.uiWebUrl), an http(s) address checked by
     # nimbus.state.beat_progress.checked_url; "" when the UI is off, for a process
