@@ -460,6 +460,87 @@ def check_logs_panel(env, browser, topology_id: str) -> None:
     assert page.status_code == 200 and "nimbus.worker" in page.text
 
 
+# -- code versions (issue 31): the CLI's upgrade and history, the page's Versions panel ---
+VERSIONS_JS = """
+const rows = [...document.querySelectorAll("#tp-version-list tbody tr")];
+return {running: document.getElementById("tp-version-running").textContent,
+        rows: rows.map((r) => [Number(r.dataset.version), r.dataset.state]),
+        choices: [...document.querySelectorAll("#tp-version-pick option")].map((o) => o.value),
+        switchEnabled: !document.getElementById("tp-version-switch").disabled,
+        workerVersions: [...document.querySelectorAll("#tp-workers td.version")].map(
+          (td) => td.textContent)};
+"""
+
+
+def versioned_bundle(tmp: Path, version: int) -> Path:
+    directory = tmp / f"versioned-v{version}"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "topology.yaml").write_text(yaml.safe_dump({"command": [
+        sys.executable, "-c", f"import time; time.sleep(3600 + {version})"]}))
+    return directory
+
+
+def test_upgrade_by_the_cli_and_a_switch_back_from_the_versions_panel(env, browser,
+                                                                      tmp_path):
+    import json
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    conf_file = str(env["cluster"].config_file)
+    client = env["cluster"].client()
+    topology_id = client.submit("versioned", pack_directory(versioned_bundle(tmp_path, 1)),
+                                {"topology.min.replication.count": 2})
+    try:
+        wait_for(lambda: page_data(env, topology_id)["workers"] and
+                 page_data(env, topology_id)["workers"][0]["state"] == "running", 60,
+                 "version 1's worker running")
+        upgraded = run_cli("upgrade", "versioned", str(versioned_bundle(tmp_path, 2)),
+                           "--timeout", "110", "--config", conf_file)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert upgraded.stdout.splitlines()[0] == f"uploaded version 2 of versioned " \
+                                                  f"({topology_id})"
+        assert "  worker-0 runs version 2 (1/1)" in upgraded.stdout
+        assert upgraded.stdout.splitlines()[-1] == "versioned runs version 2"
+
+        browser.get(env["url"] + f"/#/topology/{topology_id}")
+
+        def shown(want_running: str, want_rows: list) -> dict | None:
+            got = browser.execute_script(VERSIONS_JS)
+            return got if got["running"] == want_running and got["rows"] == want_rows \
+                else None
+
+        panel = WebDriverWait(browser, 20, poll_frequency=0.3).until(
+            lambda _d: shown("version 2 runs", [[2, "running"], [1, "previous"]]),
+            "the Versions panel listing both versions")
+        assert (panel["choices"], panel["switchEnabled"]) == (["1"], True)
+        Select(browser.find_element(By.ID, "tp-version-pick")).select_by_value("1")
+        browser.find_element(By.ID, "tp-version-switch").click()
+        alert = WebDriverWait(browser, 5).until(lambda d: d.switch_to.alert)
+        assert alert.text.startswith("Switch versioned to version 1?")
+        alert.accept()
+        wait_for(lambda: client.history("versioned")["running"] == 1, 110,
+                 "version 1 running again")
+        panel = WebDriverWait(browser, 30, poll_frequency=0.3).until(
+            lambda _d: shown("version 1 runs", [[2, "rolled back"], [1, "running"]]),
+            "the panel showing the switch back")
+        assert panel["choices"] == ["2"]
+        WebDriverWait(browser, 30, poll_frequency=0.3).until(
+            lambda d: d.execute_script(VERSIONS_JS)["workerVersions"] == ["1"],
+            "the worker's version 1 in the Workers table")
+        history = run_cli("history", "versioned", "--json", "--config", conf_file,
+                          check=True)
+        data = json.loads(history.stdout)
+        assert (data["running"], data["switch"]) == (1, None)
+        assert [(v["version"], v["state"]) for v in data["versions"]] == [
+            (2, "rolled back"), (1, "running")]
+        table = run_cli("history", "versioned", "--config", conf_file, check=True)
+        assert table.stdout.splitlines()[0] == f"versioned ({topology_id}): version 1 runs"
+        assert severe(browser) == []
+    finally:
+        post(env, f"/api/v1/topology/{topology_id}/kill/0")
+
+
 def test_failover_marks_new_leader_and_requests_never_500(env, browser):
     cluster, state = env["cluster"], env["state"]
     tid = env["ids"]["sleeper"]

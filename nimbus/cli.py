@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,92 @@ def _topology_pairs(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def _new_topology_conf(conf: Config, pairs: tuple[str, ...],
+                       settings: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The conf a new topology (submit) or version (upgrade) is sent with: the command's
+    ``topology.*`` settings (with ``settings``, the ``--set KEY=VALUE`` options of the
+    command, only those it sets) and every ``--conf KEY=VALUE``; a value that looks like
+    a relative path existing here draws a warning."""
+    from nimbus.config import parse_override
+    from nimbus.topology_paths import relative_looking_values
+
+    chosen = None if settings is None else {parse_override(s)[0] for s in settings}
+    topo_conf = {k: v for k, v in conf.items()
+                 if k.startswith("topology.") and (chosen is None or k in chosen)}
+    own = _topology_pairs(pairs)
+    for key, value, absolute in relative_looking_values(own.items()):
+        click.echo(f"warning: --conf {key}={value} looks like a relative path (it exists "
+                   f"here); the pipeline runs in its own directory on a supervisor host, "
+                   f"where it names another place. Did you mean {key}={absolute}?",
+                   err=True)
+    topo_conf.update(own)
+    return topo_conf
+
+
+#: The directory in which Spark's file sink logs the batches it wrote (its "metadata log").
+SPARK_SINK_LOG = "_spark_metadata"
+
+
+def _conf_strings(conf: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """(dotted key, value) of every string in ``conf``, nested maps and lists included
+    (``topology.spark.conf.spark.x`` for a key inside the Spark conf)."""
+    for key, value in conf.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, str):
+            yield name, value
+        elif isinstance(value, dict):
+            yield from _conf_strings(value, name + ".")
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, str):
+                    yield name, item
+
+
+def _local_path(value: str) -> Path | None:
+    """The absolute local path ``value`` names (``/data/out``, ``file:/data/out``,
+    ``file:///data/out``), or None (relative, another scheme, not a path at all)."""
+    import os
+    from urllib.parse import unquote, urlsplit
+
+    if "\n" in value or "\0" in value or len(value) > 4096:
+        return None
+    if value.startswith("file:"):
+        parts = urlsplit(value)
+        if parts.netloc not in ("", "localhost"):
+            return None
+        value = unquote(parts.path)
+    return Path(value) if os.path.isabs(value) else None
+
+
+def spark_sink_logs(topo_conf: dict[str, Any]) -> list[tuple[str, str, Path]]:
+    """(key, value, directory) for each conf value naming an existing local directory
+    that holds a Spark file-sink log (``_spark_metadata``), as this host sees it."""
+    found = []
+    for key, value in _conf_strings(topo_conf):
+        path = _local_path(value)
+        if path is None:
+            continue
+        try:
+            holds_log = path.is_dir() and (path / SPARK_SINK_LOG).exists()
+        except (OSError, ValueError):
+            holds_log = False
+        if holds_log:
+            found.append((key, value, path))
+    return found
+
+
+def _warn_sink_log(key: str, value: str, directory: Path) -> None:
+    click.echo(
+        f"warning: {key}={value} holds a Spark file-sink log ({directory / SPARK_SINK_LOG})"
+        f", written by another query's checkpoint (typically a topology killed and "
+        f"submitted again). A new topology starts a new checkpoint, so Spark's file sink "
+        f"will skip the batch ids already in that log (their records silently lost) or "
+        f"the query will read its input again (records repeated). `nimbus-ha upgrade "
+        f"NAME PATH` changes a running topology's code keeping its checkpoint; a new "
+        f"topology needs an output directory of its own. (This check looks at paths as "
+        f"this host sees them: a supervisor may see another directory there.)", err=True)
+
+
 @main.command()
 @click.argument("name")
 @click.argument("path", type=click.Path(exists=False, path_type=Path))
@@ -178,24 +265,21 @@ def submit(name: str, path: Path, inactive: bool, topology_conf: tuple[str, ...]
 
     topology.spark.checkpoint.dir (and Spark's checkpointLocation and warehouse dir in
     topology.spark.conf) are made absolute against the current directory before they are
-    sent; a --conf value that is a relative path existing here draws a warning.
+    sent; a --conf value that is a relative path existing here draws a warning, and so
+    does one naming a directory that holds a Spark file-sink log (_spark_metadata) of
+    another query. To change the code of a running topology use `nimbus-ha upgrade`.
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
     from nimbus.master.lifecycle import check_topology_name
     from nimbus.thrift.client import NimbusClient
-    from nimbus.topology_paths import relative_looking_values
+    from nimbus.topology_paths import resolve_path_keys
 
     check_topology_name(name)
     conf = _conf(config_path, overrides)
-    topo_conf = {k: v for k, v in conf.items() if k.startswith("topology.")}
-    own = _topology_pairs(topology_conf)
-    for key, value, absolute in relative_looking_values(own.items()):
-        click.echo(f"warning: --conf {key}={value} looks like a relative path (it exists "
-                   f"here); the pipeline runs in its own directory on a supervisor host, "
-                   f"where it names another place. Did you mean {key}={absolute}?",
-                   err=True)
-    topo_conf.update(own)
+    topo_conf = _new_topology_conf(conf, topology_conf)
+    for key, value, log_dir in spark_sink_logs(resolve_path_keys(topo_conf)):
+        _warn_sink_log(key, value, log_dir)
     client = NimbusClient(conf)
     with _bundle(path) as (bundle, size), Progress(
             "[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -269,6 +353,306 @@ def rebalance(name: str, num_workers: int, wait_secs: int | None, config_path: s
                    "deactivated, until then)")
     else:
         click.echo(f"rebalanced {name} to {workers}")
+
+
+# -- code versions (nimbus/state/code_versions.py, docs/runtime.md) ---------------------------
+#: Seconds between two looks at a switch under way.
+SWITCH_POLL_S = 1.0
+#: How long past a switch's deadline (the leader's clock) a command waits by default: the
+#: leader rolls a late switch back, and a failover may come in between.
+SWITCH_GRACE_S = 60.0
+#: How long a switch just asked for may go unseen (a nimbus answering from a view a moment
+#: behind) before what the history says counts as its end.
+SWITCH_UNSEEN_S = 10.0
+EXIT_FAILED, EXIT_TIMEOUT = 1, 2
+
+
+def _plain(text: Any) -> str:
+    """Tenant-supplied text (an error, a submitter) for a terminal: one line, no control
+    characters (an escape sequence is shown, not obeyed)."""
+    return "".join(c if c.isprintable() else "?" for c in str(text))
+
+
+def _wait_options(func: Any) -> Any:
+    func = click.option(
+        "--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, metavar="S",
+        help="Stop waiting after S seconds (exit 2; the switch goes on). Default: until "
+             "the switch ends, at most a minute past its deadline "
+             "(topology.upgrade.timeout.secs after it started).")(func)
+    return click.option(
+        "--no-wait", is_flag=True,
+        help="Return once the leader has taken the switch; follow it with "
+             "`nimbus-ha history NAME`.")(func)
+
+
+class _SwitchWatch:
+    """What :func:`_follow_switch` has seen of the switch of ``name`` to ``target``."""
+
+    def __init__(self, name: str, target: int, workers: int | None, new_version: bool):
+        self.name, self.target, self.workers = name, target, workers
+        # An upgrade's target is a new version: once listed, what it says is current.
+        self.new_version = new_version
+        self.seen = False               # a switch to or away from the target was seen
+        self.deadline_secs: int | None = None
+        self._switch: tuple[Any, ...] | None = None
+        self._switched: set[str] = set()
+        self._told_failure = False
+
+    def look(self, history: dict[str, Any], elapsed_s: float) -> int | None:
+        """The exit status once the switch has ended, None while it goes on."""
+        switch = history.get("switch") or None
+        entry = next((e for e in history.get("versions") or []
+                      if e.get("version") == self.target), None)
+        if switch and self.target in (switch.get("to"), switch.get("from")):
+            self.seen = True
+            self.deadline_secs = switch.get("deadline_secs")
+            self._started(switch)
+            switched = [str(e) for e in switch.get("switched") or []]
+            if switch.get("to") == self.target:
+                self.progress(switched, f"runs version {self.target}")
+            else:  # switching away from the target: it failed, or a rollback by hand
+                self._failed(entry, switch)
+                self.progress(switched, f"is back on version {switch.get('to')}")
+            return None
+        running = history.get("running")
+        state = entry.get("state") if entry else None
+        if running == self.target and state == "running":
+            return 0
+        unseen = not self.seen and not (self.new_version and entry is not None)
+        if (unseen and elapsed_s < SWITCH_UNSEEN_S) or state == "switching":
+            return None   # not visible yet, or a view between two writes
+        if entry is None:
+            click.echo(f"version {self.target} of {self.name} is no longer kept", err=True)
+        elif not self._told_failure:
+            error = _plain(entry.get("error") or "")
+            click.echo(f"version {self.target} of {self.name} is {state}"
+                       + (f": {error}" if error else ""), err=True)
+        click.echo(f"{self.name} runs version {running}", err=True)
+        return EXIT_FAILED
+
+    def _started(self, switch: dict[str, Any]) -> None:
+        key = (switch.get("kind"), switch.get("from"), switch.get("to"),
+               switch.get("started_secs"))
+        if key == self._switch:
+            return
+        self._switch, self._switched = key, set()
+        how = "one worker at a time" if switch.get("strategy") == "rolling" else \
+            "all workers at once"
+        deadline = switch.get("deadline_secs")
+        click.echo(f"{switch.get('kind')} of {self.name} from version {switch.get('from')} "
+                   f"to {switch.get('to')}: {how}"
+                   + (f", rolled back if not done by {_when(deadline)}"
+                      if isinstance(deadline, int) and switch.get("kind") == "upgrade"
+                      else ""))
+
+    def progress(self, switched: list[str], what: str) -> None:
+        """One line per worker of ``switched`` not told yet."""
+        for executor in sorted(set(switched) - self._switched,
+                               key=lambda e: (len(e), e)):
+            self._switched.add(executor)
+            count = f"{len(self._switched)}/{self.workers}" if self.workers else \
+                f"{len(self._switched)} so far"
+            click.echo(f"  {_plain(executor)} {what} ({count})")
+
+    def _failed(self, entry: dict[str, Any] | None, switch: dict[str, Any]) -> None:
+        if self._told_failure:
+            return
+        self._told_failure = True
+        error = _plain((entry or {}).get("error") or "")
+        if (entry or {}).get("state") == "failed" or error:
+            click.echo(f"version {self.target} of {self.name} failed"
+                       + (f": {error}" if error else ""), err=True)
+        click.echo(f"rolling {self.name} back to version {switch.get('to')}", err=True)
+
+    def timed_out(self, started: float, hard_deadline: float | None) -> bool:
+        if hard_deadline is not None:
+            return time.monotonic() >= hard_deadline
+        if isinstance(self.deadline_secs, int):
+            return time.time() > self.deadline_secs + SWITCH_GRACE_S
+        return time.monotonic() - started > SWITCH_UNSEEN_S + SWITCH_GRACE_S
+
+
+def _worker_count(client: Any, name: str) -> int | None:
+    """How many workers topology ``name`` has placed (for "2/3 switched"); None if the
+    nimbus does not say (the count is only shown)."""
+    try:
+        return len(client.topology_view(name)["workers"]) or None
+    except Exception:  # noqa: BLE001 - a nicety: the switch is followed without it
+        return None
+
+
+def _last_switched(client: Any, watch: _SwitchWatch) -> None:
+    """Once the switch to ``watch.target`` completed (and its record with it): the
+    workers that switched since the last look, as topology-info sees them."""
+    try:
+        workers = client.topology_view(watch.name)["workers"]
+    except Exception:  # noqa: BLE001 - a nicety, as _worker_count
+        return
+    watch.workers = len(workers) or watch.workers
+    now = [str(w["worker"]) for w in workers if w.get("version") == watch.target]
+    watch.progress(now, f"runs version {watch.target}")
+
+
+def _follow_switch(client: Any, name: str, target: int, timeout_s: float | None,
+                   new_version: bool = False) -> int:
+    """Wait for the switch of ``name`` to version ``target`` (``new_version``: one just
+    uploaded) to end, saying which workers switched; 0: it runs ``target``, 1: it failed
+    or was rolled back, 2: timed out."""
+    from thriftpy2.thrift import TApplicationException
+
+    from nimbus.thrift.client import NimbusUnavailableError
+
+    started = time.monotonic()
+    hard_deadline = None if timeout_s is None else started + timeout_s
+    watch = _SwitchWatch(name, target, _worker_count(client, name), new_version)
+    told_unavailable = False
+    while True:
+        try:
+            history = client.history(name)
+        except (NimbusUnavailableError, TApplicationException) as exc:
+            # A failover (the next leader goes on with the switch), or a nimbus that
+            # cannot read the cluster state for a moment.
+            if not told_unavailable:
+                text = getattr(exc, "message", None) or str(exc)
+                click.echo(f"{mask(text)}: still waiting", err=True)
+                told_unavailable = True
+        else:
+            outcome = watch.look(history, time.monotonic() - started)
+            if outcome == 0:
+                _last_switched(client, watch)
+                click.echo(f"{name} runs version {target}")
+            if outcome is not None:
+                return outcome
+        if watch.timed_out(started, hard_deadline):
+            click.echo(f"stopped waiting for {name}'s switch to version {target} after "
+                       f"{time.monotonic() - started:.0f}s: the switch goes on (see "
+                       f"`nimbus-ha history {name}`)", err=True)
+            return EXIT_TIMEOUT
+        time.sleep(SWITCH_POLL_S)
+
+
+@main.command()
+@click.argument("name")
+@click.argument("path", type=click.Path(exists=False, path_type=Path))
+@click.option("--conf", "topology_conf", multiple=True, metavar="KEY=VALUE",
+              help="A key of the new version's own configuration, as submit's --conf. "
+                   "Repeatable.")
+@click.option("--strategy", type=click.Choice(["all", "rolling"]), default="all",
+              show_default=True,
+              help="all: every worker switches at once; rolling: one at a time, each "
+                   "after the previous one's first commit on the new version.")
+@_wait_options
+@config_option
+@set_option
+@_fail_cleanly
+def upgrade(name: str, path: Path, topology_conf: tuple[str, ...], strategy: str,
+            no_wait: bool, timeout_s: float | None, config_path: str | None,
+            overrides: tuple[str, ...]) -> None:
+    """Run PATH as the next code version of running topology NAME: the same id, the same
+    checkpoints. PATH is packed as submit packs it. The new version runs with the running
+    version's conf, overlaid with this command's --conf KEY=VALUE and --set topology.*
+    options (topology.workers and topology.spark.checkpoint.dir cannot change).
+
+    Each worker stops at a batch boundary and starts the new version from the same
+    checkpoint; a version that fails before its first commit is rolled back. Waits for
+    the switch to end and says which workers switched: exit 0 when the new version runs,
+    1 when it failed or was rolled back (its error is printed), 2 on --timeout (the
+    switch goes on). `nimbus-ha history NAME` lists the versions.
+    """
+    from nimbus.master.lifecycle import check_topology_name
+    from nimbus.thrift.client import NimbusClient
+
+    check_topology_name(name)
+    conf = _conf(config_path, overrides)
+    # Laid over the running version's conf: only what this command sets.
+    topo_conf = _new_topology_conf(conf, topology_conf, settings=overrides)
+    client = NimbusClient(conf)
+    with _bundle(path) as (bundle, _size):
+        answer = client.upgrade(name, bundle, topo_conf, strategy)
+    version = int(answer["version"])
+    click.echo(f"uploaded version {version} of {name} ({answer['topology_id']})")
+    if no_wait:
+        click.echo(f"switching its workers ({strategy}); follow it with "
+                   f"`nimbus-ha history {name}`")
+        return
+    sys.exit(_follow_switch(client, name, version, timeout_s, new_version=True))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--to", "to_version", type=click.IntRange(min=1), default=None,
+              metavar="N",
+              help="The kept version to run (default: the previous one; during a switch, "
+                   "the version it switches from).")
+@_wait_options
+@config_option
+@set_option
+@_fail_cleanly
+def rollback(name: str, to_version: int | None, no_wait: bool, timeout_s: float | None,
+             config_path: str | None, overrides: tuple[str, ...]) -> None:
+    """Switch topology NAME back to a kept code version, as an upgrade switches (every
+    worker at a batch boundary, the same checkpoints). Waits as upgrade does: exit 0 when
+    that version runs, 1 when the switch failed, 2 on --timeout."""
+    from nimbus.thrift.client import NimbusClient
+
+    client = NimbusClient(_conf(config_path, overrides))
+    answer = client.rollback(name, to_version)
+    version = int(answer["version"])
+    click.echo(f"switching {name} ({answer['topology_id']}) to version {version}")
+    if no_wait:
+        click.echo(f"follow it with `nimbus-ha history {name}`")
+        return
+    sys.exit(_follow_switch(client, name, version, timeout_s))
+
+
+def history_lines(history: dict[str, Any]) -> list[str]:
+    """``nimbus-ha history``'s text: the versions (newest first) and a switch under way."""
+    versions = history.get("versions") or []
+    by_width = min(24, max([len("BY"), *(len(_plain(v.get("submitter") or "-"))
+                                         for v in versions)]))
+    lines = [f"{history.get('name')} ({history.get('topology_id')}): version "
+             f"{history.get('running')} runs",
+             f"{'VERSION':>7}  {'STATE':<11}  {'SUBMITTED (UTC)':<20}  "
+             f"{'BY':<{by_width}}  {'SHA256':<12}  ERROR"]
+    for v in versions:
+        created = v.get("created_secs")
+        lines.append(
+            f"{v.get('version'):>7}  {_plain(v.get('state')):<11}  "
+            f"{_when(created) if created else '-':<20}  "
+            f"{_plain(v.get('submitter') or '-')[:by_width]:<{by_width}}  "
+            f"{_plain(v.get('sha256') or '-')[:12]:<12}  "
+            f"{_plain(_first_line(str(v.get('error') or ''), 80)) or '-'}")
+    switch = history.get("switch")
+    if switch:
+        switched = [_plain(e) for e in switch.get("switched") or []]
+        lines.append(
+            f"switch under way: {switch.get('kind')} from version {switch.get('from')} to "
+            f"{switch.get('to')} ({switch.get('strategy')}), started "
+            f"{_when(switch['started_secs']) if switch.get('started_secs') else '-'} by "
+            f"{_plain(switch.get('by') or '-')}, deadline "
+            f"{_when(switch['deadline_secs']) if switch.get('deadline_secs') else '-'}; "
+            f"switched: {', '.join(switched) or 'none yet'}")
+    return lines
+
+
+@main.command("history")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the history as JSON (running, switch, versions newest first).")
+@config_option
+@set_option
+@_fail_cleanly
+def history(name: str, as_json: bool, config_path: str | None,
+            overrides: tuple[str, ...]) -> None:
+    """List topology NAME's code versions, newest first: number, state (running,
+    switching, previous, old, rolled back, failed), when and by whom it was submitted,
+    its sha256 and the recorded error; and the switch under way, if any."""
+    data = _nimbus_reader(_conf(config_path, overrides)).history(name)
+    if as_json:
+        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    for line in history_lines(data):
+        click.echo(line)
 
 
 @main.command()
@@ -377,6 +761,43 @@ def _console() -> Any:
     return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 
 
+def version_lines(info: dict[str, Any]) -> list[str]:
+    """topology-info's lines on code versions: the version that runs, a switch under
+    way, and a newer version that failed or was rolled back (none from a nimbus of an
+    earlier release, which says nothing of versions)."""
+    if "code_version" not in info:
+        return []
+    running = info["code_version"]
+    lines = [f"code version {running}"]
+    switch = info.get("switch")
+    if switch:
+        switched = switch.get("switched") or []
+        lines.append(f"switch under way: {switch.get('kind')} from version "
+                     f"{switch.get('from')} to {switch.get('to')} ({switch.get('strategy')}"
+                     f"), {len(switched)} of {len(info['workers'])} workers switched"
+                     + (f", deadline {_when(switch['deadline_secs'])}"
+                        if switch.get("deadline_secs") else ""))
+    for version in info.get("code_versions") or []:
+        if version["version"] <= running:
+            break   # newest first: only versions newer than the one that runs
+        if version["state"] in ("failed", "rolled back"):
+            error = _plain(_first_line(version.get("error") or "", 100))
+            lines.append(f"version {version['version']} {version['state']}"
+                         + (f": {error}" if error else ""))
+            break
+    return lines
+
+
+def _worker_version(worker: dict[str, Any]) -> str:
+    """A worker's code version, ``2 -> 3`` while it is assigned another one."""
+    runs, assigned = worker.get("version"), worker.get("assigned_version")
+    if assigned is None:
+        return "-" if runs is None else str(runs)
+    if runs == assigned:
+        return str(runs)
+    return f"{'?' if runs is None else runs} -> {assigned}"
+
+
 @main.command("topology-info")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True,
@@ -388,6 +809,7 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
                   overrides: tuple[str, ...]) -> None:
     """Show topology NAME's workers, components and newest errors (asked of a nimbus)."""
     from rich.table import Table
+    from rich.text import Text
 
     from nimbus.state import worker_state
 
@@ -400,13 +822,15 @@ def topology_info(name: str, as_json: bool, config_path: str | None,
     console.print(f"[bold]{info['name']}[/bold] {info['id']}  {info['status']}  "
                   f"up {info['uptime_secs']}s  workers {len(info['workers'])}/"
                   f"{info['num_workers']} ({running} running)", highlight=False)
-    workers = Table("worker", "host:port", "supervisor", "state", "uptime", "restarts",
-                    "start", "memory", "components", "last error", title="Workers",
-                    title_justify="left")
+    for line in version_lines(info):
+        console.print(Text(line))
+    workers = Table("worker", "host:port", "supervisor", "state", "version", "uptime",
+                    "restarts", "start", "memory", "components", "last error",
+                    title="Workers", title_justify="left")
     for w in info["workers"]:
         workers.add_row(w["worker"], f"{w['host']}:{w['port']}", w["supervisor_id"],
                         worker_state.describe(w["state"], w["backoff_secs"]),
-                        f"{w['uptime_secs']}s", str(w["restarts"]),
+                        _worker_version(w), f"{w['uptime_secs']}s", str(w["restarts"]),
                         "warm" if w["warm_start"] else "cold", _mib(w["memory_bytes"]),
                         ", ".join(w["components"]) or "-",
                         _first_line(w["last_error"], 80) or "-")

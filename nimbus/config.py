@@ -462,6 +462,9 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
             raise ConfigError(f"key {key!r} must be 0 (no audit) or more, got {values[key]}")
     if values["topology.min.replication.count"] < 1:
         raise ConfigError("key 'topology.min.replication.count' must be at least 1")
+    for key in ("topology.code.versions.kept", "topology.upgrade.timeout.secs"):
+        if values[key] < 1:
+            raise ConfigError(f"key {key!r} must be at least 1, got {values[key]}")
     wait = values["topology.max.replication.wait.time.sec"]
     if wait < 0 and wait != -1:
         raise ConfigError("key 'topology.max.replication.wait.time.sec' must be >= 0 or -1")

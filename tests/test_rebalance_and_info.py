@@ -247,7 +247,8 @@ def test_topology_info_over_thrift_and_cli(cluster):
              "port": 6700, "state": "running", "alive": True, "beat_age_secs": age,
              "backoff_secs": 0, "last_error": "", "restarts": 3, "memory_bytes": 0,
              "warm_start": False, "spark_ui_url": "",
-             "placements": placed_at("sup-a", "host-a", "worker-0"), "components": {
+             "placements": placed_at("sup-a", "host-a", "worker-0"),
+             "version": 1, "assigned_version": 1, "components": {
                  "counts": {"batch_id": 9, "num_input_rows": 30,
                             "input_rows_per_second": 1.5, "processed_rows_per_second": 1.25},
                  "lines": {"batch_id": 4, "num_input_rows": 0, "input_rows_per_second": 0.0,
@@ -258,7 +259,8 @@ def test_topology_info_over_thrift_and_cli(cluster):
              "port": 6700, "state": "starting", "alive": False, "beat_age_secs": None,
              "backoff_secs": 0, "last_error": "", "restarts": 0, "memory_bytes": 0,
              "warm_start": False, "spark_ui_url": "",
-             "placements": placed_at("sup-b", "host-b", "worker-1"), "components": {}}],
+             "placements": placed_at("sup-b", "host-b", "worker-1"),
+             "version": None, "assigned_version": 1, "components": {}}],
         "warm_workers": {
             "sup-a": {"host": "host-a", "ready": 0, "starting": 0, "memory_bytes": 0},
             "sup-b": {"host": "host-b", "ready": 0, "starting": 0, "memory_bytes": 0}},
@@ -272,13 +274,17 @@ def test_topology_info_over_thrift_and_cli(cluster):
         "errors": {"counts": [
             {"error": f"boom {i}\n  at line {i}", "time_secs": 1_700_000_000 + i,
              "host": "host-a", "port": 6700} for i in range(10, 0, -1)]},
+        # Never upgraded: the submitted code, version 1, runs.
+        "code_version": 1, "switch": None,
+        "code_versions": [{"version": 1, "state": "running", "error": "",
+                           "created_secs": st.storm_base(topology_id).launch_time_secs}],
     }
 
     done = cli(conf_file, "topology-info", "wc")
     assert done.exit_code == 0, done.output
     for shown in ("Workers", "Components", "Errors (10 newest per component)", "host-a:6700",
                   "boom 10", "2023-11-14 22:13:30Z", "workers 2/2 (1 running)", " running ",
-                  " starting "):
+                  " starting ", "code version 1"):
         assert shown in done.output
 
     done = cli(conf_file, "errors", "wc")

@@ -147,7 +147,7 @@ def test_topology_info_workers_components_and_errors(state):
              "port": 6700, "uptime_secs": 500, "state": "running", "alive": True,
              "beat_age_secs": ages[0], "backoff_secs": 0, "last_error": "", "restarts": 2,
              "memory_bytes": 350 * 2**20, "warm_start": True, "spark_ui_url": "",
-             "placements": [],
+             "placements": [], "version": 1, "assigned_version": 1,
              "components": {
                  "counts": {"batch_id": 41, "num_input_rows": 100,
                             "input_rows_per_second": 2.5, "processed_rows_per_second": 2.0},
@@ -160,12 +160,14 @@ def test_topology_info_workers_components_and_errors(state):
              "beat_age_secs": ages[1], "backoff_secs": 0,
              "last_error": "its supervisor sup-b is gone", "restarts": 0,
              "memory_bytes": 0, "warm_start": False, "spark_ui_url": "", "placements": [],
+             "version": 1, "assigned_version": 1,
              "components": {"counts": {"batch_id": 44, **zero},
                             "main": {"batch_id": None, **zero}}},
             {"worker": "worker-10", "index": 10, "supervisor_id": "sup-a", "host": "host-a",
              "port": 6701, "uptime_secs": 10, "state": "running", "alive": True,
              "beat_age_secs": ages[2], "backoff_secs": 0, "last_error": "", "restarts": 0,
              "memory_bytes": 0, "warm_start": False, "spark_ui_url": "", "placements": [],
+             "version": None, "assigned_version": 1,   # no readable beat: unknown
              "components": {}},
         ],
         "warm_workers": {"sup-a": {"host": "host-a", "ready": 1, "starting": 1,
@@ -185,6 +187,10 @@ def test_topology_info_workers_components_and_errors(state):
             "counts": counts,
             "lines": [{"error": "once", "time_secs": 1500, "host": "", "port": 0}],
         },
+        # Never upgraded: version 1 alone, submitted at launch.
+        "code_version": 1, "switch": None,
+        "code_versions": [{"version": 1, "state": "running", "error": "",
+                           "created_secs": 1000}],
     }
     assert runtime_view.errors(state, TOPOLOGY) == info["errors"]
 
@@ -221,7 +227,8 @@ def test_worker_without_a_beat_is_starting_and_without_a_supervisor_dead(state):
          "port": 6700, "uptime_secs": 0, "state": "dead", "alive": False,
          "beat_age_secs": None, "backoff_secs": 0,
          "last_error": "its supervisor sup-a is gone", "restarts": 0, "memory_bytes": 0,
-         "warm_start": False, "spark_ui_url": "", "placements": [], "components": {}}]
+         "warm_start": False, "spark_ui_url": "", "placements": [], "version": None,
+         "assigned_version": 1, "components": {}}]
     assert (info["components"], info["errors"]) == ({}, {})
     # Its supervisor is there and says nothing of it (it has not read the assignment
     # yet, or is of an earlier release): on its way.

@@ -121,7 +121,10 @@ STUB_WORKER = textwrap.dedent('''
         if deadline[0] is not None and not conf.get("topology.stub.silent"):
             main = {"pid": os.getpid()}
             if conf.get("topology.stub.batch"):
-                main["batch_id"] = 1  # as a pipeline that committed a batch reports
+                # As a pipeline that committed a batch reports it: a progress whose
+                # batch ran (an addBatch duration), not a trigger that found no data.
+                main["batch_id"] = 1
+                main["progress"] = {"batch_id": 1, "duration_ms": {"addBatch": 5}}
             status.write(json.dumps({"beat": {"components": {"main": main}}}) + "\\n")
         time.sleep(0.2)
 ''')
@@ -1085,7 +1088,9 @@ def test_code_that_cannot_be_had_is_reported_once_and_tried_ever_later(
         assert needle in errors[0].error
         assert said == {"topology_id": TOPOLOGY, "state": "restarting", "restarts": 0,
                         "backoff_secs": 2,
-                        "last_error": worker_state.first_line(errors[0].error)}
+                        "last_error": worker_state.first_line(errors[0].error),
+                        # Code that cannot be had is no exit of a worker of its version.
+                        "version": 1, "committed": False, "failures": 0}
         assert sup.table.running() == []
     finally:
         sup.stop()
@@ -1103,12 +1108,16 @@ def test_a_crash_loop_is_said_restarting_with_its_backoff_and_recorded_once(
     sup.start()
     try:
         _submit_directly(cluster_state, files, {"worker-0": [sup.id, port]})
+        # A process topology that declares no health check: up once it beats, so its
+        # crashes (each after it beat) are no failures of its version.
         wait_for(lambda: _said(cluster_state, sup, port) == {
             "topology_id": TOPOLOGY, "state": "running", "restarts": 0, "backoff_secs": 0,
-            "last_error": ""}, 15, "its first process to run")
+            "last_error": "", "version": 1, "committed": True, "failures": 0}, 15,
+            "its first process to run")
         # Restarted at once, then after 1 s, 2 s, 4 s: after the third crash, 2 s.
         restarting = {"topology_id": TOPOLOGY, "state": "restarting", "restarts": 3,
-                      "backoff_secs": 2, "last_error": "boom"}
+                      "backoff_secs": 2, "last_error": "boom", "version": 1,
+                      "committed": False, "failures": 0}
         wait_for(lambda: _said(cluster_state, sup, port) == restarting, 30,
                  "the third crash")
 

@@ -192,7 +192,7 @@ def test_openapi_covers_every_route():
     doc = openapi_document()
     for rule in URLS.iter_rules():
         path = rule.rule.replace("<topology_id>", "{id}").replace("<name>", "{name}") \
-            .replace("<component>", "{component}")
+            .replace("<component>", "{component}").replace("<version>", "{n}")
         if "<any(" in path:
             head, _, tail = path.partition("/<any(")
             names, _, rest = tail.partition(")")

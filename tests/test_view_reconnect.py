@@ -34,7 +34,8 @@ from nimbus.state.revalidating_tree_cache import Revalidation
 from nimbus.state.watched_tree import WatchedTree
 
 TIMEOUT_S = 15.0
-DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor", "workerbeats")
+DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor", "workerbeats",
+               "code-versions")
 NODES = 200  # below the five directories
 
 
@@ -224,7 +225,7 @@ def test_a_blip_re_reads_only_what_changed_while_disconnected(
     assert view.last_reconnect == Revalidation(
         validated=NODES + len(DIRECTORIES), changed=5, added=4, removed=4)
     lines = [r.getMessage() for r in caplog.records if "ZooKeeper" in r.getMessage()]
-    assert lines == ["blip: ZooKeeper connection back within the session: 205 nodes "
+    assert lines == ["blip: ZooKeeper connection back within the session: 206 nodes "
                      "re-validated, 9 re-read (5 changed, 4 new, 0 unread), 4 removed"]
     # Readable throughout: loaded whenever a change was published during the reconnection.
     assert loaded_when_told and all(loaded_when_told)
@@ -260,7 +261,8 @@ def test_a_blip_with_no_change_reads_nothing(writer, view_zk, view, monkeypatch)
     wait_until(lambda: view.reconnect_count == 1, "the reconnection re-validated")
     assert view.last_reconnect == Revalidation(validated=NODES + len(DIRECTORIES))
     # Each node's two watches set again (an exists and a get_children), no data read.
-    assert reads.calls == {"exists_async": NODES + 5, "get_children_async": NODES + 5}
+    held = NODES + len(DIRECTORIES)
+    assert reads.calls == {"exists_async": held, "get_children_async": held}
     assert_view_is_zookeeper(view, writer.zk)
 
 
@@ -290,7 +292,7 @@ def test_a_lost_session_still_reloads_from_scratch(
     assert sorted(reads.gets) == sorted(held | now)
     assert [r.getMessage() for r in caplog.records if "ZooKeeper" in r.getMessage()] == [
         "blip: the ZooKeeper session was lost: the view was reloaded from scratch "
-        "(205 nodes read)"]
+        "(206 nodes read)"]
     assert_view_is_zookeeper(view, writer.zk)
 
 
@@ -305,7 +307,7 @@ def test_a_path_removed_in_a_blip_and_created_later_is_followed(
     writer.zk.delete(target)
     proxy.heal()
     wait_until(lambda: view.reconnect_count == 1, "the reconnection re-validated")
-    assert view.last_reconnect == Revalidation(validated=NODES + 5, removed=1)
+    assert view.last_reconnect == Revalidation(validated=NODES + len(DIRECTORIES), removed=1)
     seen = len(caplog.records)
     with caplog.at_level(logging.WARNING):
         writer.zk.create(target, b"again")
@@ -369,7 +371,7 @@ def test_a_node_whose_first_read_was_lost_is_read_at_the_reconnection(
     reads = ReadCounter(view_zk, monkeypatch)
     lose_connection(view_zk)
     wait_until(lambda: view.reconnect_count == 1, "the reconnection re-validated")
-    assert view.last_reconnect == Revalidation(validated=NODES + 6, unread=1)
+    assert view.last_reconnect == Revalidation(validated=NODES + len(DIRECTORIES) + 1, unread=1)
     assert reads.gets == [target]
     assert_view_is_zookeeper(view, writer.zk)
 

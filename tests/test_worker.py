@@ -136,10 +136,14 @@ def test_beats_carry_the_workerbeat_fields_and_the_command_pid(tmp_path, harness
     pid = child_info(tmp_path)["pid"]
     # The supervisor stamps the time and adds what it measures of the worker itself; a
     # Spark UI address comes only from a pipeline that has one.
+    # Its code version too (the supervisor knows what it started); a process
+    # topology's worker says what its health check says (here: none declared).
     expected_fields = {f.name for f in dataclasses.fields(WorkerBeat)} - {
-        "time_secs", "memory_bytes", "warm_start", "spark_ui_url"}
+        "time_secs", "memory_bytes", "warm_start", "spark_ui_url", "code_version"} | {
+        "health"}
     for beat in worker.beats()[:2]:
         assert set(beat) == expected_fields
+        assert beat["health"] == "none"
         assert {k: beat[k] for k in ("topology_id", "supervisor_id", "host", "port",
                                      "restarts", "components")} == {
             "topology_id": TOPOLOGY_ID, "supervisor_id": "sup-test", "host": "127.0.0.1",
@@ -206,7 +210,9 @@ def test_a_worker_without_a_lease_dies_with_its_supervisor(tmp_path, harnesses):
 
 def test_a_supervisor_started_again_takes_the_worker_over_within_its_lease(
         tmp_path, harnesses):
-    worker = harnesses(make_worker(tmp_path))
+    harness = make_worker(tmp_path)
+    harness.fields["code_version"] = 3   # an upgraded topology's: it says which it runs
+    worker = harnesses(harness)
     worker.lease(60)
     main_pid_beat(worker)
     workers_dir = worker.worker_dir.parent
@@ -230,10 +236,11 @@ def test_a_supervisor_started_again_takes_the_worker_over_within_its_lease(
     assert list(found.orphans) == [6701] and found.unidentified == set()
     orphan = found.orphans[6701]
     assert (orphan.pid, orphan.topology_id, orphan.port, orphan.worker_index,
-            orphan.num_workers, orphan.restarts, orphan.kind) == \
-        (worker.pid, TOPOLOGY_ID, 6701, 0, 1, 0, "process")
+            orphan.num_workers, orphan.restarts, orphan.kind, orphan.code_version) == \
+        (worker.pid, TOPOLOGY_ID, 6701, 0, 1, 0, "process", 3)
     seen: list[dict] = []
     handle = WorkerHandle.taken_over(orphan, 1, lambda _h, status: seen.append(status), None)
+    assert (handle.code_version, handle.code_key) == (3, f"{TOPOLOGY_ID}.v3")
     try:
         assert handle.renew(time.monotonic() + 30)
         wait_until(lambda: time.monotonic() > old_deadline + 1.0
@@ -586,3 +593,18 @@ def test_a_command_that_keeps_its_heartbeat_file_fresh_stays_up(tmp_path, harnes
     worker.keep_renewing()
     worker.wait_for(lambda: len(worker.beats()) >= 4, START_TIMEOUT, "four beats")
     assert worker.errors() == [] and worker.proc.poll() is None
+
+
+def test_a_command_counts_as_up_once_its_health_check_passes(tmp_path, harnesses):
+    """Its beats say "pending" until its declared check first passes, then "passed"
+    (what its supervisor reads as the worker of a new version being up)."""
+    check = "{command: [sh, -c, 'exit 0'], every: 0.3, grace: 1}"
+    worker = harnesses(make_worker(tmp_path, f"command: {LOOP}\nhealth: {check}\n"))
+    worker.keep_renewing()
+    first = main_pid_beat(worker)
+    assert first["health"] == "pending"     # within its grace: not checked yet
+    worker.wait_for(lambda: any(b.get("health") == "passed" for b in worker.beats()),
+                    START_TIMEOUT, "a beat saying its check passed")
+    said = [b["health"] for b in worker.beats()]
+    assert said == sorted(said, key=["pending", "passed"].index)   # never back
+    assert worker.errors() == []

@@ -28,6 +28,7 @@ class FakeLeader:
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.fail: Exception | None = None
+        self.histories: dict[str, dict[str, Any]] = {}
 
     def _call(self, *args: Any) -> None:
         if self.fail is not None:
@@ -45,6 +46,16 @@ class FakeLeader:
 
     def rebalance(self, name: str, num_workers: int, wait_secs: int | None = None) -> None:
         self._call("rebalance", name, num_workers, wait_secs)
+
+    # Code versions: ``histories`` holds what history(name) answers.
+    def history(self, name: str) -> dict[str, Any]:
+        self._call("history", name)
+        return self.histories[name]
+
+    def rollback(self, name: str, version: int | None = None) -> dict[str, Any]:
+        self._call("rollback", name, version)
+        return {"topology_id": self.histories.get(name, {}).get("topology_id", ""),
+                "version": version or 1}
 
 
 def conf_for(zk_server: Any, zk_root: str, **extra: Any):

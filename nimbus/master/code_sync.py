@@ -1,5 +1,11 @@
 """Code sync: make this host hold the code of every live topology, and nothing else.
 
+Code is held by *code key*: a topology's id for its submitted code (version 1), and
+``<id>.v<N>`` for a later version (:mod:`nimbus.state.code_versions`). What a live
+topology needs is the code of every version its ``/code-versions`` keeps (the id alone
+for a topology never upgraded): that is what a nimbus must hold to lead
+(:func:`nimbus.master.upgrades.required_code_keys`), and what the sync fetches.
+
 One named loop (``code-sync``) per nimbus. It is woken by ZooKeeper watches (a topology
 appears under ``storms`` or ``code-distributor``, its metafile is published, a replica
 registers) and runs at least every ``nimbus.code.sync.freq.secs`` as a safety net.
@@ -34,8 +40,10 @@ from kazoo.exceptions import KazooException
 from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.master.upgrades import required_code_keys, view_code_keys
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.code_versions import is_version_key, topology_of
 from nimbus.state.records import RecordError
 
 log = logging.getLogger(__name__)
@@ -43,8 +51,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CodeCheck:
-    """One reading of whether this host holds every live topology's code: the live ids
-    read from ZooKeeper and, of those, the ones found on disk right after.
+    """One reading of whether this host holds every live topology's code: the code keys
+    the live topologies need, read from ZooKeeper (their ids, and their kept versions'
+    keys), and, of those, the ones found on disk right after.
 
     True when nothing is missing. The elector grants leadership on such a reading and logs
     this very reading (``str()``), so the log shows the evidence the decision used, not a
@@ -70,8 +79,13 @@ class CodeCheck:
         return not (self.missing - self.lost)
 
     def __str__(self) -> str:
-        text = (f"held {len(self.held)} of {len(self.live)} live topologies "
-                f"[{','.join(sorted(self.live))}]")
+        if any(is_version_key(k) for k in self.live):
+            topologies = len({topology_of(k) for k in self.live})
+            text = (f"held {len(self.held)} of {len(self.live)} code versions of "
+                    f"{topologies} live topologies [{','.join(sorted(self.live))}]")
+        else:
+            text = (f"held {len(self.held)} of {len(self.live)} live topologies "
+                    f"[{','.join(sorted(self.live))}]")
         if self.degraded:
             text += (f"; DEGRADED, code lost on every nimbus: "
                      f"[{','.join(sorted(self.missing & self.lost))}]")
@@ -82,7 +96,7 @@ class CodeSync:
     """Download missing code and remove code of removed topologies; see module doc."""
 
     MAX_RETRY_PAUSE_S = 30.0
-    READS = ("storms", "code-distributor")
+    READS = ("storms", "code-distributor", "code-versions")
 
     def __init__(
         self,
@@ -156,19 +170,22 @@ class CodeSync:
             self._state.check_cluster(self._cluster_id)
 
     def check_code(self) -> CodeCheck:
-        """Read the live topologies once, then which of them this host holds.
+        """Read the live topologies and the code keys they need (one listing of storms,
+        one of code-versions and a read per upgraded topology), then which of those this
+        host holds. Lost code (STORM-3664) is judged per code key.
 
         Raises LayoutMissingError when that cannot be known (see the module docstring).
         """
         self.check_cluster()
-        live = frozenset(self._state.active_storms())
-        held = live & self._store.topologies()  # one listing, not a stat per topology
-        return CodeCheck(live=live, held=held, lost=self._note_unavailable(live - held))
+        needed = required_code_keys(self._state, self._state.active_storms())
+        held = needed & self._store.topologies()  # one listing, not a stat per key
+        return CodeCheck(live=needed, held=held,
+                         lost=self._note_unavailable(needed - held))
 
     def _note_unavailable(self, missing: frozenset[str]) -> frozenset[str]:
-        """Of ``missing``, those no source has offered for the grace period.
+        """Of ``missing`` (code keys), those no source has offered for the grace period.
 
-        A topology with a replica anywhere (``get_replication_count`` > 0) is never lost:
+        A code key with a replica anywhere (``get_replication_count`` > 0) is never lost:
         the sync fetches it. Its clock restarts whenever a replica appears.
         """
         if self._lost_grace_s is None or not missing:
@@ -197,8 +214,8 @@ class CodeSync:
         return lost
 
     def lost_topologies(self) -> frozenset[str]:
-        """Live topologies whose code this host lacks and that counted as lost at the
-        last check (see :meth:`check_code`): while any are, the leader is degraded."""
+        """Code keys of live topologies that this host lacks and that counted as lost at
+        the last check (see :meth:`check_code`): while any are, the leader is degraded."""
         if self._lost_grace_s is None:
             return frozenset()
         now = time.monotonic()
@@ -208,7 +225,8 @@ class CodeSync:
         return frozenset(t for t in candidates if not self._store.has(t))
 
     def missing(self) -> set[str]:
-        """Topologies under /storms whose code this host lacks (see :meth:`check_code`)."""
+        """Code keys of topologies under /storms that this host lacks (see
+        :meth:`check_code`)."""
         return set(self.check_code().missing)
 
     def _pass(self) -> None:
@@ -262,7 +280,8 @@ class CodeSync:
         # A constant number of round trips; the listing and the metafiles come from memory.
         view.barrier(directories=self.READS)
         live = set(view.active_storms())
-        wanted = set(live)
+        needed = view_code_keys(view, live)
+        wanted = set(needed)
         published: dict[str, bytes] = {}
         for topology_id in view.code_topologies():
             try:
@@ -297,27 +316,39 @@ class CodeSync:
             if topology_id not in wanted or self._store.has(topology_id):
                 self._retry_at.pop(topology_id, None)
                 self._failures.pop(topology_id, None)
-        self._report_completeness(live, held)
+        self._report_completeness(needed, len(live), held)
 
-    def _still_there(self, topology_id: str) -> bool:
-        """Read ZooKeeper itself before removing anything: the topology or its code node
-        still exists (two round trips, for removals only)."""
+    def _still_there(self, code_key: str) -> bool:
+        """Read ZooKeeper itself before removing anything: the code node of ``code_key``
+        still exists, or its topology does and still needs it (a few round trips, for
+        removals only)."""
         zk = self._state.zk
-        return any(zk.retry(zk.exists, path) is not None for path in (
-            self._state.storm_path(topology_id), self._state.code_path(topology_id)))
+        if zk.retry(zk.exists, self._state.code_path(code_key)) is not None:
+            return True
+        topology_id = topology_of(code_key)
+        if zk.retry(zk.exists, self._state.storm_path(topology_id)) is None:
+            return False
+        return code_key in required_code_keys(self._state, [topology_id])
 
-    def _report_completeness(self, live: set[str], held_before: set[str]) -> None:
+    def _report_completeness(self, needed: set[str], topologies: int,
+                             held_before: set[str]) -> None:
         # Logged when it changes, and after a pass that fetched missing code, so that an
         # operator (or a test) sees the moment this host became able to lead.
-        missing = sorted(live - self._store.topologies())
+        missing = sorted(needed - self._store.topologies())
         self.missing_count = len(missing)
+        versions = f" ({len(needed)} code versions)" if len(needed) != topologies else ""
         if missing:
             if self._complete is not False:
-                log.info("code incomplete: missing %d of %d live topologies [%s]",
-                         len(missing), len(live), ",".join(missing))
+                if versions:
+                    log.info("code incomplete: missing %d of %d code versions of %d live "
+                             "topologies [%s]", len(missing), len(needed), topologies,
+                             ",".join(missing))
+                else:
+                    log.info("code incomplete: missing %d of %d live topologies [%s]",
+                             len(missing), topologies, ",".join(missing))
             self._complete = False
-        elif self._complete is not True or live - held_before:
-            log.info("code complete: holds all %d live topologies", len(live))
+        elif self._complete is not True or needed - held_before:
+            log.info("code complete: holds all %d live topologies%s", topologies, versions)
             self._complete = True
 
     def _on_replica_change(self, _event: object) -> None:

@@ -10,14 +10,20 @@
    :mod:`nimbus.master.rebalancing`);
 3. remove the code of submissions that never completed;
 4. schedule, fenced by the lock node of *this* leadership;
-5. when that moved work, refresh the cluster summary (read-your-writes); then bring each
-   supervisor's index of its work up to date (:mod:`nimbus.master.assignment_index`);
-6. sweep, at most every ``nimbus.sweep.freq.secs``: heartbeats of moved workers and
+5. advance the switches of code version under way (:mod:`nimbus.master.upgrades`: apply
+   a switch to its Assignment, mark the workers that switched, roll back a failed
+   upgrade, complete, prune old versions), on the same thread as the scheduler so that
+   the two never race on an Assignment;
+6. when that moved work or changed versions, refresh the cluster summary
+   (read-your-writes); then bring each supervisor's index of its work up to date
+   (:mod:`nimbus.master.assignment_index`);
+7. sweep, at most every ``nimbus.sweep.freq.secs``: heartbeats of moved workers and
    shared code whose removal did not finish (:mod:`nimbus.master.sweepers`).
 
 They are due every ``nimbus.monitor.freq.secs``, sooner when a worker held back by the
-scheduler's release quarantine may go or a rebalance's wait ends (:meth:`due_in_s`), and
-at once when asked (:meth:`ask`: a submit, a kill, a new deadline).
+scheduler's release quarantine may go or a rebalance's wait ends, and about every second
+while a switch of code version is under way (:meth:`due_in_s`), and at once when asked
+(:meth:`ask`: a submit, a kill, a new deadline, an upgrade).
 
 ZooKeeper unreachable: the elector already reports no leadership (SUSPENDED or LOST, or
 a lease that ran out) and every leader write is fenced, so the duties then do nothing
@@ -39,6 +45,7 @@ from nimbus.master.lifecycle import TopologyLifecycle
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.master.sweepers import LeaderSweeper
+from nimbus.master.upgrades import Upgrades
 from nimbus.state.cluster_state import Fence, LayoutMissingError, NotLeaderError
 from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.records import RecordError
@@ -58,8 +65,10 @@ class LeaderDuties:
     def __init__(self, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  scheduler: Scheduler, cache: ClusterSummaryCache, period_s: float,
                  sweeper: LeaderSweeper | None = None,
-                 index: AssignmentIndex | None = None):
+                 index: AssignmentIndex | None = None,
+                 upgrades: Upgrades | None = None):
         self._elector = elector
+        self._upgrades = upgrades
         self._sweeper = sweeper
         self._index = index
         self._lifecycle = lifecycle
@@ -78,13 +87,18 @@ class LeaderDuties:
 
     def due_in_s(self) -> float:
         """Seconds until the duties are due (0 or less: now): a period after the last
-        run, or sooner when a held-back worker may go or a rebalance's wait ends."""
+        run, or sooner when a held-back worker may go, a rebalance's wait ends or a
+        switch of code version under way is to be looked at again."""
         if self._asked.is_set():
             return 0.0
         due = self._last_run + self._period_s - time.monotonic()
         for then in (self._scheduler.next_release_s(), self._lifecycle.next_rebalance_s()):
             if then is not None:
                 due = min(due, then + RELEASE_MARGIN_S)
+        if self._upgrades is not None:
+            then = self._upgrades.due_in_s()
+            if then is not None:
+                due = min(due, then)
         return due
 
     def run(self, leadership: Leadership) -> None:
@@ -114,7 +128,8 @@ class LeaderDuties:
             self._lifecycle.remove_orphan_code()
             fence = self._fence(leadership)
             wrote = self._scheduler.schedule(fence)
-            if wrote or rebalanced:
+            switched = self._advance_upgrades(fence)
+            if wrote or rebalanced or switched:
                 # Read-your-writes: once a pass has moved work, the summary getClusterInfo
                 # serves shows it (one barrier, only after passes that wrote).
                 self._cache.refresh_now()
@@ -142,6 +157,22 @@ class LeaderDuties:
             log.warning("duties failed, retrying next cycle: %s", exc)
         except Exception:
             log.exception("duties failed")
+
+    def _advance_upgrades(self, fence: Fence) -> bool:
+        """Advance the switches under way; whether that wrote. A failure of its own is
+        logged and leaves the rest of the duties (the index, the sweeps) to run."""
+        if self._upgrades is None:
+            return False
+        try:
+            return self._upgrades.advance(fence)
+        except (NotLeaderError, NoLeaderError, ViewNotLoadedError, LayoutMissingError,
+                KazooException):
+            raise
+        except RecordError as exc:
+            log.error("switches of code version not advanced: %s", exc)
+        except Exception:
+            log.exception("advancing the switches of code version failed")
+        return False
 
     def _fence(self, leadership: Leadership) -> Fence:
         """The fence of the leadership this cycle began under. If that one has ended,

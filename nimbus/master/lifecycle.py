@@ -5,6 +5,12 @@ then comes into existence in one fenced multi-op (storms, assignments, workerbea
 errors nodes together). A leader that dies before that op leaves no topology, only a
 code node without a storm, which the next leader's duties remove. Every write here is
 fenced by the leader lock (see ``cluster_state``), so a deposed leader changes nothing.
+
+The code of a topology is kept, distributed and replicated by *code key*: version 1 (the
+submitted code) under the topology id, a later version under ``<id>.v<N>``
+(:mod:`nimbus.state.code_versions`, written by :mod:`nimbus.master.upgrades`, which uses
+the staging, upload and replication wait here for a version as submit does for a
+topology).
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from nimbus.master import rebalancing
 from nimbus.master.elector import LeaderElector, NoLeaderError
 from nimbus.state.cluster_state import ConcurrentChangeError, Fence, StormClusterState
 from nimbus.state.cluster_view import ClusterView
+from nimbus.state.code_versions import CodeVersions, is_version_key, topology_of
 from nimbus.state.records import (
     ACTIVE,
     INACTIVE,
     KILLED,
     Assignment,
     CodeMeta,
+    RecordError,
     StormBase,
 )
 from nimbus.topology_paths import relative_path_keys
@@ -114,11 +122,28 @@ class TopologyLifecycle:
         self._pending: dict[str, tuple[str, str]] = {}  # id -> (name, token), in flight
         self._pending_lock = threading.Condition()
         self._replication_changed = threading.Condition()
+        # Code keys of other uploads in flight (the versions nimbus.master.upgrades is
+        # uploading): see add_pending_source.
+        self._pending_sources: list[Callable[[], set[str]]] = []
+        # The upgrades of these topologies (nimbus.master.upgrades.Upgrades), which set
+        # this when they are built on this lifecycle: where the Thrift handler finds them.
+        self.upgrades: Any = None
 
     # -- helpers --------------------------------------------------------------------------
     def pending_ids(self) -> set[str]:
+        """The code keys of every upload in flight on this leader: submissions (their
+        topology ids) and the versions of upgrades (``<id>.v<N>``). Their code exists
+        before anything in ZooKeeper lists it, so the sync, the sweeper and the orphan
+        removal leave it alone."""
         with self._pending_lock:
-            return set(self._pending)
+            pending = set(self._pending)
+        for source in self._pending_sources:
+            pending |= source()
+        return pending
+
+    def add_pending_source(self, source: Callable[[], set[str]]) -> None:
+        """Count ``source()`` (code keys) among the uploads in flight (:meth:`pending_ids`)."""
+        self._pending_sources.append(source)
 
     def _named(self, name: str) -> tuple[str, StormBase] | None:
         """The live topology named ``name``, from the view after a barrier: every
@@ -134,30 +159,18 @@ class TopologyLifecycle:
             raise TopologyNotFoundError(f"no live topology named {name!r}")
         return found
 
-    def _topology_setting(self, topo_conf: dict[str, Any], key: str) -> Any:
+    def topology_setting(self, topo_conf: dict[str, Any], key: str) -> Any:
+        """The integer ``key`` of a topology's conf, or the cluster's value when it sets
+        none; InvalidTopologyError when it is no integer."""
         value = topo_conf.get(key, self.conf[key])
         if not isinstance(value, int) or isinstance(value, bool):
             raise InvalidTopologyError(f"topology conf: {key!r} must be an integer")
         return value
 
-    # -- submit ---------------------------------------------------------------------------
-    def submit(self, name: str, bundle: Path, json_conf: str, topology_bytes: bytes = b"",
-               initial_status: str = ACTIVE,
-               client_gone: Callable[[], bool] | None = None) -> str:
-        """Distribute a bundle, wait for replication, then create the topology atomically.
-
-        ``client_gone()`` is asked while the replication wait lasts: once it is true the
-        submission is undone and SubmissionAbandonedError raised.
-        """
-        fence = self.elector.fence()
-        check_topology_name(name)
-        lost = self._code_lost()
-        if lost:
-            raise InvalidTopologyError(
-                f"this leader runs degraded and accepts no submissions: the code of "
-                f"{len(lost)} live topologies is on no nimbus and in no store "
-                f"[{','.join(sorted(lost))}]; restore a nimbus's storm.local.dir (or the "
-                "store) that holds it, or kill them")
+    def parse_topology_conf(self, json_conf: str) -> dict[str, Any]:
+        """A submitted topology conf (JSON), checked as submit checks it: a JSON object
+        whose known keys have the types of their defaults and whose path keys are
+        absolute. InvalidTopologyError otherwise."""
         try:
             topo_conf = json.loads(json_conf or "{}")
         except json.JSONDecodeError as exc:
@@ -176,15 +189,77 @@ class TopologyLifecycle:
                 "or a URI: a worker runs in its own directory on a supervisor host, so a "
                 "relative path would name a place there (nimbus-ha submit resolves it "
                 "against the directory it runs in)")
-        min_replicas = self._topology_setting(topo_conf, "topology.min.replication.count")
-        max_wait = self._replication_wait(topo_conf)
-        num_workers = self._topology_setting(topo_conf, "topology.workers")
+        return topo_conf
+
+    def check_bundle(self, bundle: Path) -> str:
+        """The kind of ``bundle`` (pipeline or process); InvalidTopologyError for one no
+        worker can run, or one larger than nimbus.max.topology.bytes."""
         try:
-            # Before anything is written: a bundle no worker can run (a plain Storm jar)
-            # must leave no code directory and no znode behind.
-            kind = bundle_kind(bundle, self.conf["nimbus.max.topology.bytes"])
+            return bundle_kind(bundle, self.conf["nimbus.max.topology.bytes"])
         except ValueError as exc:
             raise InvalidTopologyError(str(exc)) from None
+
+    # -- the code of a code key (a topology's version 1, or a later version) --------------
+    def stage_code(self, code_key: str, bundle: Path, topo_conf: dict[str, Any],
+                   topology_bytes: bytes) -> None:
+        """Put the code of ``code_key`` in this leader's store, atomically."""
+        with atomic_dir(self.store.path(code_key)) as staging:
+            shutil.copyfile(bundle, staging / BUNDLE_FILE)
+            (staging / CONF_FILE).write_text(json.dumps(topo_conf, sort_keys=True))
+            (staging / TOPOLOGY_FILE).write_bytes(topology_bytes)
+
+    def distribute_code(self, fence: Fence, code_key: str, now: int) -> None:
+        """Create the code node of ``code_key``, upload its staged code through the
+        distributor and publish the metafile, so that the other nimbuses replicate it."""
+        self.state.begin_code(fence, code_key)
+        metafile = self.distributor.upload(self.store.path(code_key), code_key)
+        self.state.publish_code(fence, code_key, CodeMeta(
+            distributor=self.distributor.name, metafile_b64=CodeMeta.pack(
+                metafile.read_bytes()), uploaded_by=self.address, created_secs=now))
+
+    def code_sha256(self, code_key: str) -> dict[str, str]:
+        """file name -> sha256 of the staged code of ``code_key`` (what an Assignment
+        gives supervisors to verify)."""
+        code_dir = self.store.path(code_key)
+        return {f: sha256_file(code_dir / f) for f in (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)}
+
+    def discard_code(self, code_key: str) -> None:
+        """Remove the code of ``code_key`` everywhere this leader can: its code node
+        (fenced; the other nimbuses then drop their copies), the shared store's objects
+        (only after that write succeeded), this host's distributor copy and store copy.
+        A failure leaves a leak for the duties or the sweeper, never a loss."""
+        if self.elector.is_leader():
+            try:
+                self.state.remove_code(self.elector.fence(), code_key)
+                self._delete_shared(code_key)
+            except Exception as exc:
+                # Left to the next leader's duties (remove_orphan_code), fenced as here.
+                log.warning("removing code node of %s failed: %s", code_key, exc)
+        try:
+            self.distributor.cleanup(code_key)
+        except Exception as exc:
+            log.warning("cleanup of %s failed: %s", code_key, exc)
+        self.store.remove(code_key)
+
+    # -- submit ---------------------------------------------------------------------------
+    def submit(self, name: str, bundle: Path, json_conf: str, topology_bytes: bytes = b"",
+               initial_status: str = ACTIVE,
+               client_gone: Callable[[], bool] | None = None) -> str:
+        """Distribute a bundle, wait for replication, then create the topology atomically.
+
+        ``client_gone()`` is asked while the replication wait lasts: once it is true the
+        submission is undone and SubmissionAbandonedError raised.
+        """
+        fence = self.elector.fence()
+        check_topology_name(name)
+        self.refuse_degraded("submissions")
+        topo_conf = self.parse_topology_conf(json_conf)
+        min_replicas = self.topology_setting(topo_conf, "topology.min.replication.count")
+        max_wait = self.replication_wait(topo_conf)
+        num_workers = self.topology_setting(topo_conf, "topology.workers")
+        # Before anything is written: a bundle no worker can run (a plain Storm jar)
+        # must leave no code directory and no znode behind.
+        kind = self.check_bundle(bundle)
 
         token = str(topo_conf.get(SUBMISSION_TOKEN_KEY) or "")
         now = int(time.time())
@@ -196,17 +271,13 @@ class TopologyLifecycle:
             log.info("submission %s of %s is a retry: it created %s", token, name, existing)
             return existing
         try:
-            with atomic_dir(self.store.path(topology_id)) as staging:
-                shutil.copyfile(bundle, staging / BUNDLE_FILE)
-                (staging / CONF_FILE).write_text(json.dumps(topo_conf, sort_keys=True))
-                (staging / TOPOLOGY_FILE).write_bytes(topology_bytes)
-            self.state.begin_code(fence, topology_id)
-            metafile = self.distributor.upload(self.store.path(topology_id), topology_id)
-            self.state.publish_code(fence, topology_id, CodeMeta(
-                distributor=self.distributor.name, metafile_b64=CodeMeta.pack(
-                    metafile.read_bytes()), uploaded_by=self.address, created_secs=now))
-            replicas = self._wait_for_replication(fence, topology_id, min_replicas, max_wait,
-                                                  client_gone or _never)
+            self.stage_code(topology_id, bundle, topo_conf, topology_bytes)
+            self.distribute_code(fence, topology_id, now)
+            replicas = self.wait_for_replication(fence, topology_id, min_replicas, max_wait,
+                                                 client_gone or _never)
+            if replicas < min_replicas:
+                log.warning("%s: %d of %d replicas after %ss; activating anyway",
+                            topology_id, replicas, min_replicas, max_wait)
             base = StormBase(storm_name=name, launch_time_secs=now, status=initial_status,
                              num_workers=num_workers, owner=str(topo_conf.get(
                                  "topology.submitter.user", "")), submission_token=token)
@@ -214,8 +285,7 @@ class TopologyLifecycle:
             self.state.activate_storm(
                 fence, topology_id, base,
                 Assignment(master_code_dir=str(code_dir.resolve()),
-                           code_sha256={f: sha256_file(code_dir / f)
-                                        for f in (BUNDLE_FILE, CONF_FILE, TOPOLOGY_FILE)}))
+                           code_sha256=self.code_sha256(topology_id)))
             log.info("submitted %s as %s (%s, %d replicas)", name, topology_id, kind,
                      replicas)
             return topology_id
@@ -226,6 +296,23 @@ class TopologyLifecycle:
             with self._pending_lock:
                 self._pending.pop(topology_id, None)
                 self._pending_lock.notify_all()
+
+    def refuse_degraded(self, what: str) -> None:
+        """InvalidTopologyError while this leader leads without some live topology's code
+        (STORM-3664): it accepts no ``what`` (submissions, upgrades) until then."""
+        lost = self._code_lost()
+        if lost:
+            raise InvalidTopologyError(
+                f"this leader runs degraded and accepts no {what}: the code of "
+                f"{len(lost)} live topologies is on no nimbus and in no store "
+                f"[{','.join(sorted(lost))}]; restore a nimbus's storm.local.dir (or the "
+                "store) that holds it, or kill them")
+
+    @staticmethod
+    def _alive(name: str) -> TopologyExistsError:
+        return TopologyExistsError(
+            f"topology {name!r} is already alive; to change its code keep it running and "
+            f"use `nimbus-ha upgrade {name} PATH` (same topology id, same checkpoints)")
 
     def _claim_name(self, name: str, token: str, topology_id: str) -> str | None:
         """Reserve ``name`` for a new submission, or recognise a retry of an earlier one.
@@ -243,21 +330,21 @@ class TopologyLifecycle:
                         self._pending_lock.wait(1.0)
                         self.elector.fence()  # stop waiting once no longer leading
                         continue
-                    raise TopologyExistsError(f"topology {name!r} is already alive")
+                    raise self._alive(name)
                 found = self._named(name)
                 if found is not None:
                     if token and found[1].submission_token == token:
                         return found[0]
-                    raise TopologyExistsError(f"topology {name!r} is already alive")
+                    raise self._alive(name)
                 self._pending[topology_id] = (name, token)
                 return None
 
-    def _replication_wait(self, topo_conf: dict[str, Any]) -> int:
+    def replication_wait(self, topo_conf: dict[str, Any]) -> int:
         """Seconds to wait for replicas: the topology's own wait, at most the cluster's
         ceiling, which -1 asks for. A wait that never ends would hold a Thrift thread,
         and the name, for as long as the leader lives."""
         ceiling = self.conf[REPLICATION_WAIT_CEILING_KEY]
-        wanted = self._topology_setting(topo_conf, REPLICATION_WAIT_KEY)
+        wanted = self.topology_setting(topo_conf, REPLICATION_WAIT_KEY)
         if wanted < -1:
             raise InvalidTopologyError(
                 f"topology conf: {REPLICATION_WAIT_KEY!r} must be -1 (up to "
@@ -266,9 +353,11 @@ class TopologyLifecycle:
             return ceiling
         return wanted
 
-    def _wait_for_replication(self, fence: Fence, topology_id: str, wanted: int,
-                              max_wait_s: int, client_gone: Callable[[], bool]) -> int:
-        """Wait for ``wanted`` replicas, woken by replica registrations; returns the count.
+    def wait_for_replication(self, fence: Fence, code_key: str, wanted: int,
+                             max_wait_s: int, client_gone: Callable[[], bool]) -> int:
+        """Wait for ``wanted`` replicas of the code of ``code_key`` (a topology id or a
+        version's key), woken by replica registrations; returns the count, which is
+        below ``wanted`` once ``max_wait_s`` passed (the caller decides what then).
 
         A dropped ZooKeeper connection alone does not end the wait: the session may
         survive it, and the activation that follows is fenced anyway. Only a lock node
@@ -280,24 +369,22 @@ class TopologyLifecycle:
         started = time.monotonic()
         deadline = started + max_wait_s
         while True:
-            count = self.distributor.get_replication_count(topology_id)
+            count = self.distributor.get_replication_count(code_key)
             if count >= wanted:
                 return count
             if not self.elector.is_leader() and self._lock_gone(fence):
                 raise NoLeaderError("lost leadership while waiting for replication")
             if client_gone():
                 raise SubmissionAbandonedError(
-                    f"{topology_id}: its client hung up after {time.monotonic() - started:.0f}"
-                    f"s of waiting for {wanted} replicas ({count} so far); submission undone")
+                    f"{code_key}: its client hung up after {time.monotonic() - started:.0f}"
+                    f"s of waiting for {wanted} replicas ({count} so far); upload undone")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("%s: %d of %d replicas after %ss; activating anyway",
-                            topology_id, count, wanted, max_wait_s)
                 return count
             with self._replication_changed:
                 # Replica registrations notify; the timeout covers stores without watches
                 # and bounds how late a client that hung up is noticed.
-                self.state.replica_hosts(topology_id, watch=self._notify_replication)
+                self.state.replica_hosts(code_key, watch=self._notify_replication)
                 self._replication_changed.wait(min(0.5, remaining))
 
     def _lock_gone(self, fence: Fence) -> bool:
@@ -330,18 +417,7 @@ class TopologyLifecycle:
             log.warning("%s was created although its submission reported an error",
                         topology_id)
             return
-        if self.elector.is_leader():
-            try:
-                self.state.remove_code(self.elector.fence(), topology_id)
-                self._delete_shared(topology_id)
-            except Exception as exc:
-                # Left to the next leader's duties (remove_orphan_code), fenced as here.
-                log.warning("removing code node of abandoned %s failed: %s", topology_id, exc)
-        try:
-            self.distributor.cleanup(topology_id)
-        except Exception as exc:
-            log.warning("cleanup of abandoned %s failed: %s", topology_id, exc)
-        self.store.remove(topology_id)
+        self.discard_code(topology_id)
 
     def _delete_shared(self, topology_id: str) -> None:
         """Delete shared code of a topology whose removal from ZooKeeper just committed.
@@ -406,6 +482,30 @@ class TopologyLifecycle:
         if refused:
             raise InvalidTopologyError(refused)
 
+    def switch_under_way(self, topology_id: str) -> dict[str, Any]:
+        """The switch of code version under way for ``topology_id`` (the ``switch`` of
+        its /code-versions node: :mod:`nimbus.state.code_versions`), {} when none is.
+        RecordError if that node holds something this release cannot read."""
+        got = self.state.code_versions(topology_id)
+        return dict(got[0].switch) if got is not None else {}
+
+    def _refuse_during_switch(self, name: str, topology_id: str, action: str) -> None:
+        """InvalidTopologyError while a switch of code version is under way (or cannot
+        be known): its workers' versions are being changed slot by slot."""
+        try:
+            switch = self.switch_under_way(topology_id)
+        except RecordError as exc:
+            raise InvalidTopologyError(
+                f"{action} of {name!r} refused: its code versions cannot be read "
+                f"({exc})") from None
+        if switch:
+            raise InvalidTopologyError(
+                f"topology {name!r} is switching from code version {switch.get('from')} "
+                f"to {switch.get('to')} ({switch.get('kind')}, "
+                f"{switch.get('strategy')}): {action} is refused until the switch ends "
+                f"(see `nimbus-ha history {name}`); `nimbus-ha rollback {name}` and kill "
+                "are allowed")
+
     def activate(self, name: str) -> None:
         def change(_topology_id: str, base: StormBase) -> StormBase | None:
             self._refuse_transition(name, base, "activate")
@@ -450,8 +550,9 @@ class TopologyLifecycle:
 
         wait = wait_secs or 0
 
-        def change(_topology_id: str, base: StormBase) -> StormBase | None:
+        def change(topology_id: str, base: StormBase) -> StormBase | None:
             self._refuse_transition(name, base, "rebalance")
+            self._refuse_during_switch(name, topology_id, "rebalance")
             return rebalancing.begin(base, num_workers, wait, self.clock())
 
         self._change(name, change)
@@ -479,8 +580,11 @@ class TopologyLifecycle:
         for topology_id, base in self._view.storms().items():
             if base.status == KILLED and base.kill_at_secs <= now:
                 log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
+                # Its versions' code goes with it (remove_storm deletes their nodes).
+                keys = [topology_id, *self.state.version_code_keys(topology_id)]
                 self.state.remove_storm(fence, topology_id)
-                self._delete_shared(topology_id)
+                for code_key in keys:
+                    self._delete_shared(code_key)
 
     def complete_due_rebalances(self) -> int:
         """Complete every rebalance whose deadline has passed, whichever leader set it;
@@ -522,15 +626,46 @@ class TopologyLifecycle:
         return rebalancing.seconds_until_next(storms.values(), self.clock())
 
     def remove_orphan_code(self) -> None:
-        """Remove code nodes of submissions that never completed (their leader died)."""
+        """Remove code nodes of submissions that never completed (their leader died), and
+        of versions that no topology keeps: the topology is gone, or its /code-versions
+        node does not list the version (an upgrade whose leader died before it listed
+        it, or a pruning that did not finish). Nothing in flight on this leader is
+        touched, nor the versions of a topology whose /code-versions cannot be read."""
         fence = self.elector.fence()
-        # Read in this order so that a submission finishing meanwhile is seen as pending
-        # or as a storm, never as neither.
+        # Read in this order so that a submission or an upgrade finishing meanwhile is
+        # seen as pending, or as a storm or a listed version, never as neither.
         codes = self.state.code_topologies()
         pending = self.pending_ids()
         storms = set(self.state.active_storms())
-        for topology_id in codes:
-            if topology_id not in storms and topology_id not in pending:
-                log.info("removing code of unfinished submission %s", topology_id)
-                self.state.remove_code(fence, topology_id)
-                self._delete_shared(topology_id)
+        listed: dict[str, frozenset[str] | None] = {}
+        for code_key in codes:
+            if code_key in pending:
+                continue
+            if is_version_key(code_key):
+                topology_id = topology_of(code_key)
+                if topology_id in storms:
+                    if topology_id not in listed:
+                        listed[topology_id] = self._listed_versions(topology_id)
+                    keys = listed[topology_id]
+                    if keys is None or code_key in keys:
+                        continue
+                    why = f"a version /code-versions/{topology_id} does not list"
+                else:
+                    why = "a version of a topology that is gone"
+            elif code_key in storms:
+                continue
+            else:
+                why = "a submission that never completed"
+            log.info("removing code of %s: %s", code_key, why)
+            self.state.remove_code(fence, code_key)
+            self._delete_shared(code_key)
+
+    def _listed_versions(self, topology_id: str) -> frozenset[str] | None:
+        """The code keys /code-versions lists for ``topology_id`` (none without the
+        node), or None when it cannot be read (then nothing of it counts as orphaned)."""
+        try:
+            got = self.state.code_versions(topology_id)
+        except RecordError:
+            return None
+        versions = got[0] if got is not None else CodeVersions()
+        return frozenset(versions.keys(topology_id))

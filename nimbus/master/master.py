@@ -2,8 +2,9 @@
 
 :class:`Master` builds the ZooKeeper sessions, the cluster state and its in-memory view,
 the local code store and the code distributor, the code sync, the elector, the
-topologies' lifecycle, the scheduler, the cluster summary, the sweeper, the watchdog and
-the cycle (:mod:`nimbus.master.cycle`) that drives them. The process around it
+topologies' lifecycle and their upgrades (:mod:`nimbus.master.upgrades`), the scheduler,
+the cluster summary, the sweeper, the watchdog and the cycle (:mod:`nimbus.master.cycle`)
+that drives them. The process around it
 (:mod:`nimbus.daemons.nimbus`) adds Storm's Thrift service, the UI and the metrics.
 
 Start-up order matters: the caller serves Thrift first (peers download code from it),
@@ -40,6 +41,7 @@ from nimbus.master.registration import NimbusRegistration
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.master.sweepers import LeaderSweeper
+from nimbus.master.upgrades import Upgrades
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.zk_auth import check_layout_acl, zk_security
@@ -134,6 +136,9 @@ class Master:
         self.lifecycle = TopologyLifecycle(conf, self.state, self.store, self.distributor,
                                            self.elector, self.address,
                                            code_lost=self._code_lost, view=self.view)
+        # Upgrades of running topologies (new code versions, switches, rollbacks): its
+        # uploads in flight count among the lifecycle's pending code from here on.
+        self.upgrades = Upgrades(self.lifecycle, self.view)
         self.sync = CodeSync(self.state, self.store, self.distributor, view=self.view,
                              period_s=conf["nimbus.code.sync.freq.secs"],
                              protected=self.lifecycle.pending_ids,
@@ -158,12 +163,15 @@ class Master:
         self.duties = LeaderDuties(self.elector, self.lifecycle, self.scheduler, self.cache,
                                    period_s=conf["nimbus.monitor.freq.secs"],
                                    sweeper=self.sweeper,
-                                   index=AssignmentIndex(self.state, self.view))
+                                   index=AssignmentIndex(self.state, self.view),
+                                   upgrades=self.upgrades)
         self.cycle = NimbusCycle(self.bell, self.registration, self.view, self.sync,
                                  self.elector, self.duties, self.cache, observer,
                                  completed=self.watchdog.cycle_completed)
         # A new rebalance deadline: the cycle computes its wait again.
         self.lifecycle.add_timer_listener(self.cycle.wake)
+        # A switch begun by a call: the duties apply it at once.
+        self.upgrades.add_wake_listener(self.cycle.wake_duties)
 
     def _code_lost(self) -> frozenset[str]:
         # Submit refuses while a topology's code is lost (the sync knows which).
@@ -177,8 +185,9 @@ class Master:
                                            self.zk.session_timeout.seconds)
 
     def topology_conf_path(self, topology_id: str) -> Path:
-        """Where this host keeps ``topology_id``'s conf, once its code is here."""
-        return self.store.path(topology_id) / CONF_FILE
+        """Where this host keeps the conf ``topology_id`` runs with (its running code
+        version's: :meth:`Upgrades.running_key`), once its code is here."""
+        return self.store.path(self.upgrades.running_key(topology_id)) / CONF_FILE
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:

@@ -30,6 +30,7 @@ from nimbus.read_your_writes import Reloads
 from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
+from nimbus.state.code_versions import topology_of
 from nimbus.state.records import StormBase
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,11 @@ class ClusterSummaryCache:
         if directory == "workerbeats":
             return  # heartbeats: nothing the summary shows
         with self._stale_lock:
-            if directory == "code-distributor":
+            if directory == "code-distributor":  # a code key: count its topology again
+                self._stale_replication.add(topology_of(topology_id))
+            elif directory == "code-versions":  # the running version may have changed
                 self._stale_replication.add(topology_id)
+                self._dirty.add(directory)
             else:
                 self._dirty.add(directory)
         self._loop.wake()
@@ -211,7 +215,7 @@ class ClusterSummaryCache:
         for topology_id in storms:
             if topology_id in self._hosts and topology_id not in stale:
                 continue
-            hosts = self._view.replica_hosts(topology_id)
+            hosts = self._view.replica_hosts(self._view.running_code_key(topology_id))
             if self._hosts.get(topology_id) != hosts:
                 self._hosts[topology_id] = hosts
                 changed = True
@@ -235,7 +239,8 @@ class ClusterSummaryCache:
             recount.update(batch)
         for topology_id in recount:
             try:
-                count = self._distributor.get_replication_count(topology_id)
+                count = self._distributor.get_replication_count(
+                    self._view.running_code_key(topology_id))
             except Exception as exc:
                 log.debug("replication count of %s unavailable: %s", topology_id, exc)
                 count = 0

@@ -7,13 +7,17 @@ Layout under the root (``/storm`` by default)::
     workerbeats/<id>/<node-port>      worker heartbeats (nimbus only creates the directory)
     errors/<id>/<component>/e<seq>    errors, the 10 newest per component are kept
     supervisors/<supervisor-id>       SupervisorInfo heartbeats (ephemeral)
-    code-distributor/<id>             CodeMeta (the metafile); children: replica hosts
+    code-distributor/<key>            CodeMeta (the metafile); children: replica hosts.
+                                      <key> is a topology id (version 1) or a version's
+                                      code key, <id>.v<N> (nimbus.state.code_versions)
     nimbuses/<host:port>              NimbusInfo of every live nimbus (ephemeral)
     leader-lock/nimbus-<seq>          the leader lock queue (ephemeral sequential)
     supervisor-assignments/<sup-id>   SupervisorAssignments: the leader's index of the
                                       topologies with work on each supervisor
     placements/<id>                   PlacementHistory: where each worker has run, written
                                       by the leader with the assignment it describes
+    code-versions/<id>                CodeVersions: an upgraded topology's versions and
+                                      the switch under way, written by the leader
 
 Every write that only the leader may make takes a :class:`Fence` and is one ZooKeeper
 multi-op whose first operation checks that the leader's lock node still exists. A nimbus

@@ -36,7 +36,7 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState, is_topology_id
-from nimbus.state.code_versions import CodeVersions
+from nimbus.state.code_versions import CodeVersions, version_key
 from nimbus.state.records import (
     Assignment,
     CodeMeta,
@@ -230,6 +230,17 @@ class ClusterView:
         if got is None:
             return None
         return self._decode(CodeVersions, path, got), got[1].version
+
+    def running_code_key(self, topology_id: str) -> str:
+        """The code key of the version ``topology_id``'s workers run: its id when it was
+        never upgraded, or when its /code-versions node cannot be read here."""
+        try:
+            got = self.code_versions(topology_id)
+        except (RecordError, ViewNotLoadedError):
+            return topology_id
+        if got is None or got[0].entry(got[0].running) is None:
+            return topology_id
+        return version_key(topology_id, got[0].running)
 
     def upgraded_topologies(self) -> list[str]:
         """Ids of the topologies that have a /code-versions node."""

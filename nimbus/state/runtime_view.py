@@ -31,6 +31,8 @@ unknown id)::
                   "restarts": int, "memory_bytes": int, "warm_start": bool,
                   "spark_ui_url": str,         # its Spark UI while it runs, else ""
                   "placements": [PLACEMENT],   # where it has run, newest first
+                  "version": int | None,       # the code version it runs (None: unknown)
+                  "assigned_version": int,     # the one the leader assigns it
                   "components": {name: COMPONENT}}],           # sorted by index
      "warm_workers": {supervisor_id: {"host", "ready", "starting", "memory_bytes"}},
      "components": {name: {"host_ports": ["host:port"], "batch_id": int | None,
@@ -40,10 +42,24 @@ unknown id)::
                            "history_end_secs": int | None, "reported_by": str | None,
                            "live": bool, "details_cut": bool,
                            "checkpoint": str | None}},
-     "errors": ERRORS}
+     "errors": ERRORS,
+     "code_version": int,                     # the version that runs (1: never upgraded)
+     "switch": SWITCH | None,                 # a switch of version under way
+     "code_versions": [{"version": int, "state": str, "error": str,
+                        "created_secs": int}]}  # kept versions, newest first
 
     PLACEMENT = {"supervisor_id": str, "host": str, "port": int, "since_secs": int,
                  "until_secs": int}            # until 0: placed there now
+
+Code versions (:mod:`nimbus.state.code_versions`) come from ``/code-versions/<id>``:
+``code_version`` is its ``running`` (what the workers run once no switch is under way),
+``SWITCH`` its ``switch`` as written there ({"kind": "upgrade" | "rollback", "from",
+"to", "strategy", "started_secs", "deadline_secs", "by", "switched": [executor]}), and
+``code_versions`` the kept versions' number, state (running, switching, previous, old,
+rolled back, failed) and recorded error; a topology never upgraded has version 1 alone,
+and an unreadable node shows as that too. A worker's ``version`` is what its supervisor
+says it runs (its beat's, when the supervisor says nothing of it), ``assigned_version``
+what the leader's assignment wants it to run (they differ while it switches).
 
 A component's ``progress`` (Spark's newest StreamingQueryProgress: sources with offsets,
 sink, state operators, watermark, durations) and ``history`` (``POINT = [time_secs,
@@ -86,6 +102,7 @@ from nimbus.state import worker_state
 from nimbus.state.beat_progress import checked_history, checked_progress, checked_url
 from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import MAX_ERRORS_PER_COMPONENT, StormClusterState
+from nimbus.state.code_versions import CodeVersions
 from nimbus.state.records import (
     WORKER_PREFIX,
     Assignment,
@@ -175,6 +192,48 @@ def _placement_history(state: StormClusterState, topology_id: str) -> PlacementH
         return state.placement_history(topology_id)[0]
     except UNREADABLE:
         return None   # written by another release: no history rather than no page
+
+
+def _code_versions(state: StormClusterState, topology_id: str) -> CodeVersions | None:
+    try:
+        found = state.code_versions(topology_id)
+    except UNREADABLE:
+        return None   # written by another release: version 1 alone rather than no page
+    return found[0] if found is not None else None
+
+
+def version_facts(versions: CodeVersions | None, launch_secs: int = 0) -> dict[str, Any]:
+    """``code_version``, ``switch`` and ``code_versions`` of :func:`topology_info` (see
+    the module docstring) from a topology's CodeVersions (None: never upgraded, its
+    version 1 submitted at ``launch_secs``)."""
+    if versions is None or not versions.versions:
+        return {"code_version": 1, "switch": None,
+                "code_versions": [{"version": 1, "state": "running", "error": "",
+                                   "created_secs": launch_secs}]}
+    kept = sorted(versions.versions, key=lambda e: e["version"], reverse=True)
+    return {"code_version": versions.running,
+            "switch": {**versions.switch,
+                       "switched": list(versions.switch.get("switched", []))}
+            if versions.switch else None,
+            "code_versions": [{"version": e["version"], "state": e["state"],
+                               "error": e["error"], "created_secs": e["created_secs"]}
+                              for e in kept]}
+
+
+def worker_version(info: SupervisorInfo | None, topology_id: str, port: int,
+                   beat: WorkerBeat | None) -> int | None:
+    """The code version the worker of ``topology_id`` on ``port`` runs: its
+    supervisor's word (the entry's "version"), else its beat's; None if neither says."""
+    entry = info.workers.get(str(port)) if info is not None and isinstance(
+        info.workers, dict) else None
+    if isinstance(entry, dict) and entry.get("topology_id") == topology_id:
+        said = entry.get("version")
+        if isinstance(said, int) and not isinstance(said, bool) and said >= 1:
+            return said
+    if beat is not None and isinstance(beat.code_version, int) and \
+            not isinstance(beat.code_version, bool) and beat.code_version >= 1:
+        return beat.code_version
+    return None
 
 
 def placements_of(history: PlacementHistory | None, worker: str) -> list[dict[str, Any]]:
@@ -286,6 +345,9 @@ def topology_info(state: StormClusterState, topology_id: str, now: float | None 
             "warm_start": beat.warm_start is True if beat else False,
             "spark_ui_url": checked_url(beat.spark_ui_url) if beat and judged.alive else "",
             "placements": placements_of(history, worker),
+            "version": worker_version(sup[0] if sup is not None else None, topology_id,
+                                      port, beat),
+            "assigned_version": assignment.code_for(worker)[0],
             "components": components})
     components: dict[str, dict[str, Any]] = {}
     for w in workers:
@@ -315,4 +377,6 @@ def topology_info(state: StormClusterState, topology_id: str, now: float | None 
         "warm_workers": {sid: _warm_entry(got[0]) for sid, got in supervisors.items()
                          if got is not None and got[0] is not None},
         "components": dict(sorted(components.items())),
-        "errors": errors(state, topology_id)}, topology_conf)
+        "errors": errors(state, topology_id),
+        **version_facts(_code_versions(state, topology_id),
+                        _number(base.launch_time_secs, int))}, topology_conf)

@@ -68,19 +68,32 @@ MAX_LAST_ERROR_CHARS = 300
 
 @dataclass(frozen=True)
 class Statement:
-    """What a supervisor says of the worker of one of its slots."""
+    """What a supervisor says of the worker of one of its slots.
+
+    For upgrades (nimbus.state.code_versions): ``version``, the code version of the
+    worker it speaks of (the one running, else the one the slot starts next);
+    ``committed``, whether that worker proved that version (a pipeline committed a
+    batch in that process; a process topology's health check passed, or it declares
+    none and started); ``failures``, how many of the slot's workers on that version
+    exited before they committed (reset when the slot's wanted version changes).
+    Entries of earlier releases say none of them: version 1, not committed, none.
+    """
 
     topology_id: str
     state: str
     restarts: int
     backoff_secs: int
     last_error: str
+    version: int = 1
+    committed: bool = False
+    failures: int = 0
 
     def as_record(self) -> dict[str, Any]:
         """The entry of :attr:`SupervisorInfo.workers` for this statement."""
         return {"topology_id": self.topology_id, "state": self.state,
                 "restarts": self.restarts, "backoff_secs": self.backoff_secs,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "version": self.version,
+                "committed": self.committed, "failures": self.failures}
 
 
 def first_line(text: str, limit: int = MAX_LAST_ERROR_CHARS) -> str:
@@ -108,10 +121,14 @@ def statement(info: SupervisorInfo | None, topology_id: str, port: int) -> State
     state = entry.get("state")
     restarts, backoff = _count(entry.get("restarts", 0)), _count(entry.get("backoff_secs", 0))
     error = entry.get("last_error", "")
+    version, committed = _count(entry.get("version", 1)), entry.get("committed", False)
+    failures = _count(entry.get("failures", 0))
     if state not in SAID_STATES or restarts is None or backoff is None or \
-            not isinstance(error, str):
+            not isinstance(error, str) or not version or not isinstance(committed, bool) \
+            or failures is None:
         return None
-    return Statement(topology_id, state, restarts, backoff, first_line(error))
+    return Statement(topology_id, state, restarts, backoff, first_line(error), version,
+                     committed, failures)
 
 
 @dataclass(frozen=True)

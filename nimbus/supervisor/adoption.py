@@ -125,8 +125,14 @@ class Adoption:
                     (want.topology_id, want.worker_index, num_workers):
                 self.end_orphan(orphan, "the assignment wants another worker on its slot")
                 return False
+            if orphan.code_version != want.version:
+                # Switched while no supervisor ran here: the slot starts the wanted
+                # version anew (from the topology's checkpoint, as after any restart).
+                self.end_orphan(orphan, f"it runs version {orphan.code_version}, the "
+                                        f"assignment wants version {want.version} there")
+                return False
         # What it runs is read from the code here, not taken from what it says.
-        resources = self._code().resources(orphan.topology_id)
+        resources = self._code().resources(orphan.code_key)
         if not resources.is_dir():
             self.end_orphan(orphan, "its topology's code is not on this host")
             return False

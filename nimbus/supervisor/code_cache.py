@@ -1,6 +1,10 @@
 """This host's verified copies of topology code: ``<storm.local.dir>/supervisor/stormdist``.
 
-A topology's directory holds Storm's three files, each checked against the sha256 the
+Code is kept by its code key (nimbus.state.code_versions): a topology's id for the code
+it was submitted with (version 1), ``<topology-id>.v<N>`` for version N of it, so two
+versions of one topology are two entries here, fetched, verified and removed apart.
+
+A code key's directory holds Storm's three files, each checked against the sha256 the
 leader wrote into the Assignment, and
 ``resources/``: the bundle (``stormjar.jar``) unpacked, the root a worker runs. The
 directory is built in a temporary sibling and renamed into place (:func:`atomic_dir`),
@@ -61,10 +65,10 @@ class CodeCache:
                  distributor: DistributorSource | None = None):
         self.root = Path(root)
         self.distributor = distributor
-        #: Topologies fetched, by source: "distributor" or "nimbus" (over Thrift).
+        #: Code keys fetched, by source: "distributor" or "nimbus" (over Thrift).
         self.fetched_from: dict[str, int] = {"distributor": 0, "nimbus": 0}
         self._unneeded_since: dict[str, float] = {}   # see expired()
-        #: Unneeded topologies still within their grace period at the last expired().
+        #: Unneeded code keys still within their grace period at the last expired().
         self.retained: set[str] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bundle_bytes
@@ -73,23 +77,34 @@ class CodeCache:
         for leftover in self.root.glob(TEMP_PREFIX + "*"):
             shutil.rmtree(leftover, ignore_errors=True)
 
-    def path(self, topology_id: str) -> Path:
-        return self.root / check_topology_id(topology_id)
+    def path(self, code_key: str) -> Path:
+        """The directory of a code key (a topology id or ``<id>.v<N>``)."""
+        return self.root / check_topology_id(code_key)
 
-    def resources(self, topology_id: str) -> Path:
+    def resources(self, code_key: str) -> Path:
         """The unpacked bundle: where ``topology.py`` or ``topology.yaml`` is."""
-        return self.path(topology_id) / RESOURCES_DIR
+        return self.path(code_key) / RESOURCES_DIR
 
-    def has(self, topology_id: str) -> bool:
-        return self.path(topology_id).is_dir()
+    def has(self, code_key: str) -> bool:
+        return self.path(code_key).is_dir()
 
     def topologies(self) -> set[str]:
+        """The code keys whose code is here (complete and verified)."""
         return {p.name for p in self.root.iterdir()
                 if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
 
-    def ensure(self, topology_id: str, code_sha256: dict[str, str],
+    def held(self) -> set[str]:
+        """The code keys held here in any form: verified, or the distributor's copy."""
+        held = self.topologies()
+        if self.distributor is not None and self.distributor.copies.is_dir():
+            held |= {p.name for p in self.distributor.copies.iterdir()
+                     if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
+        return held
+
+    def ensure(self, code_key: str, code_sha256: dict[str, str],
                peers: Iterable[str], deadline: float | None = None) -> Path:
-        """The topology's directory, fetched and verified first if it is not here yet.
+        """The directory of ``code_key``'s code (a topology id, or a version's key),
+        fetched and verified first if it is not here yet.
 
         The distributor is tried first (when there is one); ``peers`` are nimbus
         addresses to try in order after it, or instead of it. Raises CodeUnavailableError when
@@ -99,33 +114,33 @@ class CodeCache:
         connect and read is bounded by the time left. Raises CodeVerificationError when
         the files match but the bundle holds an unsafe entry.
         """
-        dest = self.path(topology_id)
+        dest = self.path(code_key)
         if dest.is_dir():
             return dest
         missing = [f for f in CODE_FILES if not code_sha256.get(f)]
         if missing:
             raise CodeVerificationError(
-                f"{topology_id}: the assignment names no sha256 for {', '.join(missing)}; "
+                f"{code_key}: the assignment names no sha256 for {', '.join(missing)}; "
                 "refusing to run unverified code")
         source = "distributor"
         with atomic_dir(dest) as staging:
             if self.distributor is None or not self.distributor.fetch(
-                    topology_id, code_sha256, staging, CODE_FILES):
+                    code_key, code_sha256, staging, CODE_FILES):
                 source = "nimbus"
                 peers = list(dict.fromkeys(peers))
                 if not peers:
-                    raise CodeUnavailableError(f"{topology_id}: no nimbus holds its code")
+                    raise CodeUnavailableError(f"{code_key}: no nimbus holds its code")
                 fetch = self._fetch
                 if fetch is None:
-                    raise CodeUnavailableError(f"{topology_id}: not delivered through the "
+                    raise CodeUnavailableError(f"{code_key}: not delivered through the "
                                                "code distributor, and this cache cannot "
                                                "fetch from the nimbuses")
                 for name in CODE_FILES:
-                    self._fetch_one(fetch, topology_id, name, code_sha256[name], peers,
+                    self._fetch_one(fetch, code_key, name, code_sha256[name], peers,
                                     staging / name, deadline)
-            self._unpack(topology_id, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
+            self._unpack(code_key, staging / BUNDLE_FILE, staging / RESOURCES_DIR)
         self.fetched_from[source] += 1
-        log.info("fetched and verified the code of %s (from the %s)", topology_id,
+        log.info("fetched and verified the code of %s (from the %s)", code_key,
                  "code distributor" if source == "distributor" else "nimbuses")
         return dest
 
@@ -183,18 +198,14 @@ class CodeCache:
 
     def expired(self, keep: set[str], grace_s: float, now: float | None = None,
                 gone: Callable[[str], bool] = lambda _id: False) -> set[str]:
-        """Of the topologies held here and not in ``keep``, those unneeded for at least
-        ``grace_s`` (counted from the first call that found them unneeded; a topology
-        needed again starts afresh), and at once those that ``gone(topology_id)``, asked
-        once when a topology first becomes unneeded, says no longer exist (killed: no
+        """Of the code keys held here and not in ``keep``, those unneeded for at least
+        ``grace_s`` (counted from the first call that found them unneeded; a key needed
+        again starts afresh), and at once those that ``gone(code_key)``, asked once when
+        a key first becomes unneeded, says no longer exist (their topology killed: no
         work of theirs can come back). The caller removes them with
         :meth:`remove_except`, keeping the rest (:attr:`retained`, set by this call)."""
         now = time.monotonic() if now is None else now
-        held = self.topologies()
-        if self.distributor is not None and self.distributor.copies.is_dir():
-            held |= {p.name for p in self.distributor.copies.iterdir()
-                     if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
-        unneeded = held - keep
+        unneeded = self.held() - keep
         for topology_id in list(self._unneeded_since):
             if topology_id not in unneeded:
                 del self._unneeded_since[topology_id]
@@ -206,13 +217,13 @@ class CodeCache:
         return expired
 
     def remove_except(self, keep: set[str]) -> list[str]:
-        """Delete the code of every topology not in ``keep`` (the distributor's copies
-        too); returns the ids removed."""
+        """Delete the code of every code key not in ``keep`` (the distributor's copies
+        too); returns the keys removed."""
         if self.distributor is not None:
             self.distributor.remove_except(keep)
         removed = []
-        for topology_id in sorted(self.topologies() - keep):
-            shutil.rmtree(self.root / topology_id, ignore_errors=True)
-            removed.append(topology_id)
-            log.info("removed the code of %s: no longer assigned here", topology_id)
+        for code_key in sorted(self.topologies() - keep):
+            shutil.rmtree(self.root / code_key, ignore_errors=True)
+            removed.append(code_key)
+            log.info("removed the code of %s: no longer assigned here", code_key)
         return removed

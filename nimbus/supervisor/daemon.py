@@ -15,7 +15,8 @@ Threads (each named, each stopped and joined by :meth:`Supervisor.stop`):
   changes and by worker exits, and at least every ``supervisor.monitor.frequency.secs``
   as a safety net. One pass (:meth:`Supervisor.reconcile`) reaps exited workers,
   (re)registers after a new session, reads its assignments (from memory), stops the
-  workers whose slot is no longer theirs, kills silent ones, starts the missing ones
+  workers whose slot is no longer theirs or wants another code version (an upgrade:
+  nimbus.state.code_versions), kills silent ones, starts the missing ones
   whose code is here (asking the fetch thread for the others), takes over or ends what
   an earlier process left, and cleans up code past its grace.
 * ``supervisor-heartbeat``: rewrites ``/supervisors/<id>``, a
@@ -85,7 +86,7 @@ from nimbus.supervisor.assigned_work import AssignedWork
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.cleanup import LocalCleanup
-from nimbus.supervisor.code_cache import CodeCache
+from nimbus.supervisor.code_cache import CodeCache, CodeUnavailableError
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.code_transport import FetchFile
 from nimbus.supervisor.distributor_source import DistributorSource
@@ -105,7 +106,7 @@ from nimbus.supervisor.log_dirs import LogDirs
 from nimbus.supervisor.log_sweep import RETENTION_KEY, LogSweeper
 from nimbus.supervisor.logviewer.server import Logviewer, make_logviewer
 from nimbus.supervisor.orphans import claim
-from nimbus.supervisor.policy import check_ports_free, desired_workers
+from nimbus.supervisor.policy import DesiredWorker, check_ports_free, desired_workers
 from nimbus.supervisor.registration import Registration, hex_session
 from nimbus.supervisor.reporting import Reporter, handle_executor
 from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY
@@ -251,7 +252,7 @@ class Supervisor:
         self.ender = WorkerEnder(
             self.table, self.reporting, self.registration.beat_now, grace_s=self._grace_s,
             timeout_s=float(conf["supervisor.worker.timeout.secs"]),
-            start_timeout_s=self._start_timeout_s)
+            start_timeout_s=self._start_timeout_s, code_ready=self._code_ready)
         self.cleanup = LocalCleanup(
             self.zk, self.state, self.code, self.table, self.reporting, self.starter,
             lambda: self.fetcher, self.workers_dir,
@@ -300,7 +301,7 @@ class Supervisor:
                         "process group (setsid, a daemon) can outlive its worker; see "
                         "docs/runtime.md", why)
         # Made here, not in __init__: it fetches into whatever self.code is by now.
-        self.fetcher = CodeFetcher(self.code, lambda topology_id: self._peers(topology_id),
+        self.fetcher = CodeFetcher(self.code, lambda code_key: self._peers(code_key),
                                    on_done=self._monitor.wake,
                                    timeout_s=float(self.conf["supervisor.code.fetch.timeout.secs"]))
         self.fetcher.start()
@@ -423,9 +424,27 @@ class Supervisor:
         used |= {(o.topology_id, o.port) for o in list(self.adoption.orphans.values())}
         return used
 
-    def _peers(self, topology_id: str) -> list[str]:
-        """Nimbuses to fetch ``topology_id``'s code from (:func:`starting.peers`)."""
-        return peers(self.state, topology_id)
+    def _code_ready(self, want: DesiredWorker) -> bool:
+        """Whether the code of ``want``'s version is here (its fetch asked for if not):
+        the monitor thread's question before it stops a worker to switch versions. Code
+        that cannot be had leaves the worker on the version it runs, and is said as its
+        slot's error; an upgrade's leader rolls back when the switch does not come."""
+        fetcher = self.fetcher
+        if fetcher is None:
+            return False
+        try:
+            return fetcher.request(want.code_key, want.code_sha256) is not None
+        except CodeUnavailableError as exc:
+            text = (f"version {want.version} cannot be started: its code cannot be had "
+                    f"({exc}); the slot's worker stays on the version it runs")
+            log.warning("worker %s:%d: %s", want.topology_id, want.port, text)
+            self.reporting.record_error(want.topology_id, want.port, want.executor, text,
+                                        key="code:switch")
+            return False
+
+    def _peers(self, code_key: str) -> list[str]:
+        """Nimbuses to fetch a code key's code from (:func:`starting.peers`)."""
+        return peers(self.state, code_key)
 
     # -- the reconcile loop ---------------------------------------------------------------
     def _monitor_step(self) -> None:
@@ -474,6 +493,10 @@ class Supervisor:
         self.starter.warm_waiters = 0
         assignments = self.assigned.assignments(frozen)
         desired = desired_workers(assignments, self.id, self.ports)
+        # A slot whose wanted code version changed counts its failures afresh (before the
+        # heartbeat speaks of it); its worker on the other version is stopped next, and
+        # the slot started again on the new one in this pass.
+        self.table.note_versions(desired)
         self.registration.set_desired(desired)
         num_workers = self.assigned.num_workers({w.topology_id for w in desired.values()},
                                                 frozen)
@@ -484,8 +507,7 @@ class Supervisor:
                 return
             if want.topology_id in frozen:
                 continue
-            self.starter.ensure_running(want, assignments[want.topology_id],
-                                        num_workers.get(want.topology_id, 1), session)
+            self.starter.ensure_running(want, num_workers.get(want.topology_id, 1), session)
         self.adoption.keep_unreadable(frozen, session)
         self.adoption.end_orphans("the assignment does not place it on its slot")
         self.cleanup.clean_up(desired, frozen)
@@ -497,10 +519,10 @@ class Supervisor:
         if self.warm is None or self._stop.is_set():
             return
         now = time.monotonic()
-        # A worker still on its way to its first batch (or first status) gets the CPU
-        # before a new JVM does.
+        # A worker still on its way to its queries' first trigger (or first status) gets
+        # the CPU before a new JVM does.
         busy = any(not h.ended_by and h.exit_code() is None and (
-            h.last_status_at is None or (h.kind == "pipeline" and not h.committed
+            h.last_status_at is None or (h.kind == "pipeline" and not h.triggered
                                          and now - h.started_at < self._start_timeout_s))
             for h in self.table.running())
         self.warm.fill(busy)

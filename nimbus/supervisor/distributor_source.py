@@ -2,10 +2,12 @@
 
 The configured distributor, prepared on this supervisor in the supervisor role
 (``DistributorContext.role``), downloads a topology's code with the metafile the leader
-published in ZooKeeper, exactly as a follower nimbus does: an S3, HDFS or shared-directory
+published in ZooKeeper (``/code-distributor/<code-key>``: a topology id, or a version's
+``<id>.v<N>``, nimbus.state.code_versions; each key is distributed as a topology is),
+exactly as a follower nimbus does: an S3, HDFS or shared-directory
 store is read directly, a BitTorrent swarm is joined as a peer, and localfs spreads its
 downloads over the nimbuses that hold a copy. The download keeps the distributor's own copy
-under ``<supervisor dir>/code/<topology-id>``; the code cache then takes the three files
+under ``<supervisor dir>/code/<code-key>``; the code cache then takes the three files
 from it into its own directory, each checked against the sha256 the leader wrote into the
 Assignment, so a distributor is never trusted on its own.
 
@@ -92,34 +94,34 @@ class DistributorSource:
         self._private = private_copies
         self._lock = threading.Lock()
         self._distributor: CodeDistributor | None = None
-        self._current: str | None = None   # the topology being downloaded
+        self._current: str | None = None   # the code key being downloaded
         self._problem = ""                  # the last reason not to use the distributor
         self.name = str(conf["storm.codedistributor.class"])
-        self.delivered = 0                  # topologies delivered (tests, metrics)
+        self.delivered = 0                  # code keys delivered (tests, metrics)
 
     # -- the fetch thread --------------------------------------------------------------
-    def fetch(self, topology_id: str, code_sha256: dict[str, str], staging: Path,
+    def fetch(self, code_key: str, code_sha256: dict[str, str], staging: Path,
               files: tuple[str, ...]) -> bool:
-        """Put ``files`` of the topology, each matching ``code_sha256``, into ``staging``.
+        """Put ``files`` of ``code_key``'s code, each matching ``code_sha256``, into ``staging``.
 
         False (and the reason logged) when this path cannot deliver them: the caller then
         fetches from the nimbuses."""
         distributor = self._ready()
         if distributor is None:
             return False
-        check_topology_id(topology_id)
+        check_topology_id(code_key)
         with self._lock:
-            self._current = topology_id
+            self._current = code_key
         try:
-            copy = self._copy(distributor, topology_id)
+            copy = self._copy(distributor, code_key)
             if copy is None:
                 return False
-            if self._take(copy, topology_id, code_sha256, staging, files):
+            if self._take(copy, code_key, code_sha256, staging, files):
                 self.delivered += 1
                 return True
             # The distributor's copy is not the assigned code: drop it, so that the next
             # fetch downloads it again rather than offer the same bytes.
-            self._drop(distributor, topology_id)
+            self._drop(distributor, code_key)
             return False
         finally:
             with self._lock:
@@ -160,46 +162,46 @@ class DistributorSource:
             log.warning("%s: fetching code from the nimbuses over Thrift instead", problem)
             self._problem = problem
 
-    def _copy(self, distributor: CodeDistributor, topology_id: str) -> Path | None:
-        """The distributor's complete copy of the topology (downloaded now if absent)."""
-        dest = self.copies / topology_id
+    def _copy(self, distributor: CodeDistributor, code_key: str) -> Path | None:
+        """The distributor's complete copy of the code key (downloaded now if absent)."""
+        dest = self.copies / code_key
         if dest.is_dir():
             return dest
         try:
-            meta = self._state.code_meta(topology_id)
+            meta = self._state.code_meta(code_key)
         except (KazooException, RecordError) as exc:
-            log.warning("cannot read the metafile of %s: %s", topology_id, exc)
+            log.warning("cannot read the metafile of %s: %s", code_key, exc)
             return None
         if meta is None:
             log.info("the metafile of %s is not published yet: fetching from the nimbuses",
-                     topology_id)
+                     code_key)
             return None
         if meta.distributor != distributor.name:
             log.warning("the code of %s was distributed by %r, not %r: fetching from the "
-                        "nimbuses", topology_id, meta.distributor, distributor.name)
+                        "nimbuses", code_key, meta.distributor, distributor.name)
             return None
         with tempfile.TemporaryDirectory(prefix=TEMP_PREFIX, dir=self.copies) as tmp:
             metafile = Path(tmp) / "metafile"
             metafile.write_bytes(meta.metafile)
             try:
-                distributor.download(dest, topology_id, metafile)
+                distributor.download(dest, code_key, metafile)
             except DistributorError as exc:
                 log.warning("code distributor %r could not deliver %s (%s): fetching from "
-                            "the nimbuses", distributor.name, topology_id, exc)
+                            "the nimbuses", distributor.name, code_key, exc)
                 return None
         return dest if dest.is_dir() else None
 
-    def _take(self, copy: Path, topology_id: str, code_sha256: dict[str, str],
+    def _take(self, copy: Path, code_key: str, code_sha256: dict[str, str],
               staging: Path, files: tuple[str, ...]) -> bool:
         for name in files:
             src = copy / name
             if not src.is_file() or src.is_symlink():
-                log.warning("the distributor's copy of %s has no file %s", topology_id, name)
+                log.warning("the distributor's copy of %s has no file %s", code_key, name)
                 return False
             got = link_or_copy(src, staging / name, self._private)
             if got != code_sha256[name]:
                 log.warning("%s/%s from code distributor %r does not match its assignment's "
-                            "sha256 (%s... is not %s...)", topology_id, name, self.name,
+                            "sha256 (%s... is not %s...)", code_key, name, self.name,
                             got[:12], code_sha256[name][:12])
                 for written in files:
                     (staging / written).unlink(missing_ok=True)
@@ -208,8 +210,8 @@ class DistributorSource:
 
     # -- the reconcile thread ---------------------------------------------------------
     def remove_except(self, keep: set[str]) -> list[str]:
-        """Drop the distributor's copies of topologies not in ``keep`` (never the one
-        being downloaded); returns the ids dropped."""
+        """Drop the distributor's copies of code keys not in ``keep`` (never the one
+        being downloaded); returns the keys dropped."""
         if not self.copies.is_dir():
             return []
         with self._lock:
@@ -217,17 +219,17 @@ class DistributorSource:
             held = {p.name for p in self.copies.iterdir()
                     if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
             dropped = sorted(held - keep - {current})
-            for topology_id in dropped:
-                self._drop(distributor, topology_id)
+            for code_key in dropped:
+                self._drop(distributor, code_key)
         return dropped
 
-    def _drop(self, distributor: CodeDistributor | None, topology_id: str) -> None:
+    def _drop(self, distributor: CodeDistributor | None, code_key: str) -> None:
         if distributor is not None:
             try:
-                distributor.cleanup(topology_id)
+                distributor.cleanup(code_key)
             except Exception as exc:  # the copy goes anyway
-                log.warning("code distributor cleanup of %s failed: %s", topology_id, exc)
-        shutil.rmtree(self.copies / topology_id, ignore_errors=True)
+                log.warning("code distributor cleanup of %s failed: %s", code_key, exc)
+        shutil.rmtree(self.copies / code_key, ignore_errors=True)
 
     def close(self) -> None:
         """Release the distributor (its threads, sessions and swarm)."""

@@ -6,6 +6,15 @@ A worker that the supervisor or its lease ended (a lost session, a stop, a lease
 ran out) did not crash: no restart is counted and no backoff applies. A worker whose
 place in its topology changed at a rebalance is kept when it runs the same components
 as before (:meth:`WorkerEnder.keeps_its_share`).
+
+A worker whose slot now wants another code version (an upgrade or a rollback:
+nimbus.state.code_versions) is stopped gracefully (a pipeline finishes the batch under
+way first: nimbus/worker/pipeline.py) and its slot started again on the wanted version,
+in the same pass: the slot is one process at a time, so two versions never run there
+together. It runs on until the wanted version's code is here (its fetch asked for), so
+that the switch costs no fetch. A crash of a worker before it committed on its version
+counts as one of its slot's ``failures`` (:class:`~nimbus.supervisor.slots.SlotRecord`),
+which the leader reads to roll an upgrade back.
 """
 
 from __future__ import annotations
@@ -32,10 +41,15 @@ class WorkerEnder:
     """
 
     def __init__(self, table: WorkerTable, reporter: Reporter, beat_now: Callable[[], None],
-                 *, grace_s: float, timeout_s: float, start_timeout_s: float):
+                 *, grace_s: float, timeout_s: float, start_timeout_s: float,
+                 code_ready: Callable[[DesiredWorker], bool] = lambda _want: True):
         self._table = table
         self._reporter = reporter
         self._beat_now = beat_now
+        # Whether the code ``want`` runs is here, verified (else its fetch is asked for):
+        # a worker switching versions runs on until then, so the slot is not left empty
+        # for as long as a fetch takes.
+        self._code_ready = code_ready
         self._grace_s = grace_s
         self._timeout_s = timeout_s
         self._start_timeout_s = start_timeout_s
@@ -66,6 +80,13 @@ class WorkerEnder:
                             "it cold", handle.name, record.cold_reason)
                 continue
             record.restarts += 1
+            if not record.version:
+                record.version = handle.code_version
+            if not handle.version_committed and record.version == handle.code_version:
+                record.failures += 1
+                log.warning("worker %s exited before it committed on version %d (failure "
+                            "%d of that version on its slot)", handle.name,
+                            handle.code_version, record.failures)
             ran_s = now - handle.started_at
             # Not a crash loop: a pipeline that committed, a command that got past its
             # start (issue 20): restarted at once, its backoff afresh.
@@ -93,10 +114,18 @@ class WorkerEnder:
                 want = desired.get(port)
                 if want is None or want.topology_id != handle.topology_id:
                     why = "no longer assigned here"
+                elif want.version != handle.code_version:
+                    if not self._code_ready(want):
+                        continue  # it runs on until the new version's code is here
+                    # The slot record stays (same topology, same port): started again on
+                    # the new version in this pass, a warm worker if one matches.
+                    why = (f"switching from version {handle.code_version} to version "
+                           f"{want.version}")
                 elif (want.worker_index != handle.worker_index
                       or num_workers.get(want.topology_id) != handle.num_workers):
                     if self.keeps_its_share(handle, want.worker_index,
-                                            num_workers.get(want.topology_id, 1)):
+                                            num_workers.get(want.topology_id, 1),
+                                            want.version):
                         continue
                     why = "its place in the topology changed"
                 else:
@@ -111,12 +140,16 @@ class WorkerEnder:
                 self._table.slots.pop((handle.topology_id, handle.port), None)
 
     @staticmethod
-    def keeps_its_share(handle: WorkerHandle, worker_index: int, num_workers: int) -> bool:
+    def keeps_its_share(handle: WorkerHandle, worker_index: int, num_workers: int,
+                        version: int | None = None) -> bool:
         """Whether a worker runs the same components as ``worker-<index>`` of
         ``num_workers`` as it does now (a process topology's workers all run the same
-        command; a pipeline's share depends on both); if so it is told its new place and
-        kept."""
+        command; a pipeline's share depends on both), on the code ``version`` its slot
+        wants (None: the one it runs); if so it is told its new place and kept. A worker
+        is never kept across a change of version: its code is not what is wanted."""
         if handle.ended_by:
+            return False
+        if version is not None and version != handle.code_version:
             return False
         if handle.kind == "process":
             before = ["main"]

@@ -41,6 +41,7 @@ class LeaseRecord:
     restarts: int
     cgroup: str                # the worker's cgroup directory (absolute path)
     assignment_version: int    # the mzxid its newest recorded renewal read
+    code_version: int = 1      # the code version it runs (1 in records of earlier releases)
 
     def save(self, path: Path) -> None:
         """Write atomically (a reader sees the old record or this one), mode 0600."""
@@ -76,6 +77,9 @@ def load_record(path: Path) -> LeaseRecord | None:
                 raise ValueError(f"{name} is not a count")
         if not isinstance(record.topology_id, str) or not isinstance(record.cgroup, str):
             raise ValueError("topology or cgroup is not a string")
+        if not isinstance(record.code_version, int) or isinstance(record.code_version, bool) \
+                or record.code_version < 1:
+            raise ValueError("code_version is not a version")
     except (ValueError, TypeError) as exc:
         log.warning("ignoring the lease record %s: %s", path, exc)
         return None

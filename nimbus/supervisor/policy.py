@@ -8,8 +8,9 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from nimbus.state.code_versions import version_key
 from nimbus.state.records import WORKER_PREFIX, Assignment
 
 # Restart backoff (docs/runtime.md): a worker that had done its work (a pipeline that
@@ -27,12 +28,26 @@ class SlotPortInUseError(OSError):
 
 @dataclass(frozen=True)
 class DesiredWorker:
-    """One worker the leader assigned to a slot of this supervisor."""
+    """One worker the leader assigned to a slot of this supervisor, and the code it runs
+    (``Assignment.code_for`` its executor: nimbus.state.code_versions).
+
+    ``code_key`` is where that code is fetched, verified, cached and cleaned up: the
+    topology id for version 1, ``<topology-id>.v<N>`` for version N (given, or made from
+    ``version``). Checkpoints stay the topology's, whatever the version.
+    """
 
     topology_id: str
     port: int
     executor: str        # "worker-<i>"
     worker_index: int
+    version: int = 1
+    code_key: str = ""
+    # file name -> sha256 of that version's code (compared, never hashed)
+    code_sha256: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.code_key:
+            object.__setattr__(self, "code_key", version_key(self.topology_id, self.version))
 
 
 def worker_index(executor: str) -> int:
@@ -44,7 +59,9 @@ def worker_index(executor: str) -> int:
 
 def desired_workers(assignments: Mapping[str, Assignment], supervisor_id: str,
                     ports: Iterable[int]) -> dict[int, DesiredWorker]:
-    """port -> the worker this supervisor must run there, from every assignment.
+    """port -> the worker this supervisor must run there, from every assignment, with the
+    code version its executor runs (``Assignment.code_for``: during a rolling switch
+    each executor may run another).
 
     Entries naming another supervisor, a port this supervisor does not offer, or a
     malformed executor key are ignored. Should two topologies name the same slot (a
@@ -62,7 +79,13 @@ def desired_workers(assignments: Mapping[str, Assignment], supervisor_id: str,
                 continue
             if node != supervisor_id or port not in offered or port in out:
                 continue
-            out[port] = DesiredWorker(topology_id, port, executor, index)
+            version, sha256 = assignments[topology_id].code_for(executor)
+            try:
+                key = version_key(topology_id, version)
+            except ValueError:  # a record that decoded is never so; skipped all the same
+                continue
+            out[port] = DesiredWorker(topology_id, port, executor, index, version, key,
+                                      dict(sha256))
     return out
 
 

@@ -138,8 +138,14 @@ class Registration:
             handle = handles.get(port)
             beat_at = None
             restarts = record.restarts if record is not None else 0
+            # The version of the worker spoken of (the running one's, else the one the
+            # slot starts next), whether it proved it, and the slot's failures on it.
+            version = record.version if record is not None and record.version \
+                else want.version
+            committed = False
             if handle is not None and handle.topology_id == want.topology_id and \
                     not handle.ended_by:
+                version, committed = handle.code_version, handle.version_committed
                 beat_at = handle.last_beat_at
                 state = worker_state.FROZEN if handle.is_frozen() else (
                     worker_state.STARTING if beat_at is None else worker_state.RUNNING)
@@ -153,9 +159,11 @@ class Registration:
             else:  # fetching its code, waiting for a warm worker or its turn to start
                 state, backoff = worker_state.STARTING, 0
                 error = record.last_error if record is not None else ""
+            failures = record.failures if record is not None and \
+                record.version == version else 0
             out.append((port, worker_state.Statement(
-                want.topology_id, state, restarts, backoff, worker_state.first_line(error)),
-                beat_at))
+                want.topology_id, state, restarts, backoff, worker_state.first_line(error),
+                version, committed, failures), beat_at))
         return out
 
     def slot_states(self) -> dict[tuple[str, int], str]:

@@ -37,8 +37,11 @@ from nimbus.supervisor.status_input import (
     checked_component_list,
     checked_components,
     checked_error,
+    committed_batch,
+    health_said,
 )
 from nimbus.supervisor.worker_handle import WorkerHandle
+from nimbus.worker_protocol import health
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +124,25 @@ class Reporter:
         if isinstance(beat, dict):
             components = checked_components(beat.get("components"))
             self._observe(handle, components)
-            if any(isinstance(b := c.get("batch_id"), int) and not isinstance(b, bool)
-                   and b >= 0 for c in components.values()):
-                handle.committed = True  # a batch went through: it works
+            proven = handle.version_committed
+            if handle.kind == "pipeline":
+                if any(isinstance(b := c.get("batch_id"), int) and not isinstance(b, bool)
+                       and b >= 0 for c in components.values()):
+                    handle.triggered = True  # its queries are up
+                if not handle.committed and committed_batch(components):
+                    handle.committed = True  # a batch went through: it works
+                proven = handle.committed
+            elif handle.kind == "process":
+                # Its declared health check passed, or it declares none and beats: its
+                # command started.
+                proven = proven or health_said(beat.get("health")) != health.PENDING
             self.write_beat(handle, beat)
+            if proven and not handle.version_committed and not handle.ended_by:
+                handle.version_committed = True
+                log.info("worker %s: version %d %s", handle.name, handle.code_version,
+                         "committed its first batch" if handle.kind == "pipeline" else
+                         "is up (its health check passed, or it declares none)")
+                self._beat_now()  # the leader of an upgrade waits for this: said now
         if "error" in status:
             handle.errors_reported += 1
             # Untrusted: only a valid component id becomes a node (status_input).
@@ -157,6 +175,7 @@ class Reporter:
             host=self._host, port=handle.port,
             uptime_secs=int(time.monotonic() - handle.started_at), restarts=handle.restarts,
             components=checked.components, memory_bytes=handle.memory_bytes(),
+            code_version=handle.code_version,
             warm_start=handle.warm == "taken", spark_ui_url=checked.spark_ui_url)
         try:
             self._state.worker_heartbeat(handle.topology_id, self._id, handle.port,

@@ -9,11 +9,15 @@ lock, one field at a time.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from nimbus.supervisor.policy import RestartBackoff
+from nimbus.supervisor.policy import DesiredWorker, RestartBackoff
 from nimbus.supervisor.worker_handle import WorkerHandle
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,6 +37,24 @@ class SlotRecord:
     failed: bool = False
     backoff_s: float = 0.0
     last_error: str = ""
+    # The code version the slot's assignment wants (0: not seen yet), and how many of
+    # the slot's workers on that version exited before they committed (a crash, build()
+    # raising, a query failing, a checkpoint Spark refused; never a stop of the
+    # supervisor's): what an upgrade's leader reads to roll back (SupervisorInfo.workers
+    # "failures"). Counted afresh when the wanted version changes.
+    version: int = 0
+    failures: int = 0
+
+    def switch_to(self, version: int) -> None:
+        """The slot's assignment wants ``version`` now: its failures are counted afresh,
+        and what made the last version's start wait (its backoff, its code's fetch
+        failures, a warm worker's refusal) is forgotten: other code starts at once."""
+        self.version, self.failures = version, 0
+        self.backoff = RestartBackoff()
+        self.not_before = 0.0
+        self.code_failures, self.code_error = 0, ""
+        self.cold_reason = ""
+        self.failed, self.backoff_s = False, 0.0
 
 
 class WorkerTable:
@@ -78,6 +100,18 @@ class WorkerTable:
     def record(self, topology_id: str, port: int) -> SlotRecord:
         """The slot's record, made if it has none (monitor thread)."""
         return self.slots.setdefault((topology_id, port), SlotRecord())
+
+    def note_versions(self, desired: Mapping[int, DesiredWorker]) -> None:
+        """Note the code version each slot in ``desired`` wants (monitor thread): a
+        slot whose version changed starts its count of failures afresh."""
+        for port, want in desired.items():
+            record = self.record(want.topology_id, port)
+            if record.version == want.version:
+                continue
+            if record.version:
+                log.info("slot %s:%d switches from version %d to version %d",
+                         want.topology_id, port, record.version, want.version)
+            record.switch_to(want.version)
 
     def restarts(self) -> dict[tuple[str, int], int]:
         """(topology, port) -> restarts, for the metrics thread."""

@@ -1,6 +1,10 @@
 """Starting a slot's worker: its code (fetched on its own thread, never waited for), its
 configuration, its account and cgroup, then a warm worker taken for it or a new process.
 
+The code is the version the slot's executor runs (``DesiredWorker.code_key``:
+nimbus.state.code_versions): fetched, verified, cached and owned by that key, while the
+account and the checkpoints stay the topology's, whatever the version.
+
 A start that fails (code that cannot be fetched or used, a worker command that cannot
 run) is tried again later, 5 s doubling to 5 minutes, and said as the slot's error
 (:meth:`nimbus.supervisor.reporting.Reporter.failed_start`).
@@ -21,7 +25,6 @@ from typing import Any
 from nimbus.config import Config
 from nimbus.redaction import is_secret_key
 from nimbus.state.cluster_state import StormClusterState
-from nimbus.state.records import Assignment
 from nimbus.state.worker_logs import ARTIFACTS_KEY, BACKUPS_KEY, MAX_MB_KEY
 from nimbus.supervisor.adoption import Adoption
 from nimbus.supervisor.cgroups import WorkerCgroups
@@ -53,7 +56,8 @@ log = logging.getLogger(__name__)
 WORKER_KEY_PREFIXES = ("topology.", "worker.")
 #: ... and these (docs/runtime.md, "Configuration of a worker").
 WORKER_KEYS = ("storm.local.dir", "supervisor.worker.start.timeout.secs",
-               "supervisor.worker.orphan.timeout.secs", "java.library.path")
+               "supervisor.worker.orphan.timeout.secs", "java.library.path",
+               "supervisor.worker.shutdown.sleep.secs")
 #: Where and how a worker writes its log (nimbus/worker/log_pump.py): this supervisor's
 #: values, whatever a topology's configuration says, since the supervisor serves and
 #: sweeps what they make.
@@ -83,17 +87,23 @@ def own_keys(conf: Config, local_dir: Path) -> dict[str, Any]:
     return {"storm.local.dir": str(local_dir), **{key: conf[key] for key in LOG_KEYS}}
 
 
-def peers(state: StormClusterState, topology_id: str) -> list[str]:
-    """Nimbuses to fetch code from over Thrift: those registered as holding a replica
-    first, then every other live one (each serves ``<id>/<file>`` from its own copy),
-    each group in a random order, so that a fleet spreads over the nimbuses instead
-    of all asking the first one listed."""
+def peers(state: StormClusterState, code_key: str) -> list[str]:
+    """Nimbuses to fetch a code key's code from over Thrift (a topology id, or a
+    version's ``<id>.v<N>``): those registered as holding a replica of it
+    (``/code-distributor/<key>``) first, then every other live one (each serves
+    ``<key>/<file>`` from its own copy), each group in a random order, so that a fleet
+    spreads over the nimbuses instead of all asking the first one listed."""
     live = [f"{n.host}:{n.port}" for n in state.nimbuses()]
-    replicas = [h for h in state.replica_hosts(topology_id) if h in live]
+    replicas = [h for h in state.replica_hosts(code_key) if h in live]
     others = [n for n in live if n not in replicas]
     random.shuffle(replicas)
     random.shuffle(others)
     return replicas + others
+
+
+def _on_version(want: DesiredWorker) -> str:
+    """How a start names the code version it runs: not at all for version 1."""
+    return f" on version {want.version}" if want.version != 1 else ""
 
 
 def _retry_delay(failures: int) -> float:
@@ -142,13 +152,13 @@ class WorkerStarter:
         self._cgroups = cgroups
         self._class_archive = class_archive
         self._log_dirs = log_dirs
-        self.owned_code: set[str] = set()   # code already given to its own account
+        self.owned_code: set[str] = set()   # code keys already given to their account
         self.warm_waiters = 0   # slots of this pass that wait for a starting warm worker
 
-    def ensure_running(self, want: DesiredWorker, assignment: Assignment, num_workers: int,
-                       session: int) -> None:
+    def ensure_running(self, want: DesiredWorker, num_workers: int, session: int) -> None:
         """Start ``want``'s worker unless it runs, its slot waits (an earlier process's
-        worker, a backoff) or its code is not here yet (asked for then)."""
+        worker, a backoff) or its code (of ``want.version``, verified against
+        ``want.code_sha256``) is not here yet (asked for then)."""
         if self._table.has(want.port):
             return
         if self._adoption.take_over_for(want, num_workers, session):
@@ -163,7 +173,7 @@ class WorkerStarter:
             # Never waits: the fetch runs on its own thread and wakes this loop when done.
             fetcher = self._fetcher()
             assert fetcher is not None, "start() makes the fetcher"
-            code_dir = fetcher.request(want.topology_id, assignment.code_sha256)
+            code_dir = fetcher.request(want.code_key, want.code_sha256)
         except CodeUnavailableError as exc:
             # Tried again later, ever later (5 s doubling to 5 minutes): a bundle that
             # fails its checks (a lie about its size, an unsafe entry) fails every time.
@@ -187,17 +197,18 @@ class WorkerStarter:
         record.code_failures, record.code_error = 0, ""
         conf = self.worker_conf(code_dir)
         worker_dir = self._workers_dir / f"{want.topology_id}-{want.port}"
-        kind = "process" if (
-            code.resources(want.topology_id) / "topology.yaml").exists() else "pipeline"
+        resources = code.resources(want.code_key)
+        kind = "process" if (resources / "topology.yaml").exists() else "pipeline"
         if not self._may_start(session):
             return
         # What worker.json says, either way; the descriptors are the worker's own.
         spec = WorkerSpec(
             topology_id=want.topology_id, port=want.port, supervisor_id=self._id,
-            host=self._host, code_dir=str(code.resources(want.topology_id)), conf=conf,
+            host=self._host, code_dir=str(resources), conf=conf,
             restarts=record.restarts, worker_index=want.worker_index,
             num_workers=num_workers, lease_fd=-1, status_fd=-1,
-            class_archive=self.class_archive_path() if kind == "pipeline" else "")
+            class_archive=self.class_archive_path() if kind == "pipeline" else "",
+            code_version=want.version)
         if self.start_warm(want, record, spec, session, worker_dir, kind):
             return
         self._start_cold(want, record, spec, session, worker_dir, kind, code_dir)
@@ -211,9 +222,11 @@ class WorkerStarter:
         handle.record_path = record_path(self._supervisor_dir, want.topology_id, want.port)
         handle.worker_index = want.worker_index
         handle.num_workers = spec.num_workers
+        handle.code_version, handle.code_key = want.version, want.code_key
         handle.kind = kind
         if self._run_as_user:
-            handle.run_as = self.account(want.topology_id, code_dir, spec.conf)
+            handle.run_as = self.account(want.topology_id, code_dir, spec.conf,
+                                         code_key=want.code_key)
         try:
             handle.log_file = self._log_dirs.prepare(want.topology_id, want.port,
                                                      want.worker_index, spec.conf,
@@ -236,8 +249,8 @@ class WorkerStarter:
             if handle.run_as is not None:
                 os.chown(worker_dir / SPEC_FILE, *handle.run_as)
 
-        log.info("starting worker %s:%d (restart %d)", want.topology_id, want.port,
-                 record.restarts)
+        log.info("starting worker %s:%d (restart %d)%s", want.topology_id, want.port,
+                 record.restarts, _on_version(want))
         env = worker_env(self._conf())
         if handle.run_as is not None:
             account = account_for(want.topology_id)
@@ -318,6 +331,8 @@ class WorkerStarter:
             handle.log_offset = 0
         handle.session_id, handle.restarts = session, record.restarts
         handle.worker_index, handle.num_workers = want.worker_index, spec.num_workers
+        handle.code_version, handle.code_key = want.version, want.code_key
+        handle.triggered = handle.committed = handle.version_committed = False
         handle.kind = "pipeline"
         handle.started_at, handle.last_status_at = time.monotonic(), None
         handle.last_beat_at, handle.last_error = None, ""
@@ -328,20 +343,24 @@ class WorkerStarter:
             handle.release()
             return False
         handle.record_path = record_path(self._supervisor_dir, want.topology_id, want.port)
-        log.info("starting worker %s:%d (restart %d) on warm worker %s (pid %s)",
-                 want.topology_id, want.port, record.restarts, warm_dir.name, handle.pid)
+        log.info("starting worker %s:%d (restart %d)%s on warm worker %s (pid %s)",
+                 want.topology_id, want.port, record.restarts, _on_version(want),
+                 warm_dir.name, handle.pid)
         record.start_failures, record.failed = 0, False
         self._started(handle)
         return True
 
-    def account(self, topology_id: str, code_dir: Path,
-                conf: dict[str, Any]) -> tuple[int, int]:
-        """(uid, gid) of the topology's own account, made if needed, with its code
-        readable by its group only and its checkpoint directory its own."""
+    def account(self, topology_id: str, code_dir: Path, conf: dict[str, Any],
+                code_key: str | None = None) -> tuple[int, int]:
+        """(uid, gid) of the topology's own account, made if needed, with its code (of
+        ``code_key``: the topology id by default) readable by its group only and its
+        checkpoint directory its own (one account and one checkpoint directory for all
+        of a topology's versions)."""
+        code_key = code_key or topology_id
         uid, gid = ensure_account(account_for(topology_id))
-        if topology_id not in self.owned_code:
+        if code_key not in self.owned_code:
             own_tree(code_dir, 0, gid, 0o750, 0o640)
-            self.owned_code.add(topology_id)
+            self.owned_code.add(code_key)
         checkpoints = checkpoint_root_of(conf) / topology_id
         if "://" not in str(checkpoints):  # a local path: a store's URI has its own rights
             checkpoints.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,11 @@ line says, the supervisor writes only below the worker's own nodes:
   every text and list bounded, offsets as capped text); :func:`checked_beat` then keeps
   the whole beat within :data:`~nimbus.state.beat_progress.MAX_BEAT_BYTES`, dropping the
   largest components' details first, and keeps a Spark UI address only if it is an
-  ``http(s)`` URL.
+  ``http(s)`` URL;
+* whether a worker proved its code version (what its supervisor reports as
+  "committed") is read from its beats with the same care: a pipeline's from the Spark
+  progress it forwards (:func:`committed_batch`), a process topology's from the one
+  word it says of its health check (:func:`health_said`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from nimbus.state.beat_progress import (
     merge_history,
 )
 from nimbus.state.component_ids import is_component_id
+from nimbus.worker_protocol import health
 
 #: The longest error text recorded (characters); the rest is cut, and says so.
 MAX_ERROR_CHARS = 8192
@@ -126,6 +131,31 @@ def checked_beat(raw: dict[str, Any], earlier: dict[str, list[list[Any]]] | None
                 (earlier or {}).get(name, []), stats.get("history", []), now)
     return CheckedBeat(fit_components(components), checked_url(raw.get("spark_ui_url")),
                        histories)
+
+
+def committed_batch(components: dict[str, dict[str, Any]]) -> bool:
+    """Whether a beat's components (as :func:`checked_components` kept them) show a batch
+    that ran in the worker that sent it, which Spark reports only once the batch is
+    committed (its commit log written): a component's newest progress with an
+    ``addBatch`` duration, or a point in its history (the worker's own, of the batches
+    it ran: nimbus/worker/progress.py). A trigger that found no data also reports a
+    progress, with the id the next batch will have: that is no commit."""
+    for stats in components.values():
+        progress = stats.get("progress")
+        if isinstance(progress, dict) and "addBatch" in (progress.get("duration_ms") or {}):
+            return True
+        if stats.get("history"):
+            return True
+    return False
+
+
+def health_said(raw: Any) -> str:
+    """What a beat's ``health`` says (:mod:`nimbus.worker_protocol.health`): absent (a
+    worker of an earlier release, which declared none) is ``none``; anything but
+    ``none`` or ``passed`` is ``pending`` (not believed to have passed)."""
+    if raw is None:
+        return health.NONE
+    return raw if raw in (health.NONE, health.PASSED) else health.PENDING
 
 
 #: Most component names a worker may declare (``{"components": {"all": [...]}}``).

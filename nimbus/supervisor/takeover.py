@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nimbus.state.code_versions import version_key
 from nimbus.supervisor.cgroups import is_frozen, kill_cgroup
 from nimbus.supervisor.lease_record import LeaseRecord, load_record
 from nimbus.supervisor.memory import group_pids
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 MAX_HELLO = 4096
 MAX_RESTARTS = 1_000_000_000
+MAX_CODE_VERSION = 999_999   # as a code key spells it (nimbus.state.code_versions)
 KINDS = ("pipeline", "process")
 # Once a worker is seen dead, how long its status stream may still hold its exit line.
 EXIT_LINE_GRACE_S = 2.0
@@ -101,10 +103,16 @@ class Orphan:
     # The mzxid of its assignment read by its last recorded renewal (None: unknown).
     assignment_version: int | None = None
     frozen: bool = False  # found frozen: it said nothing yet
+    code_version: int = 1  # the code version it runs (1: a worker of an earlier release)
 
     @property
     def name(self) -> str:
         return f"{self.topology_id}:{self.port} (pid {self.pid})"
+
+    @property
+    def code_key(self) -> str:
+        """Where the code of its version is kept (nimbus.state.code_versions)."""
+        return version_key(self.topology_id, self.code_version)
 
     def working_dirs(self) -> set[Path]:
         """The working directories of its processes (a worker that was warm keeps its
@@ -374,7 +382,8 @@ def _frozen_orphan(sock: socket.socket, pid: int, pidfd: int, directory: Path,
     # Its kind is read from its topology's code when it is taken over.
     return Orphan(sock, pid, pidfd, record.topology_id, record.port, record.worker_index,
                   record.num_workers, record.restarts, "pipeline", directory,
-                  assignment_version=record.assignment_version, frozen=True)
+                  assignment_version=record.assignment_version, frozen=True,
+                  code_version=record.code_version)
 
 
 def _read_hello(sock: socket.socket, deadline: float) -> dict[str, Any]:
@@ -444,5 +453,10 @@ def _orphan(sock: socket.socket, peer_pid: int, pidfd: int, hello: dict[str, Any
         raise ValueError(f"it claims slot {topology_id}:{port}, not this directory's")
     if not index < count:
         raise ValueError(f"worker {index} of {count} is no place in a topology")
+    # A worker of an earlier release names no version: it runs version 1.
+    version = integer("code_version", MAX_CODE_VERSION) if "code_version" in hello else 1
+    if version < 1:
+        raise ValueError(f"version {version} is no code version")
     return Orphan(sock, pid, pidfd, topology_id, port, index, count,
-                  integer("restarts", MAX_RESTARTS), kind, directory)
+                  integer("restarts", MAX_RESTARTS), kind, directory,
+                  code_version=version)

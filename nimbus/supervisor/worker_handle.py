@@ -85,6 +85,10 @@ class WorkerHandle:
         self.restarts = restarts
         self.worker_index = 0    # its executor worker-<i>, and the topology's worker count:
         self.num_workers = 1     # a change of either means it must be restarted
+        # The code version it runs (nimbus.state.code_versions) and that version's code
+        # key; another version wanted on its slot means it is stopped and started anew.
+        self.code_version = 1
+        self.code_key = topology_id
         self._on_status = on_status
         self._on_closed = on_closed
         self._command = list(command)
@@ -114,7 +118,15 @@ class WorkerHandle:
         self.cgroups: WorkerCgroups | None = None   # set before start() where cgroups work
         self.cgroup: Path | None = None
         self.run_as: tuple[int, int] | None = None  # (uid, gid) of its own account
-        self.committed = False           # a beat showed a completed batch
+        # A pipeline's beat showed a trigger of its queries (they are up: a batch, or one
+        # that found no data), and one showed a batch that ran and committed in this
+        # process (nimbus.supervisor.status_input.committed_batch).
+        self.triggered = False
+        self.committed = False
+        # What the heartbeat says as "committed" (SupervisorInfo.workers): this process
+        # proved its version works: a pipeline committed a batch; a process topology's
+        # declared health check passed, or, with none declared, it started and beat.
+        self.version_committed = False
         # Warm workers (nimbus/supervisor/warm_pool.py): "" for a worker started cold;
         # "warming", "ready", then "taken" for one started ahead of any topology.
         self.warm = ""
@@ -207,6 +219,7 @@ class WorkerHandle:
         handle = cls(orphan.topology_id, orphan.port, orphan.worker_dir, session_id,
                      orphan.restarts, on_status, on_closed)
         handle.worker_index, handle.num_workers = orphan.worker_index, orphan.num_workers
+        handle.code_version, handle.code_key = orphan.code_version, orphan.code_key
         handle.kind = orphan.kind
         handle.assignment_version = orphan.assignment_version
         handle.process = TakenOverProcess(orphan.pid, orphan.pidfd, handle._status_done)
@@ -296,7 +309,7 @@ class WorkerHandle:
             return
         record = LeaseRecord(pid, self.topology_id, self.port, self.worker_index,
                              self.num_workers, self.restarts, str(self.cgroup),
-                             self.assignment_version)
+                             self.assignment_version, self.code_version)
         if record == self._recorded:
             return
         try:

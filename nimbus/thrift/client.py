@@ -431,6 +431,54 @@ class NimbusClient:
         return self.on_leader(call, deadline_s=self.deadline_s + (
             wait_s if wait_s < REPLICATION_FOREVER_S else 0.0))
 
+    # -- upgrades (nimbus_ha.thrift's extension; nimbus/master/upgrades.py) ---------------
+    def upgrade(self, name: str, bundle: Path | bytes, topology_conf: dict[str, Any],
+                strategy: str = "all") -> dict[str, Any]:
+        """Upload a bundle (as :meth:`submit` does) and run it as the next code version
+        of live topology ``name`` (upgradeTopology); returns the leader's answer,
+        ``{"topology_id": str, "version": int}``, given once the version is replicated
+        and its switch has begun (follow it with :meth:`history`).
+
+        ``topology_conf`` is overlaid on the running version's conf: give only the keys
+        to change (a change of topology.workers, of topology.spark.checkpoint.dir or of
+        the bundle's kind is refused, InvalidTopologyException). Raises
+        NotAliveException for an unknown name; InvalidTopologyException while a switch
+        or a rebalance is under way. A retry on another leader uploads the bundle again
+        and is recognised by its token.
+        """
+        topology_conf = {SUBMISSION_TOKEN_KEY: uuid.uuid4().hex,
+                         **resolve_path_keys(topology_conf)}
+        wait = topology_conf.get("topology.max.replication.wait.time.sec",
+                                 self.conf["topology.max.replication.wait.time.sec"])
+        wait_s = float(wait) if isinstance(wait, int) and wait >= 0 else REPLICATION_FOREVER_S
+
+        def call(client: Any) -> dict[str, Any]:
+            location = self.upload_bundle(bundle, lambda n: None, client)
+            set_read_timeout(client, self.timeout_s + wait_s)  # for this reply only
+            answer = client.upgradeTopology(name, location, json.dumps(topology_conf),
+                                            strategy)
+            set_read_timeout(client, self.timeout_s)
+            return dict(json.loads(answer))
+
+        return self.on_leader(call, deadline_s=self.deadline_s + (
+            wait_s if wait_s < REPLICATION_FOREVER_S else 0.0))
+
+    def rollback(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """Switch live topology ``name`` to its kept code ``version`` (None: the previous
+        one; during a switch, the version it switches from), every worker at once
+        (rollbackTopology); returns ``{"topology_id": str, "version": int}``. Raises
+        NotAliveException for an unknown name, InvalidTopologyException for a version
+        not kept or already running."""
+        answer = self.on_leader(lambda c: c.rollbackTopology(name, version or 0))
+        return dict(json.loads(answer))
+
+    def history(self, name: str) -> dict[str, Any]:
+        """The code versions of topology ``name`` (getTopologyHistory, a :meth:`read`):
+        ``{"topology_id", "name", "running", "switch": {...} or None, "versions":
+        [{"version", "sha256", "submitter", "created_secs", "state", "error"}, ...]}``,
+        newest first. NotAliveException "no topology named NAME" if there is none."""
+        return dict(json.loads(self._named(name, lambda c: c.getTopologyHistory(name))))
+
     def kill(self, name: str, wait_secs: int | None = None) -> None:
         opts = storm.KillOptions(wait_secs=wait_secs)
         self.on_leader(lambda c: c.killTopologyWithOpts(name, opts))

@@ -37,6 +37,7 @@ from nimbus.master.lifecycle import (
 from nimbus.master.log_sources import log_sources
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.master.topology_rows import topology_rows
+from nimbus.master.upgrades import Upgrades
 from nimbus.redaction import redact
 from nimbus.state import runtime_view
 from nimbus.state.cluster_state import (
@@ -45,6 +46,7 @@ from nimbus.state.cluster_state import (
     StormClusterState,
 )
 from nimbus.state.cluster_view import ViewNotLoadedError
+from nimbus.state.code_versions import ALL, topology_of
 from nimbus.state.records import ACTIVE, INACTIVE, RecordError
 from nimbus.thrift import NOT_LEADER_PREFIX, page_info, storm
 from nimbus.thrift.authorizer import (
@@ -99,13 +101,16 @@ class NimbusHandler:
     def __init__(self, conf: Config, elector: LeaderElector, lifecycle: TopologyLifecycle,
                  cache: ClusterSummaryCache, transfers: FileTransfers, store: LocalCodeStore,
                  started_at: float, reads: StormClusterState | None = None, *,
-                 authorizer: SimpleAclAuthorizer | None):
+                 authorizer: SimpleAclAuthorizer | None, upgrades: Upgrades | None = None):
         """``reads`` is the state that client reads go to (getTopologyInfo): a session
         other than the elector's, so that a client's traffic neither queues behind nor
         disguises the elector's (docs/ha.md); by default the lifecycle's. ``authorizer``:
         the process's (``ClusterSecurity.authorizer``, which its root made of
-        ``nimbus.authorizer``), None for none."""
+        ``nimbus.authorizer``), None for none. ``upgrades``: the master's
+        (:mod:`nimbus.master.upgrades`); by default the ones built on ``lifecycle``."""
         self.conf = conf
+        self.upgrades: Upgrades | None = upgrades if upgrades is not None else getattr(
+            lifecycle, "upgrades", None)
         self._calls = concurrent.futures.ThreadPoolExecutor(
             max_workers=int(conf["nimbus.thrift.threads"]), thread_name_prefix="leader-call")
         self.reads = reads if reads is not None else getattr(lifecycle, "state", None)
@@ -211,7 +216,8 @@ class NimbusHandler:
             return
         topology_id, base = self.lifecycle.find(name)
         try:
-            topo_conf = json.loads((self.store.path(topology_id) / CONF_FILE).read_text())
+            topo_conf = json.loads((self.store.path(self._running_key(topology_id))
+                                    / CONF_FILE).read_text())
         except (OSError, ValueError):
             topo_conf = {}
         users = topo_conf.get("topology.users") or []
@@ -283,6 +289,78 @@ class NimbusHandler:
         self._leader_call(lambda: (self._authorize("rebalance", name),
                                    self.lifecycle.rebalance(name, wait, workers, executors)))
         self.cache.refresh_now()
+
+    # -- upgrades: nimbus-ha's extension (nimbus_ha.thrift; nimbus/master/upgrades.py) ----
+    def _the_upgrades(self) -> Upgrades:
+        if self.upgrades is None:
+            raise TApplicationException(TApplicationException.INTERNAL_ERROR,
+                                        "this nimbus serves no upgrades")
+        return self.upgrades
+
+    def _running_key(self, topology_id: str) -> str:
+        """The code key of the version ``topology_id`` runs (its id when never upgraded):
+        where its current conf and code are held."""
+        return self.upgrades.running_key(topology_id) if self.upgrades is not None \
+            else topology_id
+
+    def upgradeTopology(self, name: str, uploadedJarLocation: str, jsonConf: str,
+                        strategy: str) -> str:
+        """Run the uploaded bundle as the next code version of live topology ``name``
+        (Upgrades.upgrade): answered once it is replicated and its switch has begun,
+        with ``{"topology_id", "version"}``. The owner actions' rule (as kill); the
+        authenticated caller is recorded as who asked."""
+        upgrades = self._the_upgrades()
+        who = caller()
+
+        def upgrade() -> str:
+            bundle = self.transfers.take_upload(uploadedJarLocation)
+            try:
+                self._authorize("upgrade", name)
+                topology_id, version = upgrades.upgrade(
+                    name, bundle, jsonConf or "{}", strategy or ALL, by=who or "",
+                    client_gone=client_gone)
+            finally:
+                bundle.unlink(missing_ok=True)
+            return json.dumps({"topology_id": topology_id, "version": version},
+                              sort_keys=True)
+
+        answer = self._leader_call(upgrade)
+        self.cache.refresh_now()
+        return str(answer)
+
+    def rollbackTopology(self, name: str, version: int) -> str:
+        """Switch live topology ``name`` to its kept code version ``version`` (0: the
+        default target, Upgrades.rollback), every worker at once; answers
+        ``{"topology_id", "version"}``. The owner actions' rule (as kill)."""
+        upgrades = self._the_upgrades()
+        who = caller()
+
+        def rollback() -> str:
+            self._authorize("rollback", name)
+            topology_id, target = upgrades.rollback(name, version or None, by=who or "")
+            return json.dumps({"topology_id": topology_id, "version": target},
+                              sort_keys=True)
+
+        answer = self._leader_call(rollback)
+        self.cache.refresh_now()
+        return str(answer)
+
+    def getTopologyHistory(self, name: str) -> str:
+        """The code versions of live topology ``name`` as JSON (Upgrades.history): any
+        nimbus answers, from its view. The read rule of getTopologyInfo applies;
+        NotAliveException for an unknown name."""
+        upgrades = self._the_upgrades()
+        try:
+            topology_id, _base = self.lifecycle.find(name)
+            self._authorize_read(topology_id)
+            history = _readable(lambda: upgrades.history(name))
+        except TopologyNotFoundError as exc:
+            raise storm.NotAliveException(msg=str(exc)) from None
+        except (ViewNotLoadedError, KazooException) as exc:
+            raise TApplicationException(
+                TApplicationException.INTERNAL_ERROR,
+                f"this nimbus cannot read the cluster state now ({exc}); try again") from None
+        return json.dumps(history, sort_keys=True)
 
     # -- file transfer -----------------------------------------------------------------------
     def beginFileUpload(self) -> str:
@@ -430,7 +508,8 @@ class NimbusHandler:
                                     *(self.conf["nimbus.daemon.users"] or [])]}
         if self.authorizer.is_admin(who) or (who is not None and who in daemons):
             return
-        topology_id = str(file).split("/", 1)[0]
+        # A version's code (<id>.v<N>/...) is read as its topology's.
+        topology_id = topology_of(str(file).split("/", 1)[0])
         try:
             self._authorize_read(topology_id)
         except storm.NotAliveException:
@@ -499,12 +578,14 @@ class NimbusHandler:
         return storm.TopologyInfo(
             id=id, name=info["name"], uptime_secs=_i32(info["uptime_secs"]), executors=executors,
             status=info["status"], errors=errors, owner=info["owner"] or None,
-            replication_count=self.lifecycle.distributor.get_replication_count(id))
+            replication_count=self.lifecycle.distributor.get_replication_count(
+                self._running_key(id)))
 
     def _code_file(self, topology_id: str, name: str) -> bytes:
+        """A file of the code ``topology_id`` runs (its running version's)."""
         self._known(topology_id)
         try:
-            return (self.store.path(topology_id) / name).read_bytes()
+            return (self.store.path(self._running_key(topology_id)) / name).read_bytes()
         except (OSError, UnsafePathError):
             raise storm.NotAliveException(
                 msg=f"this nimbus holds no code of {topology_id!r} yet; ask the leader") from None
@@ -556,7 +637,8 @@ class NimbusHandler:
         info = self._fresh_topology_info(id)
         return page_info.topology_page(
             info, window, bool(is_include_sys), topology_conf=self._redacted_conf(id),
-            replication_count=self.lifecycle.distributor.get_replication_count(id))
+            replication_count=self.lifecycle.distributor.get_replication_count(
+                self._running_key(id)))
 
     def getComponentPageInfo(self, topology_id: str, component_id: str,
                              window: str | None, is_include_sys: bool | None) -> Any:

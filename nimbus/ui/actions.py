@@ -1,4 +1,5 @@
-"""The POST actions (activate, deactivate, rebalance, kill), sent to the leader.
+"""The POST actions (activate, deactivate, rebalance, kill, a switch of code version)
+and the history of a topology's versions, sent to the leader.
 
 They go through :class:`NimbusClient`, exactly as the CLI's commands do (so ZooKeeper
 changes exactly as after ``nimbus-ha deactivate NAME``), and it finds the leader,
@@ -8,6 +9,10 @@ or REBALANCING for anything but kill) -> 409, bad value -> 400.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 from thriftpy2.thrift import TApplicationException, TException
 
@@ -52,7 +57,7 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
         raise ApiError(409, "Conflict", f"topology {name!r} is {REBALANCING}: {action} is "
                                         "refused until the rebalance completes; kill is "
                                         "allowed")
-    try:
+    with leader_errors(name, own_identity):
         if action == "activate":
             client.activate(name)
         elif action == "deactivate":
@@ -63,6 +68,40 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
             client.rebalance(name, num_workers, wait_secs)  # type: ignore[arg-type]
         else:  # routing allows no other name
             raise ApiError(404, "Not Found", f"no action {action!r}")
+
+
+def switch_version(client: NimbusClient, name: str, status: str, version: int,
+                   own_identity: str | None = None) -> dict[str, Any]:
+    """Ask the leader to switch topology ``name`` (now in ``status``) to its kept
+    ``version`` (rollbackTopology, as ``nimbus-ha rollback NAME --to N``); its answer
+    ({"topology_id", "version"}). :class:`ApiError` as :func:`run_action`; a switch
+    the leader refuses (a switch or a rebalance under way, a version not kept) is 409."""
+    if status == KILLED:
+        raise ApiError(409, "Conflict", f"topology {name!r} is being killed")
+    if status == REBALANCING:
+        raise ApiError(409, "Conflict", f"topology {name!r} is {REBALANCING}: a switch of "
+                                        "version is refused until the rebalance "
+                                        "completes")
+    with leader_errors(name, own_identity, refused_status=409):
+        return dict(client.rollback(name, version))
+
+
+def topology_history(client: NimbusClient, name: str,
+                     own_identity: str | None = None) -> dict[str, Any]:
+    """The versions of topology ``name`` as the leader keeps them (getTopologyHistory,
+    as ``nimbus-ha history NAME --json``); :class:`ApiError` as :func:`run_action`."""
+    with leader_errors(name, own_identity):
+        return dict(client.history(name))
+
+
+@contextlib.contextmanager
+def leader_errors(name: str, own_identity: str | None,
+                  refused_status: int = 400) -> Iterator[None]:
+    """Thrift's answers to a call about topology ``name`` as :class:`ApiError`: no
+    leader 503, unknown 404, the UI's own identity refused 403, a wrong state 409, any
+    other refusal (InvalidTopologyException) ``refused_status``."""
+    try:
+        yield
     except NimbusUnavailableError as exc:
         raise no_leader(mask(str(exc))) from None
     except CONNECTION_ERRORS as exc:
@@ -83,7 +122,8 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
         # we looked).
         if "being killed" in message or _rebalancing(message):
             raise ApiError(409, "Conflict", message) from None
-        raise ApiError(400, "Bad Request", message) from None
+        raise ApiError(refused_status, "Conflict" if refused_status == 409
+                       else "Bad Request", message) from None
     except TApplicationException as exc:
         if _rebalancing(exc.message or ""):
             # activate/deactivate declare no InvalidTopologyException: the refusal comes
@@ -95,7 +135,6 @@ def run_action(client: NimbusClient, action: str, name: str, status: str,
     except TException as exc:
         raise ApiError(502, "Bad Gateway", mask(getattr(exc, "msg", None) or repr(exc))) \
             from None
-
 
 
 def _rebalancing(message: str) -> bool:

@@ -33,6 +33,7 @@ from werkzeug.wrappers import Request, Response
 
 from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config
+from nimbus.redaction import mask
 from nimbus.state.cluster_state import LayoutMissingError
 from nimbus.state.component_ids import is_component_id
 from nimbus.state.records import RecordError, StormBase
@@ -45,7 +46,14 @@ from nimbus.thrift.authorizer import (
 )
 from nimbus.thrift.client import NimbusClient
 from nimbus.ui import storm_json, topology_page, worker_logs
-from nimbus.ui.actions import ApiError, forbidden, not_found, run_action
+from nimbus.ui.actions import (
+    ApiError,
+    forbidden,
+    not_found,
+    run_action,
+    switch_version,
+    topology_history,
+)
 from nimbus.ui.dashboard import dashboard_data, restrict_topology
 from nimbus.ui.https import IDENTITY_KEY
 from nimbus.ui.local_nimbus import LocalNimbus
@@ -62,6 +70,8 @@ TOPOLOGY_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 ACTIONS = ("activate", "deactivate")
+# A code version's number (nimbus.state.code_versions: at most 6 digits, from 1).
+MAX_VERSION = 999_999
 DASHBOARD_CACHE_USERS = 256
 
 URLS = Map([
@@ -85,6 +95,11 @@ URLS = Map([
          endpoint="action", methods=["POST"]),
     Rule("/api/v1/topology/<topology_id>/<any(rebalance, kill):action>/<wait_time>",
          endpoint="action", methods=["POST"]),
+    # Code versions (nimbus-ha's: nimbus/state/code_versions.py, docs/runtime.md).
+    Rule("/api/v1/topology/<topology_id>/history", endpoint="topology_history",
+         methods=["GET"]),
+    Rule("/api/v1/topology/<topology_id>/version/<version>", endpoint="switch_version",
+         methods=["POST"]),
 ], strict_slashes=False, merge_slashes=False)
 
 
@@ -239,13 +254,7 @@ class UIApp:
         the read rule of /api/v1/topology/:id; 404 for an unknown id."""
         self.reader.snapshot()  # 503 while the UI cannot read the cluster
         self._check_id(topology_id)
-        try:
-            base = self.reader.storm_base(topology_id)
-        except RecordError as exc:
-            raise ApiError(503, "Service Unavailable", f"cannot read this topology: "
-                                                       f"{exc}") from None
-        if base is None:
-            raise not_found(topology_id)
+        base = self._known_base(topology_id)
         self._check_read(request, topology_id, base)
         info = self.reader.topology_info(
             topology_id, timeout_s=float(self.conf["nimbus.task.timeout.secs"]))
@@ -372,6 +381,46 @@ class UIApp:
         self.reader.refresh_now()
         return json_response(storm_json.operation(action, topology_id))
 
+    # -- code versions (nimbus/state/code_versions.py) ------------------------------------
+    def on_topology_history(self, request: Request, topology_id: str) -> Response:
+        """The topology's code versions as the leader keeps them (``nimbus-ha history
+        NAME --json``), for those who may read the topology."""
+        self.reader.snapshot()  # 503 while the UI cannot read the cluster
+        self._check_id(topology_id)
+        base = self._known_base(topology_id)
+        self._check_read(request, topology_id, base)
+        history = topology_history(self.client, base.storm_name, self.own_identity)
+        return json_response(_masked_history(history))
+
+    def on_switch_version(self, request: Request, topology_id: str,
+                          version: str) -> Response:
+        """Switch the topology to its kept ``version`` (``nimbus-ha rollback NAME --to
+        N``): the leader's rollbackTopology, for those who may change the topology."""
+        self._check_origin(request)
+        self._json_body(request)
+        self._check_id(topology_id)
+        if not version.isdigit() or len(version) > 6 or not 1 <= int(version) <= MAX_VERSION:
+            raise ApiError(400, "Bad Request", f"a code version is a whole number from 1, "
+                                               f"not {version[:40]!r}")
+        base = self._known_base(topology_id)
+        self._check_change(request, "rollback", topology_id, base)
+        answer = switch_version(self.client, base.storm_name, base.status, int(version),
+                                self.own_identity)
+        self.reader.refresh_now()
+        return json_response({**storm_json.operation("version", topology_id),
+                              "version": answer.get("version", int(version))})
+
+    def _known_base(self, topology_id: str) -> StormBase:
+        """The topology's StormBase now; 404 for an unknown id, 503 if unreadable."""
+        try:
+            base = self.reader.storm_base(topology_id)
+        except RecordError as exc:
+            raise ApiError(503, "Service Unavailable", f"cannot read this topology: "
+                                                       f"{exc}") from None
+        if base is None:
+            raise not_found(topology_id)
+        return base
+
     # -- input checks -------------------------------------------------------------------
     @staticmethod
     def _check_id(topology_id: str) -> None:
@@ -426,6 +475,15 @@ class UIApp:
             raise ApiError(400, "Bad Request",
                            f"numWorkers must be a whole number >= 1, not {str(raw)[:40]!r}")
         return raw
+
+
+def _masked_history(history: dict[str, Any]) -> dict[str, Any]:
+    """``history`` with the text its versions carry (errors a worker raised, submitters)
+    masked, as the page masks what workers wrote."""
+    versions = [{**entry, "error": mask(str(entry.get("error") or "")),
+                 "submitter": mask(str(entry.get("submitter") or ""))}
+                for entry in history.get("versions") or []]
+    return {**history, "versions": versions}
 
 
 def _whole(text: str | None, name: str, low: int, high: int) -> int:

@@ -12,6 +12,9 @@ _COMPONENT = {"name": "component", "in": "path", "required": True,
               "schema": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"},
               "description": "Component id (a pipeline's query, main, or worker-<i> for "
                              "errors of a worker itself)."}
+_VERSION = {"name": "n", "in": "path", "required": True,
+            "schema": {"type": "integer", "minimum": 1, "maximum": 999999},
+            "description": "A kept code version of the topology (from its history)."}
 _WAIT = {"name": "wait-time", "in": "path", "required": True,
          "schema": {"type": "integer", "minimum": 0}, "description": "Seconds."}
 
@@ -27,7 +30,9 @@ def _errors(*codes: int) -> dict[str, Any]:
                403: "Not allowed: nimbus.authorizer's rules refuse the caller (its client "
                     "certificate's common name), or a cross-origin POST",
                404: "Unknown topology",
-               405: "Wrong method", 409: "Wrong state (the topology is being killed)",
+               405: "Wrong method",
+               409: "Wrong state (the topology is being killed or rebalanced; for a "
+                    "version switch also: a switch under way, or a version not kept)",
                413: "Body larger than 1 MiB",
                502: "The worker's logviewer did not answer as it should",
                503: "No leader reachable, or ZooKeeper unreachable"}
@@ -106,6 +111,17 @@ def openapi_document() -> dict[str, Any]:
                 body=True),
             "/api/v1/topology/{id}/kill/{wait-time}": _post("Kill after wait-time",
                                                              [_ID, _WAIT]),
+            "/api/v1/topology/{id}/history": _get(
+                "nimbus-ha's code versions of the topology, as `nimbus-ha history NAME "
+                "--json` prints them: running, the switch under way (or null) and the "
+                "kept versions, newest first (version, sha256, submitter, created_secs, "
+                "state: running, switching, previous, old, rolled back or failed; "
+                "error)", "#/components/schemas/History", 403, 404, params=[_ID]),
+            "/api/v1/topology/{id}/version/{n}": _post(
+                "nimbus-ha's switch to kept code version n (`nimbus-ha rollback NAME "
+                "--to n`): every worker stops at a batch boundary and starts version n "
+                "from the same checkpoint; the answer's version is the target, the "
+                "switch goes on after it (follow it in the history)", [_ID, _VERSION]),
             "/api/v1/ui/dashboard": _get("nimbus-ha's dashboard data (one request per "
                                          "refresh)"),
             "/api/v1/openapi.json": _get("This document"),
@@ -126,6 +142,23 @@ def openapi_document() -> dict[str, Any]:
             "Operation": {"type": "object", "properties": {
                 "topologyOperation": {"type": "string"}, "topologyId": {"type": "string"},
                 "status": {"type": "string", "enum": ["success"]}}},
+            "History": {"type": "object", "properties": {
+                "topology_id": {"type": "string"}, "name": {"type": "string"},
+                "running": {"type": "integer"},
+                "switch": {"type": "object", "nullable": True, "properties": {
+                    "kind": {"type": "string", "enum": ["upgrade", "rollback"]},
+                    "from": {"type": "integer"}, "to": {"type": "integer"},
+                    "strategy": {"type": "string", "enum": ["all", "rolling"]},
+                    "started_secs": {"type": "integer"},
+                    "deadline_secs": {"type": "integer"}, "by": {"type": "string"},
+                    "switched": {"type": "array", "items": {"type": "string"}}}},
+                "versions": {"type": "array", "items": {"type": "object", "properties": {
+                    "version": {"type": "integer"}, "sha256": {"type": "string"},
+                    "submitter": {"type": "string"}, "created_secs": {"type": "integer"},
+                    "state": {"type": "string", "enum": [
+                        "running", "switching", "previous", "old", "rolled back",
+                        "failed"]},
+                    "error": {"type": "string"}}}}}},
             "ClusterSummary": {"type": "object", "properties": {
                 k: {"type": t} for k, t in [
                     ("stormVersion", "string"), ("supervisors", "integer"),

@@ -7,8 +7,9 @@ from a nimbus: nothing here reads anything).
 (nimbus/ui/static/topology.js): the ``topology_info`` dict itself (snake_case, as
 ``topology-info --json`` prints it: workers with their state and placement history,
 components with Spark's newest progress, the charts' history and the checkpoint
-location, every kept error), plus ``may_change`` (whether the caller may act on it) and
-``generated_at``.
+location, every kept error, the code version that runs and a switch under way), plus
+``may_change`` (whether the caller may act on it) and ``generated_at``. The page's
+Versions panel reads ``/api/v1/topology/:id/history`` besides.
 
 ``/component/:component`` is Storm UI's component page (Storm 1.x's field names; a
 component is a bolt, one executor per worker that runs it, as getComponentPageInfo says),
@@ -44,6 +45,8 @@ def mask_info(info: dict[str, Any]) -> dict[str, Any]:
             error["error"] = mask(str(error.get("error", "")))
     for worker in info["workers"]:
         worker["last_error"] = mask(str(worker["last_error"]))
+    for version in info.get("code_versions") or []:   # absent from earlier releases
+        version["error"] = mask(str(version.get("error") or ""))
     for component in info["components"].values():
         progress = component.get("progress")
         if not progress:

@@ -19,6 +19,12 @@ or::
 A relative ``file`` is under ``$NIMBUS_HA_STATE_DIR``; a ``command`` runs in the bundle
 root with the command's environment. An unhealthy command is stopped and reported (its
 worker exits with code 3), and its supervisor restarts it.
+
+The check has *passed* (:attr:`HealthCheck.passed`) once it found the command healthy
+since it started: a ``command`` check exited 0, or the ``file`` was written after the
+command started (an older file, left by an earlier run in the state directory, is no
+proof). The worker says so in its beats, and its supervisor counts a worker of a new code
+version as upgraded only from then (nimbus/supervisor/status_input.py).
 """
 
 from __future__ import annotations
@@ -98,6 +104,9 @@ class HealthCheck:
         self._running: subprocess.Popen[bytes] | None = None
         self._running_since = 0.0
         self._file_seen: tuple[float | None, float] = (None, self._started)
+        self._file_looked = False   # the file's first look is a baseline, not a change
+        self._started_wall = time.time()   # what a file's mtime is compared with
+        self.passed = False   # found healthy since the command started (module doc)
 
     def poll(self) -> str | None:
         """The reason the command is unhealthy, or None (healthy, or not judged yet)."""
@@ -112,6 +121,10 @@ class HealthCheck:
         except OSError:
             mtime = None
         seen, since = self._file_seen
+        first, self._file_looked = not self._file_looked, True
+        if mtime is not None and (mtime >= self._started_wall or
+                                  (mtime != seen and not first)):
+            self.passed = True   # written since the command started
         if mtime != seen:
             self._file_seen = (mtime, now)
             return None
@@ -138,6 +151,7 @@ class HealthCheck:
                 tail = output.decode("utf-8", "replace").strip()[-500:]
                 return (f"health check failed: {self.spec.command} exited with code {code}"
                         + (f": {tail}" if tail else ""))
+            self.passed = True
             return None
         if now >= self._next:
             self._next = now + self.spec.every_s

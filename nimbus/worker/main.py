@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         stop = threading.Event()
         install_stop_handlers(stop)
         log.info("worker pid %d (group %d): topology %s port %d, worker %d of %d, "
-                 "restarts %d", os.getpid(), os.getpgrp(), spec.topology_id, spec.port,
-                 spec.worker_index, spec.num_workers, spec.restarts)
+                 "restarts %d, code version %d", os.getpid(), os.getpgrp(),
+                 spec.topology_id, spec.port, spec.worker_index, spec.num_workers,
+                 spec.restarts, spec.code_version)
         code = run(spec, stop, args.worker_dir.resolve())
         log.info("worker exits with code %d", code)
         return code

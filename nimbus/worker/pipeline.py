@@ -3,7 +3,16 @@
 ``build`` returns one unstarted ``DataStreamWriter`` (component ``main``) or a dict
 ``{component: DataStreamWriter}``. The worker starts the components assigned to it with
 ``checkpointLocation`` = ``<checkpoint root>/<topology-id>/<component>`` and ``queryName``
-= ``<topology-id>.<component>``, beats their progress, and exits when one fails.
+= ``<topology-id>.<component>``, beats their progress, and exits when one fails. The
+checkpoint is the topology's whatever version of its code runs (an upgrade starts the
+new version from it: nimbus.state.code_versions).
+
+Asked to stop (SIGTERM), it stops at a batch boundary where it can: it lets the batch
+under way of each query commit first (:func:`finish_batches`), for at most
+:func:`boundary_wait_s` of the supervisor's stop grace, then stops the queries and Spark.
+A batch still running at that bound is interrupted: it has its offsets in the
+checkpoint's log and no commit, so the next worker runs it again from the checkpoint,
+and exactly-once holds either way. A stuck query is never waited for.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from nimbus.worker_protocol.exits import (
     InvalidTopology,
     worker_component,
 )
-from nimbus.worker_protocol.spec import WorkerSpec
+from nimbus.worker_protocol.spec import SpecError, WorkerSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,6 +51,13 @@ log = logging.getLogger(__name__)
 
 TOPOLOGY_PY = "topology.py"
 MAIN = "main"
+#: A stopping pipeline waits for its batches under way at most this share of its
+#: supervisor's stop grace (``supervisor.worker.shutdown.sleep.secs``, after which the
+#: supervisor kills the group) ...
+BOUNDARY_SHARE = 0.5
+#: ... and never so long that less than this is left to stop the queries and Spark.
+STOP_RESERVE_S = 1.5
+BOUNDARY_POLL_S = 0.05
 # Component names end up in paths and query names.
 
 Build = Callable[["SparkSession", dict[str, Any]], Any]
@@ -104,6 +120,55 @@ def writers_of(result: Any) -> dict[str, DataStreamWriter]:
     raise InvalidTopology(f"build() returned {type(result).__name__}, not a DataStreamWriter "
                           "or a dict {component: DataStreamWriter}: return df.writeStream...")
 
+
+
+def boundary_wait_s(grace_s: float) -> float:
+    """How long a stopping pipeline waits for its batches under way to commit, given its
+    supervisor's stop grace: :data:`BOUNDARY_SHARE` of it, leaving at least
+    :data:`STOP_RESERVE_S` (1.5 s of the default 3)."""
+    return max(0.0, min(grace_s * BOUNDARY_SHARE, grace_s - STOP_RESERVE_S))
+
+
+def _progress_mark(query: StreamingQuery) -> tuple[Any, Any] | None:
+    """What tells one trigger's progress from the next one's: (batch id, timestamp)."""
+    progress = query.lastProgress
+    if not progress:
+        return None
+    return progress.get("batchId"), progress.get("timestamp")
+
+
+def _trigger_active(query: StreamingQuery) -> bool:
+    return bool((query.status or {}).get("isTriggerActive"))
+
+
+def finish_batches(queries: Mapping[str, StreamingQuery], bound_s: float,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> tuple[float, list[str]]:
+    """Wait while a trigger of any of ``queries`` is under way (Spark's
+    ``status["isTriggerActive"]``), each until its trigger ends (its status says so, or
+    a newer progress shows it ended and the next one began), all within ``bound_s``.
+    Returns (seconds waited, the queries whose trigger was still under way at the
+    bound). A query that is not active, or whose JVM does not answer, is not waited
+    for."""
+    started = clock()
+    deadline = started + bound_s
+    cut: list[str] = []
+    for name, query in queries.items():
+        try:
+            if not query.isActive:
+                continue
+            seen = _progress_mark(query)
+            while _trigger_active(query):
+                if _progress_mark(query) != seen:
+                    break   # that batch committed; the next one began: not waited for
+                if clock() >= deadline:
+                    cut.append(name)
+                    break
+                sleep(BOUNDARY_POLL_S)
+        except Exception as exc:  # the JVM may be going (a group SIGTERM before it ignored it)
+            log.warning("stopping query %s: its batch under way cannot be waited for: %s",
+                        name, format_error(exc, 300))
+    return clock() - started, cut
 
 
 class PipelineRunner:
@@ -272,6 +337,8 @@ class PipelineRunner:
         if self.abandon:
             log.warning("not stopping the queries or Spark: a query is stuck")
             return
+        if self.stop.is_set() and self.queries:
+            self._finish_batches()
         for name, query in self.queries.items():
             try:
                 if query.isActive:
@@ -286,6 +353,24 @@ class PipelineRunner:
             except Exception as exc:
                 log.warning("stopping Spark: %s", format_error(exc, 300))
             log.info("Spark stopped in %.1f s", time.monotonic() - started)
+
+
+    def _finish_batches(self) -> None:
+        """Asked to stop: let the batches under way commit first (a bounded wait)."""
+        try:
+            bound = boundary_wait_s(self.spec.stop_grace_s)
+        except SpecError as exc:
+            log.warning("not waiting for the batches under way: %s", exc)
+            return
+        waited, cut = finish_batches(self.queries, bound)
+        if cut:
+            log.warning("stopping: the batch under way of %s did not commit within %.1f s "
+                        "(of supervisor.worker.shutdown.sleep.secs %g): it is stopped and "
+                        "runs again from the checkpoint", ", ".join(cut), bound,
+                        self.spec.stop_grace_s)
+        else:
+            log.info("stopping at a batch boundary: waited %.2f s for the batches under "
+                     "way to commit", waited)
 
 
 def run_pipeline(spec: WorkerSpec, status: StatusWriter, stop: threading.Event,

@@ -6,6 +6,10 @@
     env: {TAILER_INPUT: /data/in.log}  # optional extra environment
     health: {file: heartbeat, timeout: 30}  # optional: see nimbus.worker.health
 
+Each beat says what the health check says (``health``: none declared, pending, passed),
+beating at once when it first passes: a worker of a new code version counts as upgraded
+from then (with none declared, from its first beat, once the command started).
+
 The command runs in the bundle root with the worker's environment, ``env``, and
 ``NIMBUS_HA_TOPOLOGY_ID``, ``NIMBUS_HA_WORKER_PORT`` and ``NIMBUS_HA_STATE_DIR``
 (``<checkpoint root>/<topology-id>/state``, created). It stays in the worker's process
@@ -33,6 +37,7 @@ import yaml
 from nimbus.worker.health import HealthCheck, HealthSpec
 from nimbus.worker.lease import Lease
 from nimbus.worker.status import StatusWriter
+from nimbus.worker_protocol import health as healthy
 from nimbus.worker_protocol.exits import (
     EXIT_FAILED,
     EXIT_INVALID_TOPOLOGY,
@@ -228,6 +233,7 @@ def _watch(child: subprocess.Popen[bytes], tee: StderrTee, spec: WorkerSpec,
            health: HealthCheck | None = None) -> int:
     interval = spec.heartbeat_secs
     next_beat = time.monotonic()
+    last_said = ""
     while True:
         code = child.poll()
         if code is not None and not stop.is_set():
@@ -250,8 +256,12 @@ def _watch(child: subprocess.Popen[bytes], tee: StderrTee, spec: WorkerSpec,
             _stop_child(child)
             return EXIT_FAILED
         now = time.monotonic()
-        if now >= next_beat:
-            status.beat({COMPONENT: {"pid": child.pid}})
+        said = healthy.NONE if health is None else (
+            healthy.PASSED if health.passed else healthy.PENDING)
+        if now >= next_beat or said != last_said:
+            # At once when its check first passes: its supervisor counts it upgraded then.
+            status.beat({COMPONENT: {"pid": child.pid}}, health=said)
+            last_said = said
             next_beat = now + interval
         # Short waits: a child's exit is noticed within 0.1 s, not a beat later.
         stop.wait(min(0.1, max(0.0, next_beat - now)))

@@ -102,7 +102,7 @@ def _hello(spec: WorkerSpec) -> dict[str, Any]:
     code_dir = Path(spec.code_dir)
     return {"pid": os.getpid(), "topology_id": spec.topology_id, "port": spec.port,
             "worker_index": spec.worker_index, "num_workers": spec.num_workers,
-            "restarts": spec.restarts,
+            "restarts": spec.restarts, "code_version": spec.code_version,
             "kind": "process" if (code_dir / "topology.yaml").is_file() else "pipeline"}
 
 

@@ -66,14 +66,19 @@ class StatusWriter:
         self._identity = {"topology_id": topology_id, "supervisor_id": supervisor_id,
                           "host": host, "port": port, "restarts": restarts}
 
-    def beat(self, components: dict[str, dict[str, Any]], spark_ui_url: str = "") -> None:
+    def beat(self, components: dict[str, dict[str, Any]], spark_ui_url: str = "",
+             health: str = "") -> None:
         """Send one beat with ``components`` ``{name: {...}}`` and, for a pipeline whose
-        Spark UI is on, that UI's address."""
+        Spark UI is on, that UI's address; for a process topology, what its health check
+        says: "none" (none declared), "pending" (not passed yet) or "passed"
+        (nimbus/worker/health.py)."""
         beat = {**self._identity,
                 "uptime_secs": int(time.monotonic() - self._started),
                 "components": components}
         if spark_ui_url:
             beat["spark_ui_url"] = spark_ui_url
+        if health:
+            beat["health"] = health
         self._send({"beat": beat})
 
     def components(self, every: list[str], mine: list[str]) -> None:

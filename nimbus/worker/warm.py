@@ -218,9 +218,9 @@ def _run_warm(warm_dir: Path, warm: WorkerSpec, pump: LogPump | None) -> int:
             pump.move_to(port_dir(log_root(spec.conf), spec.topology_id, spec.port))
         except (OSError, ValueError) as exc:
             log.warning("its log stays %s: %s", pump.path, exc)
-    log.info("taken after %.1f s warm: topology %s port %d, worker %d of %d, restarts %d",
-             waited, spec.topology_id, spec.port, spec.worker_index, spec.num_workers,
-             spec.restarts)
+    log.info("taken after %.1f s warm: topology %s port %d, worker %d of %d, restarts "
+             "%d, code version %d", waited, spec.topology_id, spec.port, spec.worker_index,
+             spec.num_workers, spec.restarts, spec.code_version)
     try:
         adopt_session(session, warm, spec)
     except WarmMismatchError as exc:

@@ -14,6 +14,8 @@ lives here, one idea a module:
   session with, and whether a warm worker's session can take a topology;
 * :mod:`~nimbus.worker_protocol.warm`: a warm worker's spec file and the line that hands
   it a slot;
+* :mod:`~nimbus.worker_protocol.health`: what a process topology's worker says of its
+  health check in its beats;
 * :mod:`~nimbus.worker_protocol.takeover`: the socket a worker whose supervisor died
   waits on, and who is at its other end;
 * :mod:`~nimbus.worker_protocol.frozen_cgroup`: a frozen worker's cgroup, its mark and

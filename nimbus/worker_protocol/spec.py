@@ -50,6 +50,9 @@ class WorkerSpec:
       index in sorted name order is ``worker_index`` modulo ``num_workers``.
     * ``class_archive``: the supervisor's Spark class archive for the driver's JVM, or ""
       (nimbus.worker.class_archive).
+    * ``code_version``: the version of the topology's code in ``code_dir``
+      (nimbus.state.code_versions; 1, the submitted code, in specs of earlier
+      releases). Checkpoints are the topology's whatever the version.
 
     The file can hold secrets (the configuration), so :meth:`dump` writes it with mode 0600.
     """
@@ -66,6 +69,7 @@ class WorkerSpec:
     worker_index: int = 0
     num_workers: int = 1
     class_archive: str = ""
+    code_version: int = 1
 
     def __post_init__(self) -> None:
         self._check()
@@ -80,6 +84,9 @@ class WorkerSpec:
                                 f"got {type(value).__name__} {value!r:.80}")
         if not self.topology_id:
             raise SpecError("worker spec field 'topology_id' is empty")
+        if self.code_version < 1:
+            raise SpecError(f"worker spec field 'code_version' must be 1 or more, got "
+                            f"{self.code_version}")
         if self.num_workers < 1 or not 0 <= self.worker_index < self.num_workers:
             raise SpecError(f"worker spec: worker_index {self.worker_index} is not in "
                             f"[0, num_workers={self.num_workers})")
@@ -149,7 +156,7 @@ class WorkerSpec:
     def check_settings(self) -> None:
         """Raise SpecError unless every typed value below can be read."""
         for name in ("heartbeat_secs", "first_lease_wait_s", "stall_timeout_s",
-                     "orphan_timeout_s", "spark_master"):
+                     "orphan_timeout_s", "stop_grace_s", "spark_master"):
             getattr(self, name)
 
     @property
@@ -173,6 +180,16 @@ class WorkerSpec:
         """``supervisor.worker.orphan.timeout.secs``: how long a frozen worker whose
         supervisor is gone waits before it ends itself."""
         return self._number(ORPHAN_TIMEOUT_KEY)
+
+    @property
+    def stop_grace_s(self) -> float:
+        """``supervisor.worker.shutdown.sleep.secs``: how long after its SIGTERM the
+        supervisor kills this worker's group; what a stop may take (0 or more)."""
+        value = self._number("supervisor.worker.shutdown.sleep.secs", positive=False)
+        if value < 0:
+            raise SpecError(f"key 'supervisor.worker.shutdown.sleep.secs' must be 0 or "
+                            f"more, got {value:g}")
+        return value
 
     @property
     def spark_master(self) -> str:

@@ -1,7 +1,7 @@
 // nimbus-ha topology page (#/topology/<id>): polls /api/v1/topology/<id>/page and draws
-// the topology's status and actions, its workers (state, placement history, Spark UI),
-// per component the charts of the last 15 minutes, Spark's newest progress and the
-// checkpoint, and the newest errors.
+// the topology's status and actions, its workers (state, code version, placement
+// history, Spark UI), per component the charts of the last 15 minutes, Spark's newest
+// progress and the checkpoint, and the newest errors (the Versions panel: versions.js).
 // Uses h(), prettySecs(), actionButtons() and showBanner() of dashboard.js and
 // timeChart() of charts.js. Text from the cluster (component names, offsets, errors) is
 // only ever set as text (h() makes text nodes), never parsed as HTML.
@@ -67,9 +67,10 @@ function drawTopologyMissing(id, message) {
   status.textContent = "";
   status.hidden = true;
   document.getElementById("tp-summary").textContent = message;
-  for (const part of ["tp-actions", "tp-components", "tp-errors"]) {
+  for (const part of ["tp-actions", "tp-components", "tp-errors", "tp-switch"]) {
     document.getElementById(part).replaceChildren();
   }
+  document.querySelector("#tp-version-list tbody").replaceChildren();
   document.querySelector("#tp-workers tbody").replaceChildren();
 }
 
@@ -97,12 +98,20 @@ function drawTopologyPage(data) {
   drawComponents(data, open);
   drawErrors(data.errors, open);
   drawLogWorkers(data);   // logs.js
+  drawVersions(data);     // versions.js
 }
 
 // -- workers --------------------------------------------------------------------------
 function workerState(w) {
   const label = w.state === "restarting" ? `restarting (back-off ${w.backoff_secs}s)` : w.state;
   return h("span", {class: `badge state ${w.state}`, "data-state": w.state}, label);
+}
+
+// The code version a worker runs, "2 → 3" while it is assigned another (a switch).
+function workerVersion(w) {
+  if (w.assigned_version === undefined) return h("span", {class: "muted"}, "—");
+  const runs = w.version === null ? "?" : String(w.version);
+  return w.version === w.assigned_version ? runs : `${runs} → ${w.assigned_version}`;
 }
 
 function sparkUiLink(url) {
@@ -133,6 +142,7 @@ function drawWorkers(workers, open) {
       h("td", {}, w.worker, w.warm_start ? h("small", {class: "muted"}, " warm") : null),
       h("td", {}, `${w.host}:${w.port}`, h("br"), h("small", {class: "muted"}, w.supervisor_id)),
       h("td", {class: "state"}, workerState(w)),
+      h("td", {class: "num version"}, workerVersion(w)),
       h("td", {class: "num"}, prettySecs(w.uptime_secs)),
       h("td", {class: "num"}, w.restarts),
       h("td", {class: "num"}, w.memory_bytes ? `${Math.round(w.memory_bytes / 1048576)} MiB` : "—"),
