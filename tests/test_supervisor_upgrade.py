@@ -295,6 +295,27 @@ def test_the_heartbeat_says_each_slots_version_commit_and_failures():
     assert (said.version, said.committed, said.failures) == (2, False, 1)
 
 
+def test_the_error_of_a_failure_stays_said_while_the_next_process_runs():
+    """A crash loop's next process beats at once: the entry keeps the error that ended
+    the last one while its version has failures, which a leader rolling the upgrade
+    back records as the reason."""
+    table = WorkerTable()
+    reg = registration(table)
+    desired = {6700: want(6700, version=2)}
+    table.note_versions(desired)
+    reg.set_desired(desired)
+    record = table.record(TOPOLOGY, 6700)
+    record.failures, record.failed, record.last_error = 1, True, "health check failed"
+    again = handle(6700, version=2)
+    again.last_beat_at = time.monotonic()
+    table.add(again)
+    got = reg.info().workers["6700"]
+    assert (got["state"], got["failures"], got["last_error"]) == (
+        "running", 1, "health check failed")
+    again.version_committed = True   # it proved itself: the old error is no news
+    assert reg.info().workers["6700"]["last_error"] == ""
+
+
 def test_a_worker_still_on_the_old_version_is_said_as_it_is():
     """While its slot already wants v2, the v1 worker being stopped is said as v1: its
     commit is no news of v2's."""

@@ -80,13 +80,6 @@ class WorkerEnder:
                             "it cold", handle.name, record.cold_reason)
                 continue
             record.restarts += 1
-            if not record.version:
-                record.version = handle.code_version
-            if not handle.version_committed and record.version == handle.code_version:
-                record.failures += 1
-                log.warning("worker %s exited before it committed on version %d (failure "
-                            "%d of that version on its slot)", handle.name,
-                            handle.code_version, record.failures)
             ran_s = now - handle.started_at
             # Not a crash loop: a pipeline that committed, a command that got past its
             # start (issue 20): restarted at once, its backoff afresh.
@@ -95,8 +88,18 @@ class WorkerEnder:
             delay = record.backoff.delay_after_exit(ran_s, healthy=healthy)
             record.not_before = now + delay
             self._reporter.exited(handle, code)
-            record.failed, record.backoff_s = True, delay
+            # The error before the failure count: the heartbeat thread may write the
+            # entry between any two of these lines, and a leader that sees the failure
+            # must see its error with it (it records it in the version's history).
             record.last_error = handle.last_error or f"worker exited with code {code}"
+            record.failed, record.backoff_s = True, delay
+            if not record.version:
+                record.version = handle.code_version
+            if not handle.version_committed and record.version == handle.code_version:
+                record.failures += 1
+                log.warning("worker %s exited before it committed on version %d (failure "
+                            "%d of that version on its slot)", handle.name,
+                            handle.code_version, record.failures)
             self._beat_now()
             log.warning("worker %s exited with code %s; restart in %.0fs", handle.name, code,
                         delay)

@@ -149,9 +149,13 @@ class Registration:
                 beat_at = handle.last_beat_at
                 state = worker_state.FROZEN if handle.is_frozen() else (
                     worker_state.STARTING if beat_at is None else worker_state.RUNNING)
-                # A new process of a crash loop: the error that ended the last one.
-                error = handle.last_error or (record.last_error if record and
-                                              state == worker_state.STARTING else "")
+                # A new process of a crash loop: the error that ended the last one, also
+                # while this version has failures to its name (what a leader rolling an
+                # upgrade back records as the reason).
+                failed_here = record is not None and record.failures and \
+                    record.version == version and not committed
+                error = handle.last_error or (record.last_error if record and (
+                    state == worker_state.STARTING or failed_here) else "")
                 backoff = 0
             elif record is not None and record.failed:
                 state, error = worker_state.RESTARTING, record.last_error
