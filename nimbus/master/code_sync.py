@@ -4,7 +4,7 @@ Code is held by *code key*: a topology's id for its submitted code (version 1), 
 ``<id>.v<N>`` for a later version (:mod:`nimbus.state.code_versions`). What a live
 topology needs is the code of every version its ``/code-versions`` keeps (the id alone
 for a topology never upgraded): that is what a nimbus must hold to lead
-(:func:`nimbus.master.upgrades.required_code_keys`), and what the sync fetches.
+(:func:`nimbus.master.version_rules.required_code_keys`), and what the sync fetches.
 
 One named loop (``code-sync``) per nimbus. It is woken by ZooKeeper watches (a topology
 appears under ``storms`` or ``code-distributor``, its metafile is published, a replica
@@ -40,7 +40,7 @@ from kazoo.exceptions import KazooException
 from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore
-from nimbus.master.upgrades import required_code_keys, view_code_keys
+from nimbus.master.version_rules import required_code_keys, view_code_keys
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.code_versions import is_version_key, topology_of

@@ -10,10 +10,11 @@
    :mod:`nimbus.master.rebalancing`);
 3. remove the code of submissions that never completed;
 4. schedule, fenced by the lock node of *this* leadership;
-5. advance the switches of code version under way (:mod:`nimbus.master.upgrades`: apply
-   a switch to its Assignment, mark the workers that switched, roll back a failed
-   upgrade, complete, prune old versions), on the same thread as the scheduler so that
-   the two never race on an Assignment;
+5. advance the switches of code version under way (:mod:`nimbus.master.version_switches`,
+   through :class:`~nimbus.master.upgrades.Upgrades`: apply a switch to its Assignment,
+   mark the workers that switched, roll back a failed upgrade, complete, prune old
+   versions), on the same thread as the scheduler so that the two never race on an
+   Assignment;
 6. when that moved work or changed versions, refresh the cluster summary
    (read-your-writes); then bring each supervisor's index of its work up to date
    (:mod:`nimbus.master.assignment_index`);

@@ -1,5 +1,7 @@
-"""Upgrades on the leader: new code versions of a running topology, the switch of its
-workers from one version to another, the automatic rollback, and the pruning.
+"""Upgrades of a running topology as they are asked for: ``upgrade`` (a new code version
+and the switch of the workers to it), ``rollback`` (a switch to a kept version) and
+``history`` (the versions kept and the switch under way), through :class:`Upgrades`, the
+one object the nimbus, its duties and its Thrift service hold.
 
 What is stored (:mod:`nimbus.state.code_versions`): version 1 is the submitted code
 (code key: the topology id); ``upgrade`` makes version N = newest + 1 under the key
@@ -8,34 +10,21 @@ What is stored (:mod:`nimbus.state.code_versions`): version 1 is the submitted c
 (:class:`~nimbus.state.code_versions.CodeVersions`) lists the kept versions, the running
 one and the switch under way; ``/storms/<id>`` never changes.
 
-How a switch goes, every step a fenced write of the leader:
+:meth:`Upgrades.upgrade` stages, uploads and replicates the new version
+(``topology.min.replication.count`` replicas within the replication wait, or the version
+is removed again and the upgrade refused), then writes ``/code-versions`` with the
+version in state SWITCHING and the switch (``from``, ``to``, strategy, deadline
+``topology.upgrade.timeout.secs`` away). :meth:`Upgrades.rollback` writes a switch to a
+kept version the same way. Nothing runs either yet: the leader's duty
+(:meth:`Upgrades.advance`, carried out by
+:class:`~nimbus.master.version_switches.VersionSwitches`) applies the switch to the
+Assignment, completes it once every worker runs the new version and committed, or rolls
+it back. Every write is a fenced write of the leader.
 
-1. :meth:`Upgrades.upgrade` stages, uploads and replicates the new version
-   (``topology.min.replication.count`` replicas within the replication wait, or the
-   version is removed again and the upgrade refused), then writes ``/code-versions``
-   with the version in state SWITCHING and the switch (``from``, ``to``, strategy,
-   deadline ``topology.upgrade.timeout.secs`` away). Nothing runs it yet.
-2. The duty cycle's :meth:`Upgrades.advance` (after the scheduler, on the same thread, so
-   the two never race) points the Assignment at the new version: every worker at once
-   (``all``) or one at a time (``rolling``: ``worker_versions`` keeps the others on the
-   old version). The Assignment and ``/code-versions`` are written in one transaction,
-   each with the version read: a switch is never half-applied without ``/code-versions``
-   saying so.
-3. The supervisors say in their heartbeats which version each slot's worker runs,
-   whether it committed on it and how often it exited before its first commit. A worker
-   that runs the new version and committed is *switched*. Once every placed worker is,
-   the switch completes (the version is RUNNING, the one before it PREVIOUS), and the
-   versions beyond ``topology.code.versions.kept`` are removed (never the running one,
-   the rollback target or a switch's ``from``/``to``).
-4. A worker that exits on the new version before its first commit, or a deadline that
-   passes first, fails the upgrade: the version is FAILED with the error, and a
-   rollback switch (strategy all) to the previous version begins. A rollback that fails
-   in turn is not rolled back again: the switch ends with its error recorded, logged at
-   ERROR and reported in the topology's errors.
-
-Everything is in ZooKeeper (the deadline in epoch seconds): a leader that dies mid-way
-leaves the switch to the next leader's :meth:`Upgrades.advance`, which completes it or
-rolls it back.
+The rules both sides apply (which code keys a nimbus holds, which versions are pruned,
+the states at a switch's end, what a heartbeat says of a worker) are
+:mod:`nimbus.master.version_rules`; this module still offers their names, and the
+switch's, to those that import them from here.
 """
 
 from __future__ import annotations
@@ -44,12 +33,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from kazoo.exceptions import NoNodeError
 
 from nimbus.master.lifecycle import (
     BUNDLE_FILE,
@@ -60,193 +46,58 @@ from nimbus.master.lifecycle import (
     TopologyLifecycle,
     TopologyNotFoundError,
 )
-from nimbus.state.cluster_state import ConcurrentChangeError, Fence, StormClusterState
+from nimbus.master.version_rules import (
+    KEPT_KEY,
+    TIMEOUT_KEY,
+    WorkerFacts,
+    code_keys,
+    completed_versions,
+    required_code_keys,
+    view_code_keys,
+    worker_facts,
+)
+from nimbus.master.version_switches import (
+    AUTOMATIC,
+    ERROR_COMPONENT,
+    READS,
+    TICK_S,
+    VersionSwitches,
+)
+from nimbus.state.cluster_state import ConcurrentChangeError, Fence
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.code_versions import (
     ALL,
-    FAILED,
-    OLD,
     PREVIOUS,
     ROLLBACK,
     ROLLED_BACK,
-    ROLLING,
     RUNNING,
     STRATEGIES,
     SWITCHING,
     UPGRADE,
     CodeVersions,
-    is_version_key,
     split_key,
-    topology_of,
     version_key,
 )
-from nimbus.state.records import (
-    KILLED,
-    REBALANCING,
-    WORKER_PREFIX,
-    Assignment,
-    ErrorInfo,
-    RecordError,
-    StormBase,
-    SupervisorInfo,
-)
+from nimbus.state.records import KILLED, REBALANCING, StormBase
 from nimbus.topology_acl import SUBMITTER_KEY
+
+# Names this module has always offered (the code sync, the duties, Thrift and tests
+# import them from here).
+__all__ = ["ATTEMPTS", "AUTOMATIC", "CHECKPOINT_KEY", "ERROR_COMPONENT", "KEPT_KEY",
+           "READS", "TICK_S", "TIMEOUT_KEY", "WORKERS_KEY", "Upgrades", "WorkerFacts",
+           "code_keys", "completed_versions", "history_entry", "required_code_keys",
+           "view_code_keys", "worker_facts"]
 
 log = logging.getLogger(__name__)
 
-KEPT_KEY = "topology.code.versions.kept"
-TIMEOUT_KEY = "topology.upgrade.timeout.secs"
 WORKERS_KEY = "topology.workers"
 CHECKPOINT_KEY = "topology.spark.checkpoint.dir"
-#: Seconds between two looks at the workers while a switch is under way.
-TICK_S = 1.0
-#: The component under which a switch's failures are reported in ``/errors/<id>``.
-ERROR_COMPONENT = "__upgrade"
-#: Who a rollback that the leader began on its own is by (``switch["by"]``).
-AUTOMATIC = "automatic rollback"
 #: Tries of a write that lost a race with another change (ConcurrentChangeError).
 ATTEMPTS = 5
-#: The directories :meth:`Upgrades.advance` reads, after a barrier.
-READS = ("storms", "assignments", "supervisors", "code-versions")
 
 
 def _never() -> bool:
     return False
-
-
-def _index(executor: str) -> int:
-    """The index of ``worker-<i>`` (executors sort by it, not as text)."""
-    try:
-        return int(executor[len(WORKER_PREFIX):])
-    except ValueError:
-        return 1 << 30
-
-
-# -- what a nimbus must hold ---------------------------------------------------------------
-
-def code_keys(topology_id: str, versions: CodeVersions | None) -> list[str]:
-    """The code keys of ``topology_id`` that a nimbus must hold to lead: every kept
-    version's (listed in its /code-versions), or the id alone for a topology never
-    upgraded."""
-    if versions is None or not versions.versions:
-        return [topology_id]
-    return versions.keys(topology_id)
-
-
-def required_code_keys(state: StormClusterState, live: Iterable[str]) -> frozenset[str]:
-    """The code keys a nimbus must hold for the ``live`` topologies, read from ZooKeeper:
-    one listing of /code-versions and one read per upgraded live topology. Of one whose
-    /code-versions cannot be read, the id and every version that has a code node."""
-    live = set(live)
-    try:
-        upgraded = set(state.zk.retry(state.zk.get_children, state.path("code-versions")))
-    except NoNodeError:  # set up by an earlier release: nothing was ever upgraded
-        upgraded = set()
-    keys: set[str] = set()
-    for topology_id in live:
-        if topology_id not in upgraded:
-            keys.add(topology_id)
-            continue
-        try:
-            got = state.code_versions(topology_id)
-        except RecordError:  # logged by the state: hold whatever it may need
-            keys.add(topology_id)
-            keys.update(state.version_code_keys(topology_id))
-            continue
-        keys.update(code_keys(topology_id, got[0] if got is not None else None))
-    return frozenset(keys)
-
-
-def view_code_keys(view: ClusterView, live: Iterable[str]) -> set[str]:
-    """:func:`required_code_keys`, read from a view's memory."""
-    live = set(live)
-    upgraded = set(view.upgraded_topologies())
-    keys: set[str] = set()
-    unreadable = set()
-    for topology_id in live:
-        if topology_id not in upgraded:
-            keys.add(topology_id)
-            continue
-        try:
-            got = view.code_versions(topology_id)
-        except RecordError:
-            keys.add(topology_id)
-            unreadable.add(topology_id)
-            continue
-        keys.update(code_keys(topology_id, got[0] if got is not None else None))
-    if unreadable:
-        keys.update(k for k in view.code_topologies()
-                    if is_version_key(k) and topology_of(k) in unreadable)
-    return keys
-
-
-# -- what the supervisors say of the workers ----------------------------------------------
-
-@dataclass(frozen=True)
-class WorkerFacts:
-    """What a supervisor's heartbeat says of the worker of one executor's slot."""
-
-    version: int      # the code version it runs
-    committed: bool   # it committed a batch (or passed its health check) on that version
-    failures: int     # its exits on that version before any commit
-    error: str        # the last error its supervisor saw ("" if none)
-    state: str = ""   # its supervisor's word for it: starting, running, frozen, ...
-
-
-def worker_facts(info: SupervisorInfo | None, topology_id: str,
-                 port: int) -> WorkerFacts | None:
-    """The facts of ``topology_id``'s worker on ``port`` in a supervisor's heartbeat;
-    None when it says nothing of it (another topology's worker there, an earlier
-    release that reports no version, an entry this release cannot read)."""
-    if info is None or not isinstance(info.workers, dict):
-        return None
-    entry = info.workers.get(str(port))
-    if not isinstance(entry, dict) or entry.get("topology_id") != topology_id:
-        return None
-    version, committed = entry.get("version"), entry.get("committed", False)
-    failures, error = entry.get("failures", 0), entry.get("last_error", "")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1 or \
-            not isinstance(committed, bool) or not isinstance(failures, int) or \
-            isinstance(failures, bool) or failures < 0:
-        return None
-    state = entry.get("state")
-    return WorkerFacts(version, committed, failures,
-                       error.strip().splitlines()[0][:300] if isinstance(error, str)
-                       and error.strip() else "", state if isinstance(state, str) else "")
-
-
-# -- the states at the end of a switch -------------------------------------------------------
-
-def completed_versions(versions: CodeVersions) -> CodeVersions:
-    """``versions`` once its switch has completed: ``to`` runs (RUNNING); ``from`` of a
-    rollback keeps FAILED (an automatic one) or is ROLLED_BACK (by hand), as is the
-    target of a switch interrupted by a rollback; the version that ran before
-    becomes PREVIOUS (the one before it OLD) unless it is the one rolled back from."""
-    switch = versions.switch
-    kind, frm, to = switch["kind"], switch["from"], switch["to"]
-    old_running = versions.running
-    new_previous = None
-    if old_running != to and not (kind == ROLLBACK and old_running == frm):
-        new_previous = old_running
-    entries = []
-    for entry in versions.versions:
-        entry = dict(entry)
-        number, state = entry["version"], entry["state"]
-        if number == to:
-            entry.update(state=RUNNING, error="")
-        elif number == frm and kind == ROLLBACK:
-            if state != FAILED:
-                entry["state"] = ROLLED_BACK
-        elif number == frm and state == SWITCHING:
-            entry["state"] = ROLLED_BACK
-        elif number == new_previous:
-            entry["state"] = PREVIOUS
-        elif state == PREVIOUS and new_previous is not None:
-            entry["state"] = OLD
-        elif state in (RUNNING, SWITCHING):  # none should be left: what ran is OLD now
-            entry["state"] = OLD
-        entries.append(entry)
-    return CodeVersions(versions=entries, running=to, switch={})
 
 
 def history_entry(entry: dict[str, Any]) -> dict[str, Any]:
@@ -258,10 +109,11 @@ def history_entry(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 class Upgrades:
-    """The leader's upgrades of running topologies; see the module docstring.
+    """The upgrades of running topologies; see the module docstring.
 
     Built on every nimbus (``history`` answers anywhere); the other calls are the
-    leader's, each fenced. ``clock``: epoch seconds (tests pass a fake)."""
+    leader's, each fenced; :meth:`advance` and :meth:`due_in_s`, the leader's duty, are
+    carried out by :attr:`switches`. ``clock``: epoch seconds (tests pass a fake)."""
 
     def __init__(self, lifecycle: TopologyLifecycle, view: ClusterView,
                  clock: Callable[[], float] = time.time):
@@ -275,7 +127,7 @@ class Upgrades:
         self._lock = threading.Lock()
         self._in_flight: dict[str, str] = {}   # code key -> topology id, being uploaded
         self._wake: list[Callable[[], None]] = []
-        self._last_advance = float("-inf")
+        self.switches = VersionSwitches(lifecycle, view, clock=clock)
         # Versions being uploaded are pending code: the sync, the sweeper and the orphan
         # removal leave them alone.
         lifecycle.add_pending_source(self.pending_keys)
@@ -302,25 +154,6 @@ class Upgrades:
         if got is None or got[0].entry(got[0].running) is None:
             return topology_id
         return version_key(topology_id, got[0].running)
-
-    def due_in_s(self) -> float | None:
-        """Seconds until :meth:`advance` should look at the workers again: about
-        TICK_S after its last run while any switch is under way, None otherwise."""
-        try:
-            switching = False
-            for topology_id in self._view.upgraded_topologies():
-                try:
-                    got = self._view.code_versions(topology_id)
-                except RecordError:
-                    continue
-                if got is not None and got[0].switch:
-                    switching = True
-                    break
-        except Exception:  # the view is not loaded: the duties' own period applies
-            return None
-        if not switching:
-            return None
-        return self._last_advance + TICK_S - time.monotonic()
 
     # -- upgrade ------------------------------------------------------------------------------
     def upgrade(self, name: str, bundle: Path, json_conf: str, strategy: str = ALL,
@@ -672,291 +505,14 @@ class Upgrades:
                 "versions": [history_entry(e) for e in sorted(
                     versions.versions, key=lambda e: e["version"], reverse=True)]}
 
-    # -- the duty -----------------------------------------------------------------------------
+    # -- the switches under way: the leader's duty --------------------------------------------
     def advance(self, fence: Fence | None = None) -> bool:
-        """The leader's duty, after the scheduler: apply each switch under way to its
-        topology's Assignment, mark the workers that switched, roll back a failed
-        upgrade, complete a switch every worker made, prune old versions, and remove a
-        /code-versions node its topology outlived. Returns whether it wrote anything."""
-        self._last_advance = time.monotonic()
-        fence = fence if fence is not None else self._elector.fence()
-        # A switch begun by a call just now is seen (one round trip).
-        self._view.barrier(directories=("code-versions",))
-        work = [t for t in self._view.upgraded_topologies() if self._needs_work(t)]
-        if not work:
-            return False
-        self._view.barrier(directories=READS)
-        wrote = False
-        for topology_id in work:
-            for _attempt in range(3):
-                try:
-                    wrote = self._step(fence, topology_id) or wrote
-                    break
-                except ConcurrentChangeError as exc:
-                    log.info("advancing the switch of %s again: %s", topology_id, exc)
-                    self._view.barrier(directories=READS)
-            else:
-                log.info("the switch of %s kept changing: left to the next cycle",
-                         topology_id)
-        return wrote
+        """Carry every switch under way a step on (:meth:`VersionSwitches.advance
+        <nimbus.master.version_switches.VersionSwitches.advance>`); the duties run it
+        after the scheduler. Returns whether it wrote anything."""
+        return self.switches.advance(fence)
 
-    def _needs_work(self, topology_id: str) -> bool:
-        """From memory: whether ``topology_id`` has a switch under way, versions to
-        prune, or no topology any more."""
-        try:
-            got = self._view.code_versions(topology_id)
-            if got is None:
-                return False
-            versions = got[0]
-            return bool(versions.switch) or self._view.storm_base(topology_id) is None or \
-                bool(self._doomed(versions))
-        except RecordError:
-            return False  # logged by the state; nothing is changed until it is readable
-
-    def _step(self, fence: Fence, topology_id: str) -> bool:
-        got = self._view.code_versions(topology_id)
-        if got is None:
-            return False
-        versions, node_version = got
-        try:
-            base = self._view.storm_base(topology_id)
-        except RecordError:
-            return False
-        if base is None:
-            return self._remove_leftover(fence, topology_id)
-        if base.status == KILLED:
-            return False  # the kill ends the switch: nothing is switched any more
-        if not versions.switch:
-            return self._prune(fence, topology_id, base, versions, node_version)
-        found = self._view.assignment(topology_id)
-        if found is None:
-            return False
-        assignment, assignment_version = found
-        switch = versions.switch
-        to = switch["to"]
-        now = int(self.clock())
-        supervisors = self._view.supervisors()
-        placed = sorted(assignment.executor_node_port, key=_index)
-        switched = list(switch.get("switched", []))
-        failure = ""
-        deadline_passed = now >= switch["deadline_secs"]
-        idle: list[str] = []
-        for executor in placed:
-            supervisor_id, port = assignment.executor_node_port[executor]
-            facts = worker_facts(supervisors.get(supervisor_id), topology_id, int(port))
-            if facts is None or facts.version != to or executor in switched:
-                continue
-            if facts.committed:
-                switched.append(executor)
-                log.info("%s of %s runs version %d and committed (%d of %d switched)",
-                         executor, base.storm_name, to,
-                         sum(e in switched for e in placed), len(placed))
-            elif deadline_passed and facts.failures == 0 and facts.state == "running":
-                # Running on the new version since, without a failure, but with nothing
-                # to commit (no input): no batch can judge it, so it counts as switched.
-                switched.append(executor)
-                idle.append(executor)
-                log.warning("%s of %s runs version %d without a failure but has committed "
-                            "nothing in %ss (no input?): counted as switched", executor,
-                            base.storm_name, to,
-                            switch["deadline_secs"] - switch["started_secs"])
-            elif facts.failures >= 1 and not failure:
-                host = assignment.node_host.get(supervisor_id, supervisor_id)
-                failure = (f"{executor} on {host}:{port} exited before its first commit "
-                           f"({facts.failures} time{'s' if facts.failures > 1 else ''})"
-                           + (f": {facts.error}" if facts.error else ""))
-        done = [e for e in placed if e in switched]
-        asked = [e for e in placed if e not in switched and assignment.code_for(e)[0] == to]
-        if not failure and len(done) < len(placed) and deadline_passed and idle \
-                and switch["strategy"] == ROLLING and not asked:
-            # A rolling switch goes on to its next worker, with a timeout of its own.
-            target = versions.entry(to)
-            switch = {**switch, "deadline_secs": now + self._timeout(
-                target["conf"] if target else {})}
-        elif not failure and len(done) < len(placed) and deadline_passed:
-            failure = (f"not every worker ran version {to} and committed within "
-                       f"{self._timeout((versions.entry(to) or {}).get('conf', {}))}s "
-                       f"(topology.upgrade.timeout.secs): {len(done)} of {len(placed)} did")
-        if failure:
-            return self._fail(fence, topology_id, base, versions, node_version, assignment,
-                              assignment_version, failure)
-        if len(done) == len(placed):
-            return self._complete(fence, topology_id, base, replace(
-                versions, switch={**switch, "switched": switched}), node_version,
-                assignment, assignment_version)
-        new_versions = replace(versions, switch={**switch, "switched": switched})
-        new_assignment = self._switching(assignment, new_versions, base)
-        if new_versions == versions and new_assignment == assignment:
-            return False
-        self._state.write_switch(
-            fence, topology_id, new_versions, node_version,
-            new_assignment if new_assignment != assignment else None, assignment_version)
-        if new_assignment != assignment:
-            log.info("%s: %s", base.storm_name, self._describe(new_assignment, switch))
-        return True
-
-    @staticmethod
-    def _describe(assignment: Assignment, switch: dict[str, Any]) -> str:
-        if switch["strategy"] == ALL or not assignment.worker_versions:
-            return f"every worker assigned version {switch['to']} ({switch['kind']})"
-        on_new = sorted(set(assignment.executor_node_port) - set(assignment.worker_versions),
-                        key=_index)
-        return (f"{', '.join(on_new) or 'no worker'} assigned version {switch['to']} "
-                f"({switch['kind']}, rolling), the others stay on version {switch['from']}")
-
-    def _switching(self, assignment: Assignment, versions: CodeVersions,
-                   base: StormBase) -> Assignment:
-        """The Assignment during ``versions``' switch: every worker on ``to`` (all), or
-        those switched and the one switching now on ``to`` and the others on ``from``
-        (rolling: the lowest index not switched yet among the placed ones)."""
-        switch = versions.switch
-        to, frm = switch["to"], switch["from"]
-        target = versions.entry(to)
-        source = versions.entry(frm)
-        sha_to = dict(target["sha256"]) if target else dict(assignment.code_sha256)
-        if switch["strategy"] != ROLLING or source is None:
-            return replace(assignment, code_version=to, code_sha256=sha_to,
-                           worker_versions={}, version_sha256={})
-        executors = sorted(set(assignment.executor_node_port) | {
-            f"{WORKER_PREFIX}{i}" for i in range(max(0, base.num_workers))}, key=_index)
-        switched = set(switch.get("switched", []))
-        waiting = [e for e in executors if e not in switched]
-        now_switching = next((e for e in waiting if e in assignment.executor_node_port),
-                             waiting[0] if waiting else None)
-        return replace(assignment, code_version=to, code_sha256=sha_to,
-                       worker_versions={e: frm for e in waiting if e != now_switching},
-                       version_sha256={str(frm): dict(source["sha256"])})
-
-    def _settled(self, assignment: Assignment, versions: CodeVersions,
-                 number: int) -> Assignment:
-        """The Assignment once every worker runs version ``number``."""
-        entry = versions.entry(number)
-        sha = dict(entry["sha256"]) if entry else dict(assignment.code_sha256)
-        return replace(assignment, code_version=number, code_sha256=sha,
-                       worker_versions={}, version_sha256={})
-
-    def _fail(self, fence: Fence, topology_id: str, base: StormBase, versions: CodeVersions,
-              node_version: int, assignment: Assignment, assignment_version: int,
-              error: str) -> bool:
-        switch = versions.switch
-        frm, to, now = switch["from"], switch["to"], int(self.clock())
-        name = base.storm_name
-        if switch["kind"] == UPGRADE and versions.entry(frm) is not None:
-            source = versions.entry(frm)
-            timeout_s = self._timeout(source["conf"])
-            entries = []
-            for entry in versions.versions:
-                entry = dict(entry)
-                if entry["version"] == to:
-                    entry.update(state=FAILED, error=error)
-                elif entry["version"] == frm:
-                    entry.update(state=SWITCHING, error="")
-                entries.append(entry)
-            new = CodeVersions(versions=entries, running=versions.running, switch={
-                "kind": ROLLBACK, "from": to, "to": frm, "strategy": ALL,
-                "started_secs": now, "deadline_secs": now + timeout_s, "by": AUTOMATIC,
-                "switched": []})
-            self._state.write_switch(fence, topology_id, new, node_version,
-                                     self._settled(assignment, new, frm), assignment_version)
-            log.warning("version %d of %s failed before its first commit: %s; rolling back "
-                        "to %d", to, name, error, frm)
-            self._report(topology_id, f"version {to} failed before its first commit: "
-                                      f"{error}; rolling back to version {frm}")
-            return True
-        # A rollback (or a switch whose source is gone) that failed: not rolled back again.
-        ended = completed_versions(versions)
-        for entry in ended.versions:
-            if entry["version"] == to:
-                entry.update(state=FAILED, error=f"{switch['kind']} to it failed: {error}")
-        self._state.write_switch(fence, topology_id, ended, node_version,
-                                 self._settled(assignment, ended, to), assignment_version)
-        log.error("the %s of %s to version %d failed: %s; it is not rolled back again: "
-                  "its workers stay assigned version %d (fix it with `nimbus-ha upgrade` "
-                  "or `nimbus-ha rollback %s --to N`)", switch["kind"], name, to, error, to,
-                  name)
-        self._report(topology_id, f"{switch['kind']} to version {to} failed: {error}; not "
-                                  "rolled back again")
-        return True
-
-    def _complete(self, fence: Fence, topology_id: str, base: StormBase,
-                  versions: CodeVersions, node_version: int, assignment: Assignment,
-                  assignment_version: int) -> bool:
-        switch = versions.switch
-        ended = completed_versions(versions)
-        self._state.write_switch(fence, topology_id, ended, node_version,
-                                 self._settled(assignment, ended, switch["to"]),
-                                 assignment_version)
-        if not assignment.executor_node_port:
-            log.info("%s %s to version %d (no worker is placed: they run it once placed)",
-                     base.storm_name, "upgraded" if switch["kind"] == UPGRADE
-                     else "rolled back", switch["to"])
-        elif switch["kind"] == UPGRADE:
-            log.info("%s upgraded to version %d", base.storm_name, switch["to"])
-        else:
-            log.info("%s rolled back to version %d", base.storm_name, switch["to"])
-        got = self._state.code_versions(topology_id)  # what was just written, to prune
-        if got is not None:
-            self._prune(fence, topology_id, base, got[0], got[1])
-        return True
-
-    def _timeout(self, topo_conf: dict[str, Any]) -> int:
-        value = topo_conf.get(TIMEOUT_KEY, self.conf[TIMEOUT_KEY])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return int(self.conf[TIMEOUT_KEY])
-        return value
-
-    def _kept(self, versions: CodeVersions) -> int:
-        entry = versions.entry(versions.running)
-        value = (entry["conf"] if entry else {}).get(KEPT_KEY, self.conf[KEPT_KEY])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return int(self.conf[KEPT_KEY])
-        return value
-
-    def _doomed(self, versions: CodeVersions) -> list[int]:
-        """The versions to prune: beyond the newest ``topology.code.versions.kept``,
-        never the running one, a PREVIOUS one (the rollback target), nor a switch's
-        ``from`` or ``to``; none while a switch is under way."""
-        if versions.switch:
-            return []
-        numbers = sorted((e["version"] for e in versions.versions), reverse=True)
-        keep = set(numbers[:self._kept(versions)]) | {versions.running} | {
-            e["version"] for e in versions.versions if e["state"] == PREVIOUS}
-        return [n for n in numbers if n not in keep]
-
-    def _prune(self, fence: Fence, topology_id: str, base: StormBase,
-               versions: CodeVersions, node_version: int) -> bool:
-        """Remove the versions :meth:`_doomed` names: from /code-versions first (CAS, so a
-        nimbus stops needing them before they go), then their code everywhere."""
-        doomed = self._doomed(versions)
-        if not doomed:
-            return False
-        kept = [e for e in versions.versions if e["version"] not in doomed]
-        self._state.write_switch(fence, topology_id, replace(versions, versions=kept),
-                                 node_version)
-        for number in doomed:
-            self._lifecycle.discard_code(version_key(topology_id, number))
-        log.info("removed version%s %s of %s (topology.code.versions.kept %d; kept %s)",
-                 "s" if len(doomed) > 1 else "", ", ".join(map(str, sorted(doomed))),
-                 base.storm_name, self._kept(versions),
-                 ", ".join(str(e["version"]) for e in kept))
-        return True
-
-    def _remove_leftover(self, fence: Fence, topology_id: str) -> bool:
-        """Delete a /code-versions node whose topology is gone (an upgrade written just
-        after the topology's removal), once ZooKeeper itself confirms it."""
-        if self._state.storm_base(topology_id) is not None:
-            return False  # the view trailed
-        deleted = self._state.delete_nodes(fence, [self._state.code_versions_path(topology_id)])
-        if deleted:
-            log.info("removed /code-versions/%s: its topology is gone", topology_id)
-        return bool(deleted)
-
-    def _report(self, topology_id: str, message: str) -> None:
-        """Put ``message`` into the topology's errors (what topology-info and the UI
-        show), best effort."""
-        try:
-            self._state.report_error(topology_id, ERROR_COMPONENT, ErrorInfo(
-                error=message, error_time_secs=int(self.clock()),
-                host=self._lifecycle.address.rpartition(":")[0]))
-        except Exception as exc:
-            log.warning("could not report the switch's error of %s: %s", topology_id, exc)
+    def due_in_s(self) -> float | None:
+        """Seconds until :meth:`advance` should look at the workers again (about
+        TICK_S while a switch is under way), None when no switch is."""
+        return self.switches.due_in_s()

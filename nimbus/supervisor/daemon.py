@@ -86,7 +86,7 @@ from nimbus.supervisor.assigned_work import AssignedWork
 from nimbus.supervisor.cgroups import WorkerCgroups, worker_cgroups
 from nimbus.supervisor.class_archive import ARCHIVE_KEY, ClassArchive
 from nimbus.supervisor.cleanup import LocalCleanup
-from nimbus.supervisor.code_cache import CodeCache, CodeUnavailableError
+from nimbus.supervisor.code_cache import CodeCache
 from nimbus.supervisor.code_fetcher import CodeFetcher
 from nimbus.supervisor.code_transport import FetchFile
 from nimbus.supervisor.distributor_source import DistributorSource
@@ -106,7 +106,7 @@ from nimbus.supervisor.log_dirs import LogDirs
 from nimbus.supervisor.log_sweep import RETENTION_KEY, LogSweeper
 from nimbus.supervisor.logviewer.server import Logviewer, make_logviewer
 from nimbus.supervisor.orphans import claim
-from nimbus.supervisor.policy import DesiredWorker, check_ports_free, desired_workers
+from nimbus.supervisor.policy import check_ports_free, desired_workers
 from nimbus.supervisor.registration import Registration, hex_session
 from nimbus.supervisor.reporting import Reporter, handle_executor
 from nimbus.supervisor.run_as_user import RUN_AS_USER_KEY
@@ -252,7 +252,7 @@ class Supervisor:
         self.ender = WorkerEnder(
             self.table, self.reporting, self.registration.beat_now, grace_s=self._grace_s,
             timeout_s=float(conf["supervisor.worker.timeout.secs"]),
-            start_timeout_s=self._start_timeout_s, code_ready=self._code_ready)
+            start_timeout_s=self._start_timeout_s, code_ready=self.starter.code_ready)
         self.cleanup = LocalCleanup(
             self.zk, self.state, self.code, self.table, self.reporting, self.starter,
             lambda: self.fetcher, self.workers_dir,
@@ -423,24 +423,6 @@ class Supervisor:
         used |= {(w.topology_id, port) for port, w in self.registration.desired.items()}
         used |= {(o.topology_id, o.port) for o in list(self.adoption.orphans.values())}
         return used
-
-    def _code_ready(self, want: DesiredWorker) -> bool:
-        """Whether the code of ``want``'s version is here (its fetch asked for if not):
-        the monitor thread's question before it stops a worker to switch versions. Code
-        that cannot be had leaves the worker on the version it runs, and is said as its
-        slot's error; an upgrade's leader rolls back when the switch does not come."""
-        fetcher = self.fetcher
-        if fetcher is None:
-            return False
-        try:
-            return fetcher.request(want.code_key, want.code_sha256) is not None
-        except CodeUnavailableError as exc:
-            text = (f"version {want.version} cannot be started: its code cannot be had "
-                    f"({exc}); the slot's worker stays on the version it runs")
-            log.warning("worker %s:%d: %s", want.topology_id, want.port, text)
-            self.reporting.record_error(want.topology_id, want.port, want.executor, text,
-                                        key="code:switch")
-            return False
 
     def _peers(self, code_key: str) -> list[str]:
         """Nimbuses to fetch a code key's code from (:func:`starting.peers`)."""

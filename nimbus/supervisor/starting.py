@@ -3,7 +3,9 @@ configuration, its account and cgroup, then a warm worker taken for it or a new 
 
 The code is the version the slot's executor runs (``DesiredWorker.code_key``:
 nimbus.state.code_versions): fetched, verified, cached and owned by that key, while the
-account and the checkpoints stay the topology's, whatever the version.
+account and the checkpoints stay the topology's, whatever the version. A slot that
+switches versions keeps its worker until the new version's code is here
+(:meth:`WorkerStarter.code_ready`).
 
 A start that fails (code that cannot be fetched or used, a worker command that cannot
 run) is tried again later, 5 s doubling to 5 minutes, and said as the slot's error
@@ -212,6 +214,25 @@ class WorkerStarter:
         if self.start_warm(want, record, spec, session, worker_dir, kind):
             return
         self._start_cold(want, record, spec, session, worker_dir, kind, code_dir)
+
+    def code_ready(self, want: DesiredWorker) -> bool:
+        """Whether the code of ``want``'s version is here (its fetch asked for if not):
+        the monitor thread's question before it stops a worker to switch versions
+        (:class:`~nimbus.supervisor.ending.WorkerEnder`). Code that cannot be had leaves
+        the worker on the version it runs, and is said as its slot's error; an upgrade's
+        leader rolls back when the switch does not come."""
+        fetcher = self._fetcher()
+        if fetcher is None:
+            return False
+        try:
+            return fetcher.request(want.code_key, want.code_sha256) is not None
+        except CodeUnavailableError as exc:
+            text = (f"version {want.version} cannot be started: its code cannot be had "
+                    f"({exc}); the slot's worker stays on the version it runs")
+            log.warning("worker %s:%d: %s", want.topology_id, want.port, text)
+            self._reporter.record_error(want.topology_id, want.port, want.executor, text,
+                                        key="code:switch")
+            return False
 
     def _start_cold(self, want: DesiredWorker, record: SlotRecord, spec: WorkerSpec,
                     session: int, worker_dir: Path, kind: str, code_dir: Path) -> None:
