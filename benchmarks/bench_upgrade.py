@@ -34,7 +34,14 @@ from pathlib import Path
 
 import _paths  # noqa: F401 - testsupport/ on sys.path
 from helpers import observer
-from upgrade_pipeline import SteadyFeed, batch_versions, pipeline_conf, version_bundle, version_dir
+from upgrade_pipeline import (
+    SPARK_CONF,
+    SteadyFeed,
+    batch_versions,
+    pipeline_conf,
+    version_bundle,
+    version_dir,
+)
 from waiting import wait_for
 
 from nimbus.dev.cluster import LocalCluster
@@ -67,6 +74,9 @@ def run(work: Path, warm: int, trials: int) -> list[float]:
                             "supervisor.monitor.frequency.secs": 1,
                             "supervisor.heartbeat.frequency.secs": 1,
                             "topology.spark.master": "local[1]",
+                            # The warm worker's session is made with the cluster's
+                            # settings: the pipeline's must match them to be taken.
+                            "topology.spark.conf": SPARK_CONF,
                             "topology.spark.checkpoint.dir": str(work / "checkpoints")}
                       ) as cluster:
         state = observer(cluster)
@@ -98,6 +108,12 @@ def run(work: Path, warm: int, trials: int) -> list[float]:
                 print(f"  {'warm' if warm else 'cold'} upgrade to v{version}: gap "
                       f"{gap:.2f}s (upgrade command {time.monotonic() - started:.1f}s)",
                       flush=True)
+        log = supervisor.log_text()
+        warm_starts = log.count(" on warm worker ")
+        cold = [line.split("starts cold: ", 1)[1] for line in log.splitlines()
+                if "starts cold: " in line]
+        print(f"  starts on a warm worker: {warm_starts}; cold: {len(cold)} "
+              f"{sorted(set(cold))[:3]}", flush=True)
         fed = list(feed.fed)
         wait_for(lambda: output.holds(fed), TIMEOUT_S, "every record to be committed")
         report = exactly_once_report(feed.fed, output.ids())
