@@ -29,14 +29,14 @@ from waiting import wait_for
 from nimbus.dev.cluster import LocalCluster, NimbusProcess
 from nimbus.dev.zookeeper import ZooKeeperEnsemble, server_mode
 from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import SupervisorInfo
 from nimbus.thrift.client import connect
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SESSION_MS = 10000  # the blip lasts well under it
-VIEW_DIRECTORIES = ("storms", "assignments", "supervisors", "code-distributor",
-                    "workerbeats")
+VIEW_DIRECTORIES = NIMBUS_DIRECTORIES  # what a nimbus's view holds
 REVALIDATED = re.compile(
     r"nimbus: ZooKeeper connection back within the session: (\d+) nodes re-validated, "
     r"(\d+) re-read \((\d+) changed, (\d+) new, (\d+) unread\), (\d+) removed")

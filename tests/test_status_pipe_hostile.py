@@ -201,7 +201,8 @@ def test_fuzzed_status_messages_touch_only_the_workers_own_nodes(
             name=f"{TOPOLOGY}:{port}", session_id=sup.zk.client_id[0], ended_by="",
             errors_reported=0, started_at=0.0, restarts=0, committed=False,
             version_committed=False, code_version=1, kind="pipeline", warm="",
-            topology_components=None, memory_bytes=lambda: 0, last_beat_at=None,
+            topology_components=None, own_components=None, batched_components=set(),
+            memory_bytes=lambda: 0, last_beat_at=None,
             last_error="",
             error_budget=status_input.ErrorBudget(per_minute=10**9))
         monkeypatch.setattr(sup.telemetry, "observe", lambda *args: None)
@@ -256,7 +257,8 @@ def test_a_slots_history_goes_on_through_its_workers_restart(
                 name=f"{TOPOLOGY}:{port}", session_id=sup.zk.client_id[0], ended_by="",
                 errors_reported=0, started_at=0.0, restarts=pid, committed=False,
                 version_committed=False, code_version=1, kind="pipeline", warm="",
-                topology_components=None, memory_bytes=lambda: 0, last_beat_at=None,
+                topology_components=None, own_components=None, batched_components=set(),
+                memory_bytes=lambda: 0, last_beat_at=None,
                 last_error="",
                 error_budget=status_input.ErrorBudget())
 

@@ -33,6 +33,7 @@ from nimbus.supervisor.reporting import Reporter
 from nimbus.supervisor.slots import WorkerTable
 from nimbus.supervisor.status_input import committed_batch, health_said
 from nimbus.supervisor.worker_handle import WorkerHandle
+from nimbus.worker_protocol.spec import WorkerSpec
 
 TOPOLOGY = "up-1-1700000000"
 SUP = "sup-1"
@@ -195,8 +196,10 @@ class ExitedHandle:
     """What WorkerEnder.reap reads of a worker that exited."""
 
     def __init__(self, version: int, *, committed: bool = False, ended_by: str = "",
-                 code: int = 3, kind: str = "pipeline") -> None:
+                 code: int = 3, kind: str = "pipeline",
+                 components: tuple[str, ...] | None = None) -> None:
         self.topology_id, self.port, self.name = TOPOLOGY, 6700, f"{TOPOLOGY}:6700"
+        self.topology_components = components   # what it declared (None: nothing)
         self.code_version, self.version_committed = version, committed
         self.committed = committed and kind == "pipeline"
         self.ended_by, self.kind, self.warm, self.warm_refused = ended_by, kind, "", ""
@@ -334,6 +337,24 @@ def test_a_worker_still_on_the_old_version_is_said_as_it_is():
                                     "failures": 0}
 
 
+def test_a_worker_of_another_executor_does_not_speak_for_the_slot():
+    """The slot was given to another executor of the same topology while the worker of
+    the old one still runs there: its commit is no news of the new executor's."""
+    table = WorkerTable()
+    reg = registration(table)
+    other = handle(6700, version=2, index=1)
+    other.version_committed, other.last_beat_at = True, time.monotonic()
+    table.add(other)
+    desired = {6700: want(6700, version=2, index=0)}
+    table.note_versions(desired)
+    reg.set_desired(desired)
+    assert entries(reg)["6700"] == {"state": "starting", "version": 2, "committed": False,
+                                    "failures": 0}
+    other.worker_index = 0   # kept through the rebalance: told it is worker-0 now
+    assert entries(reg)["6700"] == {"state": "running", "version": 2, "committed": True,
+                                    "failures": 0}
+
+
 @pytest.mark.parametrize("changes", [{"version": 0}, {"version": True}, {"version": "2"},
                                      {"committed": 1}, {"failures": -1},
                                      {"failures": 1.5}])
@@ -375,10 +396,15 @@ def pipeline_beat(progress: dict | None = None, history: list | None = None) -> 
     return {"beat": {"components": {"main": main}}}
 
 
+def declare(every: list[str], mine: list[str]) -> dict:
+    return {"components": {"all": every, "mine": mine}}
+
+
 def test_a_pipeline_counts_as_committed_from_a_batch_that_ran_not_an_idle_trigger():
     state, beats = FakeState(), []
     rep = reporter(state, beats)
     h = handle(version=3)
+    rep.on_status(h, declare(["main"], ["main"]))
     # A trigger that found no data (after a restart: the next batch's id, no addBatch).
     rep.on_status(h, pipeline_beat({"batch_id": 7, "duration_ms": {"triggerExecution": 3,
                                                                      "latestOffset": 1}}))
@@ -391,9 +417,62 @@ def test_a_pipeline_counts_as_committed_from_a_batch_that_ran_not_an_idle_trigge
     assert len(beats) > before   # the heartbeat says so at once
     # Or its history shows a batch it ran (the newest progress an idle one since).
     h2 = handle(version=3)
+    rep.on_status(h2, declare(["main"], ["main"]))
     rep.on_status(h2, pipeline_beat({"batch_id": 8, "duration_ms": {}},
                                     history=[[int(time.time()), 1.0, 1.0, 50]]))
     assert h2.version_committed
+
+
+def share_beat(**components: dict) -> dict:
+    return {"beat": {"components": {name: {"batch_id": 3, **stats}
+                                    for name, stats in components.items()}}}
+
+
+BATCH = {"progress": {"batch_id": 3, "duration_ms": {"addBatch": 40}}}
+IDLE = {"progress": {"batch_id": 3, "duration_ms": {"triggerExecution": 2}}}
+
+
+def test_a_pipeline_counts_as_committed_only_once_every_query_of_its_share_committed():
+    """A stateless query committing first proves nothing of a stateful one that may
+    still fail at its first batch on a checkpoint Spark refuses: the worker is not
+    switched, and its exit is a failure of the version (the leader rolls back)."""
+    state, beats = FakeState(), []
+    rep = reporter(state, beats)
+    h = handle(version=2)
+    # Nothing is committed before the worker said what its share is (the batches it ran
+    # meanwhile are noted: a worker taken over says its share again after its beats).
+    rep.on_status(h, share_beat(counts=BATCH, enrich=BATCH))
+    assert (h.committed, h.version_committed) == (True, False)   # its backoff: it works
+    rep.on_status(h, declare(["alerts", "counts", "enrich"], ["counts", "enrich"]))
+    rep.on_status(h, share_beat(counts=IDLE, enrich=IDLE))
+    assert h.version_committed
+    h = handle(version=2)
+    rep.on_status(h, declare(["alerts", "counts", "enrich"], ["counts", "enrich"]))
+    rep.on_status(h, share_beat(counts=BATCH, enrich=IDLE))
+    assert (h.committed, h.version_committed) == (True, False)
+    rep.on_status(h, share_beat(counts=BATCH, enrich=IDLE, alerts=BATCH))  # not its own
+    assert not h.version_committed
+    # The stateful one fails at its first batch: a failure of version 2 on the slot.
+    table, reaped = WorkerTable(), []
+    table.note_versions({6700: want(version=2)})
+    reap_one(table, ExitedHandle(2, committed=h.version_committed), reaped)
+    assert table.record(TOPOLOGY, 6700).failures == 1
+    # Each query of its share committed, on beats of their own: now it is switched.
+    before = len(beats)
+    rep.on_status(h, share_beat(enrich=BATCH))
+    assert h.version_committed and len(beats) > before
+    # A share of none (more workers than components) has nothing to prove.
+    idle = handle(version=2, index=1, num_workers=2)
+    rep.on_status(idle, {"beat": {"components": {}}})
+    assert not idle.version_committed
+    rep.on_status(idle, declare(["main"], []))
+    rep.on_status(idle, {"beat": {"components": {}}})
+    assert idle.version_committed
+    # A share it did not say believably proves nothing.
+    odd = handle(version=2)
+    rep.on_status(odd, declare(["counts"], ["../counts"]))
+    rep.on_status(odd, share_beat(counts=BATCH))
+    assert (odd.own_components, odd.version_committed) == (None, False)
 
 
 @pytest.mark.parametrize(("health", "committed"), [
@@ -542,3 +621,129 @@ def test_a_lease_record_keeps_the_workers_version(tmp_path):
     assert load_record(path).code_version == 1
     path.write_text(path.read_text()[:-1] + ', "code_version": 0}')
     assert load_record(path) is None
+
+
+# -- a pipeline's components: remembered per slot, told to the slot's next worker -----------
+V1_COMPONENTS = ("counts", "enrich")
+
+
+class FakeWarmWorker:
+    """What WorkerStarter.start_warm does with a warm worker it takes."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.worker_dir = tmp_path / "warm-0"
+        self.child_fds, self.pid, self.taken = (7, 8), 4242, None
+        self.port = 0
+
+    def rebind(self, on_status, on_closed) -> None:
+        pass
+
+    def take(self, worker_dir: Path) -> bool:
+        self.taken = worker_dir
+        return True
+
+
+class FakeWarmPool:
+    def __init__(self, worker: FakeWarmWorker | None) -> None:
+        self.worker, self.asked = worker, []
+
+    def take(self, spec, waiting_ahead: int = 0):
+        self.asked.append(spec)
+        return (self.worker, "") if self.worker else (None, "no warm worker ready")
+
+
+def make_starter(tmp_path: Path, table: WorkerTable, warm: FakeWarmPool | None):
+    from nimbus.config import load_config
+    from nimbus.supervisor.starting import WorkerStarter
+
+    def code_dir(key: str) -> Path:
+        path = tmp_path / "stormdist" / key
+        (path / "resources").mkdir(parents=True, exist_ok=True)
+        (path / "resources" / "topology.py").write_text("def build(spark, conf): ...\n")
+        (path / "stormconf.json").write_text("{}")
+        return path
+
+    code = SimpleNamespace(resources=lambda key: code_dir(key) / "resources")
+    fetcher = SimpleNamespace(request=lambda key, sha: code_dir(key))
+    adoption = SimpleNamespace(take_over_for=lambda *a: False, held=lambda port: False)
+    connected = threading.Event()
+    connected.set()
+    conf = load_config(overrides={"storm.local.dir": str(tmp_path / "local")})
+    log_dirs = SimpleNamespace(prepare=lambda *a, **k: tmp_path / "worker.log")
+    rep = SimpleNamespace(on_status=lambda *a: None, on_closed=lambda *a: None)
+    return WorkerStarter(
+        lambda: conf, SUP, "host", table, rep, adoption,  # type: ignore[arg-type]
+        SimpleNamespace(wake=lambda: None),  # type: ignore[arg-type]
+        local_dir=tmp_path / "local", supervisor_dir=tmp_path / "sup",
+        workers_dir=tmp_path / "workers", worker_command=("true",), run_as_user=False,
+        grace_s=0.1, connected=connected, beat_now=lambda: None,
+        may_start=lambda session: True, code=lambda: code,  # type: ignore[arg-type]
+        fetcher=lambda: fetcher,  # type: ignore[arg-type]
+        warm=lambda: warm,  # type: ignore[arg-type]
+        cgroups=lambda: None, class_archive=lambda: None,
+        log_dirs=log_dirs)  # type: ignore[arg-type]
+
+
+def test_the_components_a_slots_worker_declared_reach_its_next_workers_spec(tmp_path):
+    """An upgrade's switch: the v1 worker declared its topology's components; it is
+    stopped for v2, and v2's worker (warm or cold) is told them in its worker.json."""
+    table, beats = WorkerTable(), []
+    old = handle(version=1, index=1, num_workers=2)
+    reporter(FakeState(), beats).on_status(old, declare(["enrich", "counts"], ["enrich"]))
+    table.add(old)
+    desired = {6700: want(version=2, index=1)}
+    table.note_versions(desired)
+    table.forget_components(desired)
+    ender(table).stop_unwanted(desired, {TOPOLOGY: 2}, set())
+    assert old.ended_by == "stop"
+    record = table.record(TOPOLOGY, 6700)
+    assert record.components == V1_COMPONENTS
+    # On a warm worker: the spec it is handed says them.
+    warm = FakeWarmPool(FakeWarmWorker(tmp_path))
+    make_starter(tmp_path, table, warm).ensure_running(desired[6700], 2, 1)
+    assert warm.worker.taken == tmp_path / "workers" / f"{TOPOLOGY}-6700"
+    spec = WorkerSpec.load(warm.worker.taken)
+    assert (spec.code_version, spec.worker_index, spec.num_workers,
+            spec.previous_components) == (2, 1, 2, list(V1_COMPONENTS))
+    assert warm.asked[0].previous_components == list(V1_COMPONENTS)
+    # Started cold: the same spec.
+    table2 = WorkerTable()
+    table2.record(TOPOLOGY, 6700).components = V1_COMPONENTS
+    starter = make_starter(tmp_path / "cold", table2, FakeWarmPool(None))
+    cold = []
+    starter._start_cold = lambda want, record, spec, *rest: cold.append(spec)
+    starter.ensure_running(desired[6700], 2, 1)
+    assert [s.previous_components for s in cold] == [list(V1_COMPONENTS)]
+    # A slot that remembers nothing says nothing: unknown, never refused for it.
+    starter3 = make_starter(tmp_path / "new", WorkerTable(), None)
+    starter3._start_cold = lambda want, record, spec, *rest: cold.append(spec)
+    starter3.ensure_running(desired[6700], 2, 1)
+    assert cold[-1].previous_components == []
+
+
+def test_a_worker_that_exits_leaves_its_components_and_a_refused_one_leaves_them_as_they_were():
+    table, beats = WorkerTable(), []
+    table.note_versions({6700: want(version=1)})
+    record = table.record(TOPOLOGY, 6700)
+    reap_one(table, ExitedHandle(1, components=V1_COMPONENTS), beats)
+    assert record.components == V1_COMPONENTS
+    # Version 2 refused to run beside them: it declared nothing; still v1's for its next.
+    table.note_versions({6700: want(version=2)})
+    reap_one(table, ExitedHandle(2, code=2), beats)
+    assert record.components == V1_COMPONENTS and record.failures == 1
+    # A process topology's worker declares none.
+    reap_one(table, ExitedHandle(2, kind="process", components=("x",)), beats)
+    assert record.components == V1_COMPONENTS
+
+
+def test_a_slot_no_longer_its_topologys_forgets_the_components():
+    table = WorkerTable()
+    table.note_versions({6700: want(6700), 6701: want(6701, index=1)})
+    for port in (6700, 6701):
+        table.record(TOPOLOGY, port).components = V1_COMPONENTS
+    table.record("other-2-2", 6702).components = ("x",)
+    # 6701 deactivated (or given to another topology); 6702's topology cannot be read.
+    table.forget_components({6700: want(6700)}, keep={"other-2-2"})
+    assert [table.record(TOPOLOGY, p).components for p in (6700, 6701)] == \
+        [V1_COMPONENTS, ()]
+    assert table.record("other-2-2", 6702).components == ("x",)

@@ -81,15 +81,29 @@ def test_huge_and_malformed_bodies(ui):
     ({"rebalanceOptions": {"numWorkers": True}}, ""),
     ({"rebalanceOptions": "2"}, ""), ({}, "?numWorkers=-1"), ({}, "?numWorkers=1e9"),
     ({"rebalanceOptions": {"numWorkers": 2, "executors": {"a": 3}}}, ""),
+    # digits str.isdigit() accepts but that are no ASCII digits: int() refuses the first
+    # (a 500 once) and reads the second as 3
+    ({"rebalanceOptions": {"numWorkers": "\u00b2"}}, ""),
+    ({"rebalanceOptions": {"numWorkers": "\u0663"}}, ""), ({}, "?numWorkers=%C2%B2"),
+    ({}, "?numWorkers=%D9%A3"),
 ])
 def test_bad_rebalance_values_are_400(ui, body, query):
     check_error(ui.client.post(f"/api/v1/topology/{ui.ids[0]}/rebalance/0{query}",
                                json=body), 400)
 
 
-@pytest.mark.parametrize("wait", ["-1", "x", "1.5", "9999999999"])
+@pytest.mark.parametrize("wait", ["-1", "x", "1.5", "9999999999", "\u00b2", "\u0663",
+                                  "1\u00b2", "%C2%B2", "%D9%A3", "+1", " 1"])
 def test_bad_wait_times_are_400(ui, wait):
     check_error(ui.client.post(f"/api/v1/topology/{ui.ids[0]}/kill/{wait}"), 400)
+    check_error(ui.client.post(f"/api/v1/topology/{ui.ids[0]}/rebalance/{wait}",
+                               json={"rebalanceOptions": {"numWorkers": 2}}), 400)
+
+
+@pytest.mark.parametrize("query", ["worker=%C2%B2", "worker=%D9%A3", "worker=0&bytes=%C2%B2",
+                                   "worker=0&bytes=%D9%A3", "worker=", "worker=-1"])
+def test_bad_log_numbers_are_400(ui, query):
+    check_error(ui.client.get(f"/api/v1/topology/{ui.ids[0]}/logs?{query}"), 400)
 
 
 def test_cross_origin_post_is_403(ui):
@@ -114,6 +128,17 @@ def test_killed_topology_is_409(ui):
     (storm.InvalidTopologyException(msg="topology 'x' is being killed"), 409),
     (storm.InvalidTopologyException(msg="bad value"), 400),
     (storm.AuthorizationException(msg="no"), 403),  # the leader refused the UI itself
+    # a switch of code version under way: deactivate declares no InvalidTopologyException,
+    # so the refusal comes as an internal error with the leader's words
+    (TApplicationException(TApplicationException.INTERNAL_ERROR,
+                           "Internal error processing deactivate: InvalidTopologyException: "
+                           "topology 'topo0' is switching from code version 1 to 2 "
+                           "(upgrade, all): deactivate is refused until the switch ends; "
+                           "wait for it (see `nimbus-ha history topo0`) or roll it back "
+                           "(`nimbus-ha rollback topo0`); kill is allowed"), 409),
+    (storm.InvalidTopologyException(
+        msg="topology 'topo0' is switching from code version 1 to 2 (upgrade, all): "
+            "rebalance is refused until the switch ends; wait for it"), 409),
 ])
 def test_leader_failures_map_to_statuses(ui, failure, status):
     ui.leader.fail = failure

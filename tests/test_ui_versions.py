@@ -131,7 +131,8 @@ def test_switch_to_a_kept_version(page):
     assert page.leader.calls[-1] == ("rollback", "topo0", 3)
 
 
-@pytest.mark.parametrize("version", ["0", "x", "-1", "1234567", "2.0", "%20"])
+@pytest.mark.parametrize("version", ["0", "x", "-1", "1234567", "2.0", "%20", "\u00b2",
+                                     "\u0663", "%C2%B2", "%D9%A3", "1\u00b2", "+1"])
 def test_a_version_that_is_no_number_is_400(page, version):
     check_error(post(page, f"/api/v1/topology/{page.tid}/version/{version}"), 400)
     assert page.leader.calls == []

@@ -592,8 +592,8 @@ def test_a_second_upgrade_and_a_rebalance_are_refused_during_a_switch(harness):
         h.lifecycle.rebalance("wc", num_workers=3)
     assert str(refused.value) == (
         "topology 'wc' is switching from code version 1 to 2 (upgrade, all): rebalance is "
-        "refused until the switch ends (see `nimbus-ha history wc`); `nimbus-ha rollback "
-        "wc` and kill are allowed")
+        "refused until the switch ends; wait for it (see `nimbus-ha history wc`) or roll "
+        "it back (`nimbus-ha rollback wc`); kill is allowed")
     assert h.state.storm_base(topology_id).num_workers == 2
     h.switch_all(topology_id, 2)
     h.lifecycle.rebalance("wc", num_workers=3)  # allowed again
@@ -712,6 +712,131 @@ def test_an_inactive_topology_switches_at_once(harness):
     versions = h.versions(topology_id)
     assert (versions.running, versions.switch) == (2, {})
     assert h.state.assignment_info(topology_id).code_version == 2
+
+
+@ZOOKEEPER
+def test_an_active_topology_with_no_worker_placed_waits_for_its_workers(harness):
+    """No worker placed (every supervisor gone for a moment, say) judges nothing: the
+    switch of an ACTIVE topology waits, and its deadline still applies."""
+    h = harness
+    topology_id = h.submit(conf={"topology.upgrade.timeout.secs": 60})
+    h.upgrade()
+    h.place(topology_id, 0)
+    h.advance()
+    versions = h.versions(topology_id)
+    assert (versions.running, versions.switch["kind"], versions.switch["to"]) == (
+        1, "upgrade", 2), "not completed: nothing ran version 2"
+    # the workers are back and run it: the switch completes as any other
+    h.place(topology_id, 2)
+    h.switch_all(topology_id, 2)
+    assert states(h.versions(topology_id)) == {1: "previous", 2: "running"}
+    # none placed until the deadline: rolled back, and the error says why
+    h.upgrade()
+    h.place(topology_id, 0)
+    h.advance()
+    h.clock.now += 60
+    h.advance()
+    versions = h.versions(topology_id)
+    assert (versions.entry(3)["state"], versions.switch["kind"], versions.switch["to"]) == (
+        "failed", "rollback", 2)
+    assert versions.entry(3)["error"] == (
+        "no worker was placed to run version 3 within 60s (topology.upgrade.timeout.secs): "
+        "no free slot, or no supervisor?")
+
+
+@ZOOKEEPER
+def test_deactivate_is_refused_during_a_switch(harness):
+    h = harness
+    topology_id = h.submit()
+    h.upgrade()
+    with pytest.raises(InvalidTopologyError) as refused:
+        h.lifecycle.deactivate("wc")
+    assert str(refused.value) == (
+        "topology 'wc' is switching from code version 1 to 2 (upgrade, all): deactivate is "
+        "refused until the switch ends; wait for it (see `nimbus-ha history wc`) or roll "
+        "it back (`nimbus-ha rollback wc`); kill is allowed")
+    assert h.state.storm_base(topology_id).status == "ACTIVE"
+    h.switch_all(topology_id, 2)
+    h.lifecycle.deactivate("wc")  # allowed again
+    assert h.state.storm_base(topology_id).status == INACTIVE
+
+
+@ZOOKEEPER
+def test_a_rolling_switch_gives_each_worker_its_own_timeout(harness):
+    """Workers that each take 40 s of a 60 s timeout: the rolling switch completes, since
+    each worker's deadline runs from the previous one's switch."""
+    h = harness
+    topology_id = h.submit(workers=3, conf={"topology.upgrade.timeout.secs": 60})
+    h.upgrade(strategy="rolling")
+    h.advance()
+    for i in range(3):
+        h.clock.now += 40
+        h.beat(topology_id, f"worker-{i}", 2, committed=True)
+        h.advance()
+        versions = h.versions(topology_id)
+        if i < 2:
+            assert (versions.switch["switched"], versions.switch["deadline_secs"]) == (
+                [f"worker-{n}" for n in range(i + 1)], int(h.clock.now) + 60)
+    assert (versions.running, versions.switch) == (2, {})
+    # the worker whose turn it is still has its own timeout
+    h.upgrade(strategy="rolling")
+    h.advance()
+    h.clock.now += 40
+    h.beat(topology_id, "worker-0", 3, committed=True)
+    h.advance()
+    h.clock.now += 59
+    h.advance()
+    assert h.versions(topology_id).switch["kind"] == "upgrade"
+    h.clock.now += 1
+    h.advance()
+    versions = h.versions(topology_id)
+    assert (versions.entry(3)["state"], versions.switch["kind"]) == ("failed", "rollback")
+    assert versions.entry(3)["error"] == (
+        "not every worker ran version 3 and committed within 60s of its turn "
+        "(topology.upgrade.timeout.secs, rolling): 1 of 3 did")
+
+
+@pytest.mark.parametrize("running, sw, target", [
+    (2, ("upgrade", 2, 3), 2),   # an upgrade: what runs, which is also "from"
+    (2, ("upgrade", 1, 3), 2),   # after `rollback --to 3` during a rollback to 1
+    (2, ("upgrade", 1, 2), 1),   # the failing version is the running one: "from"
+])
+def test_the_automatic_rollback_target(running, sw, target):
+    from nimbus.master.version_switches import VersionSwitches
+
+    versions = CodeVersions(versions=[entry(1, "rolled back"), entry(2, "running"),
+                                      entry(3, "switching")],
+                            running=running, switch=switch(*sw))
+    assert VersionSwitches.rollback_target(versions) == target
+
+
+@ZOOKEEPER
+def test_an_automatic_rollback_goes_back_to_the_version_that_last_completed(harness):
+    """2 runs; during the upgrade to 3 a rollback by hand to 1, then `rollback --to 3`:
+    version 3 failing goes back to 2, not to 1, which never completed a switch."""
+    h = harness
+    topology_id = h.submit()
+    h.upgrade()
+    h.switch_all(topology_id, 2)
+    h.upgrade()
+    h.advance()
+    assert h.upgrades.rollback("wc", 1, by="carol") == (topology_id, 1)
+    h.advance()
+    assert h.upgrades.rollback("wc", 3, by="carol") == (topology_id, 3)
+    assert {k: h.versions(topology_id).switch[k] for k in ("kind", "from", "to")} == {
+        "kind": "upgrade", "from": 1, "to": 3}
+    h.advance()
+    h.beat(topology_id, "worker-0", 3, failures=1, error="boom")
+    h.advance()
+    versions = h.versions(topology_id)
+    assert {k: versions.switch[k] for k in ("kind", "from", "to", "by")} == {
+        "kind": "rollback", "from": 3, "to": 2, "by": AUTOMATIC}
+    assert states(versions) == {1: "rolled back", 2: "switching", 3: "failed"}
+    assert h.state.assignment_info(topology_id).code_version == 2
+    h.switch_all(topology_id, 2)
+    versions = h.versions(topology_id)
+    assert (versions.running, states(versions)) == (
+        2, {1: "rolled back", 2: "running", 3: "failed"})
 
 
 @ZOOKEEPER

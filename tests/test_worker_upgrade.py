@@ -221,3 +221,115 @@ def test_a_command_health_check_passes_when_it_exits_zero(tmp_path):
     failing.poll()
     failing._running.wait()   # type: ignore[union-attr]
     assert failing.poll() is not None and not failing.passed
+
+
+# -- a new version whose components differ, beside workers that may run the old ones -------
+class FakeWriter:
+    """An unstarted DataStreamWriter: what the runner does with it is recorded."""
+
+    def __init__(self, name: str, started: list[str]) -> None:
+        self.name, self.started = name, started
+
+    def option(self, key: str, value: str) -> FakeWriter:
+        return self
+
+    def queryName(self, name: str) -> FakeWriter:  # noqa: N802 - Spark's name
+        return self
+
+    def start(self) -> FakeStartedQuery:
+        self.started.append(self.name)
+        return FakeStartedQuery()
+
+
+class FakeStartedQuery:
+    isActive = False
+
+    def stop(self) -> None:
+        pass
+
+
+class FakeStatus:
+    def __init__(self) -> None:
+        self.declared: list[tuple[list[str], list[str]]] = []
+        self.errors: list[tuple[str, str]] = []
+
+    def components(self, every: list[str], mine: list[str]) -> None:
+        self.declared.append((every, mine))
+
+    def error(self, component: str, error: str) -> None:
+        self.errors.append((component, error))
+
+
+class FakeSession:
+    sparkContext = None   # no UI address
+
+    def stop(self) -> None:
+        pass
+
+
+def run_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str],
+              **changes) -> tuple[int, list[str], FakeStatus]:
+    """Run a pipeline whose build() returns writers named ``names`` on a session already
+    up (a warm worker's), until its queries are started."""
+    started: list[str] = []
+    monkeypatch.setattr(pipeline, "load_build", lambda code_dir: lambda spark, conf: names)
+    monkeypatch.setattr(pipeline, "writers_of",
+                        lambda result: {n: FakeWriter(n, started) for n in result})
+    status = FakeStatus()
+    run = PipelineRunner(spec(tmp_path, **changes), status,  # type: ignore[arg-type]
+                         threading.Event(), session=FakeSession())  # type: ignore[arg-type]
+    run._watch = lambda: 0   # type: ignore[method-assign]
+    return run.run(), started, status
+
+
+V1 = ["counts", "enrich"]
+V2 = ["alerts", "counts", "enrich"]
+
+
+def test_a_worker_of_several_whose_components_changed_starts_no_query(tmp_path,
+                                                                      monkeypatch):
+    """2 workers, v1 [counts, enrich]: worker-1 runs enrich. v2 adds alerts: worker-0
+    would run alerts and enrich while worker-1 may still run enrich on v1."""
+    code, started, status = run_built(tmp_path, monkeypatch, V2, worker_index=0,
+                                      num_workers=2, code_version=2,
+                                      previous_components=V1)
+    assert code == 2 and started == []        # EXIT_INVALID_TOPOLOGY: a failure of v2
+    assert status.declared == []   # the slot keeps v1's components for its next worker
+    assert status.errors == [("worker-0", (
+        "the new code's components ['alerts', 'counts', 'enrich'] differ from the running "
+        "code's ['counts', 'enrich']: with 2 workers a component would move to another "
+        "worker while the old one still runs it; rebalance to 1 worker first, or "
+        "deactivate, upgrade, then activate"))]
+    # A component removed or renamed alike.
+    for names in (["counts"], ["counts", "enriched"]):
+        code, started, _ = run_built(tmp_path, monkeypatch, names, worker_index=1,
+                                     num_workers=2, previous_components=V1)
+        assert (code, started) == (2, [])
+
+
+@pytest.mark.parametrize(("num_workers", "previous", "runs"), [
+    (1, V1, V2),                            # one worker: one process at a time
+    (2, [], ["alerts", "enrich"]),          # nothing known of the slot's last worker
+    (2, ["enrich", "counts", "alerts"], ["alerts", "enrich"]),   # the same, any order
+])
+def test_a_single_worker_or_an_unchanged_or_unknown_list_runs(tmp_path, monkeypatch,
+                                                              num_workers, previous, runs):
+    code, started, status = run_built(tmp_path, monkeypatch, V2, worker_index=0,
+                                      num_workers=num_workers, previous_components=previous)
+    assert (code, started, status.errors) == (0, runs, [])
+    assert status.declared == [(V2, runs)]
+
+
+def test_the_spec_carries_the_previous_components_checked(tmp_path):
+    assert spec(tmp_path).previous_components == []   # unknown; earlier specs too
+    told = spec(tmp_path, previous_components=V1)
+    told.dump(tmp_path)
+    assert WorkerSpec.load(tmp_path).previous_components == V1
+    for bad in ("counts", ["counts", 3], [""], ["x" * 65], ["a"] * 10_001, {"a": 1}):
+        with pytest.raises(SpecError, match="previous_components"):
+            spec(tmp_path, previous_components=bad)
+    fields = dataclasses.asdict(spec(tmp_path))
+    fields["previous_components"] = [None]
+    (tmp_path / "worker.json").write_text(json.dumps(fields))
+    with pytest.raises(SpecError, match="previous_components"):
+        WorkerSpec.load(tmp_path)

@@ -502,9 +502,9 @@ class TopologyLifecycle:
             raise InvalidTopologyError(
                 f"topology {name!r} is switching from code version {switch.get('from')} "
                 f"to {switch.get('to')} ({switch.get('kind')}, "
-                f"{switch.get('strategy')}): {action} is refused until the switch ends "
-                f"(see `nimbus-ha history {name}`); `nimbus-ha rollback {name}` and kill "
-                "are allowed")
+                f"{switch.get('strategy')}): {action} is refused until the switch ends; "
+                f"wait for it (see `nimbus-ha history {name}`) or roll it back "
+                f"(`nimbus-ha rollback {name}`); kill is allowed")
 
     def activate(self, name: str) -> None:
         def change(_topology_id: str, base: StormBase) -> StormBase | None:
@@ -514,9 +514,16 @@ class TopologyLifecycle:
         self._change(name, change)
 
     def deactivate(self, name: str) -> None:
-        def change(_topology_id: str, base: StormBase) -> StormBase | None:
+        """Mark a topology INACTIVE (the scheduler takes its workers off). Refused while
+        a switch of code version is under way: with no worker left, nothing could judge
+        the new version, which would then run untested and lose its automatic rollback
+        (nimbus.master.version_switches); wait for the switch's end or roll it back."""
+        def change(topology_id: str, base: StormBase) -> StormBase | None:
             self._refuse_transition(name, base, "deactivate")
-            return None if base.status == INACTIVE else replace(base, status=INACTIVE)
+            if base.status == INACTIVE:
+                return None
+            self._refuse_during_switch(name, topology_id, "deactivate")
+            return replace(base, status=INACTIVE)
 
         self._change(name, change)
 

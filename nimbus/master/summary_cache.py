@@ -31,7 +31,7 @@ from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.code_versions import topology_of
-from nimbus.state.records import StormBase
+from nimbus.state.records import RecordError, StormBase
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class ClusterSummaryCache:
     SAFETY_INTERVAL_S = 5.0
     # Replication counts refreshed per safety-net pass beyond those known to have changed.
     SWEEP_PER_PASS = 50
-    PARTS = ("nimbuses", "storms", "assignments", "supervisors")
+    PARTS = ("nimbuses", "storms", "assignments", "supervisors", "code-versions")
 
     def __init__(self, state: StormClusterState, distributor: CodeDistributor,
                  view: ClusterView):
@@ -191,6 +191,8 @@ class ClusterSummaryCache:
                            if dirty & {"storms", "assignments"} else previous.assignments)
             supervisors = view.supervisors() if "supervisors" in dirty \
                 else previous.supervisors
+            running_versions = self._running_versions(storms) \
+                if dirty & {"storms", "code-versions"} else previous.running_versions
             replica_hosts = self._replica_hosts(storms, stale)
             replication = self._count_replicas(storms, stale, sweep)
         except BaseException:
@@ -201,7 +203,23 @@ class ClusterSummaryCache:
         return ClusterSnapshot(nimbuses=nimbuses, leader=leader, storms=storms,
                                assignments=assignments, supervisors=supervisors,
                                replication=replication, replica_hosts=replica_hosts,
+                               running_versions=running_versions,
                                taken_at=time.monotonic(), version=previous.version + 1)
+
+    def _running_versions(self, storms: dict[str, StormBase]) -> dict[str, int]:
+        """The version each upgraded topology of ``storms`` runs (from the view's
+        memory); one whose /code-versions node cannot be read is left out."""
+        running: dict[str, int] = {}
+        for topology_id in self._view.upgraded_topologies():
+            if topology_id not in storms:
+                continue
+            try:
+                got = self._view.code_versions(topology_id)
+            except RecordError:  # logged by the state
+                continue
+            if got is not None:
+                running[topology_id] = got[0].running
+        return running
 
     def _replica_hosts(self, storms: dict[str, StormBase],
                        stale: set[str]) -> dict[str, list[str]]:

@@ -18,12 +18,19 @@ Assignment), does the rest, every step a fenced write of the leader:
    completes (:func:`~nimbus.master.version_rules.completed_versions`: the version is
    RUNNING, the one before it PREVIOUS), and the versions beyond
    ``topology.code.versions.kept`` are removed
-   (:func:`~nimbus.master.version_rules.versions_to_prune`).
+   (:func:`~nimbus.master.version_rules.versions_to_prune`). With no worker placed,
+   nothing can be judged: an INACTIVE topology (no worker runs) completes at once, an
+   ACTIVE one waits for its workers until the deadline (``deactivate`` is refused
+   while a switch is under way, :mod:`nimbus.master.lifecycle`).
 3. A worker that exits on the new version before its first commit, or a deadline that
    passes first, fails the upgrade: the version is FAILED with the error, and a
-   rollback switch (strategy all) to the previous version begins. A rollback that fails
-   in turn is not rolled back again: the switch ends with its error recorded, logged at
-   ERROR and reported in the topology's errors.
+   rollback switch (strategy all) begins, to the version that last completed a switch
+   (``running``; the switch's ``from`` when that is the failing version itself:
+   :meth:`VersionSwitches.rollback_target`). The deadline is ``topology.upgrade.timeout.secs``
+   after the switch began, and in a rolling switch after the last worker switched: each
+   worker has a timeout of its own. A rollback that fails in turn is not rolled back
+   again: the switch ends with its error recorded, logged at ERROR and reported in the
+   topology's errors.
 
 Everything is in ZooKeeper (the deadline in epoch seconds): a leader that dies mid-way
 leaves the switch to the next leader's :meth:`VersionSwitches.advance`, which completes
@@ -61,6 +68,7 @@ from nimbus.state.code_versions import (
     version_key,
 )
 from nimbus.state.records import (
+    INACTIVE,
     KILLED,
     WORKER_PREFIX,
     Assignment,
@@ -189,12 +197,14 @@ class VersionSwitches:
         switch = versions.switch
         to = switch["to"]
         now = int(self._clock())
+        timeout_s = self._timeout((versions.entry(to) or {}).get("conf", {}))
+        rolling = switch["strategy"] == ROLLING
         supervisors = self._view.supervisors()
         placed = sorted(assignment.executor_node_port, key=_index)
+        before = set(switch.get("switched", []))
         switched = list(switch.get("switched", []))
         failure = ""
         deadline_passed = now >= switch["deadline_secs"]
-        idle: list[str] = []
         for executor in placed:
             supervisor_id, port = assignment.executor_node_port[executor]
             facts = worker_facts(supervisors.get(supervisor_id), topology_id, int(port))
@@ -209,32 +219,40 @@ class VersionSwitches:
                 # Running on the new version since, without a failure, but with nothing
                 # to commit (no input): no batch can judge it, so it counts as switched.
                 switched.append(executor)
-                idle.append(executor)
                 log.warning("%s of %s runs version %d without a failure but has committed "
                             "nothing in %ss (no input?): counted as switched", executor,
-                            base.storm_name, to,
-                            switch["deadline_secs"] - switch["started_secs"])
+                            base.storm_name, to, timeout_s)
             elif facts.failures >= 1 and not failure:
                 host = assignment.node_host.get(supervisor_id, supervisor_id)
                 failure = (f"{executor} on {host}:{port} exited before its first commit "
                            f"({facts.failures} time{'s' if facts.failures > 1 else ''})"
                            + (f": {facts.error}" if facts.error else ""))
         done = [e for e in placed if e in switched]
+        newly = [e for e in done if e not in before]
         asked = [e for e in placed if e not in switched and assignment.code_for(e)[0] == to]
-        if not failure and len(done) < len(placed) and deadline_passed and idle \
-                and switch["strategy"] == ROLLING and not asked:
-            # A rolling switch goes on to its next worker, with a timeout of its own.
-            target = versions.entry(to)
-            switch = {**switch, "deadline_secs": now + self._timeout(
-                target["conf"] if target else {})}
-        elif not failure and len(done) < len(placed) and deadline_passed:
+        if not failure and rolling and newly and len(done) < len(placed) and \
+                not (deadline_passed and asked):
+            # A rolling switch gives each worker a timeout of its own: the deadline moves
+            # on each time one more worker has switched (a worker already asked to
+            # switch whose deadline passed is not let off by another's success).
+            switch = {**switch, "deadline_secs": max(switch["deadline_secs"],
+                                                     now + timeout_s)}
+            deadline_passed = False
+        if not failure and deadline_passed and not placed and base.status != INACTIVE:
+            failure = (f"no worker was placed to run version {to} within {timeout_s}s "
+                       "(topology.upgrade.timeout.secs): no free slot, or no supervisor?")
+        elif not failure and deadline_passed and len(done) < len(placed):
             failure = (f"not every worker ran version {to} and committed within "
-                       f"{self._timeout((versions.entry(to) or {}).get('conf', {}))}s "
-                       f"(topology.upgrade.timeout.secs): {len(done)} of {len(placed)} did")
+                       f"{timeout_s}s{' of its turn' if rolling else ''} "
+                       f"(topology.upgrade.timeout.secs{', rolling' if rolling else ''}): "
+                       f"{len(done)} of {len(placed)} did")
         if failure:
             return self._fail(fence, topology_id, base, versions, node_version, assignment,
                               assignment_version, failure)
-        if len(done) == len(placed):
+        # With no worker placed nothing can be judged: only an INACTIVE topology (which
+        # the scheduler gives no worker) completes so, the new version untested. An
+        # ACTIVE one waits for its workers (its supervisors back, say) or its deadline.
+        if (placed and len(done) == len(placed)) or (not placed and base.status == INACTIVE):
             return self._complete(fence, topology_id, base, replace(
                 versions, switch={**switch, "switched": switched}), node_version,
                 assignment, assignment_version)
@@ -293,29 +311,30 @@ class VersionSwitches:
               node_version: int, assignment: Assignment, assignment_version: int,
               error: str) -> bool:
         switch = versions.switch
-        frm, to, now = switch["from"], switch["to"], int(self._clock())
+        to, now = switch["to"], int(self._clock())
         name = base.storm_name
-        if switch["kind"] == UPGRADE and versions.entry(frm) is not None:
-            source = versions.entry(frm)
-            timeout_s = self._timeout(source["conf"])
+        target = self.rollback_target(versions)
+        if switch["kind"] == UPGRADE and target is not None:
+            timeout_s = self._timeout(versions.entry(target)["conf"])
             entries = []
             for entry in versions.versions:
                 entry = dict(entry)
                 if entry["version"] == to:
                     entry.update(state=FAILED, error=error)
-                elif entry["version"] == frm:
+                elif entry["version"] == target:
                     entry.update(state=SWITCHING, error="")
                 entries.append(entry)
             new = CodeVersions(versions=entries, running=versions.running, switch={
-                "kind": ROLLBACK, "from": to, "to": frm, "strategy": ALL,
+                "kind": ROLLBACK, "from": to, "to": target, "strategy": ALL,
                 "started_secs": now, "deadline_secs": now + timeout_s, "by": AUTOMATIC,
                 "switched": []})
             self._state.write_switch(fence, topology_id, new, node_version,
-                                     self._settled(assignment, new, frm), assignment_version)
+                                     self._settled(assignment, new, target),
+                                     assignment_version)
             log.warning("version %d of %s failed before its first commit: %s; rolling back "
-                        "to %d", to, name, error, frm)
+                        "to %d", to, name, error, target)
             self._report(topology_id, f"version {to} failed before its first commit: "
-                                      f"{error}; rolling back to version {frm}")
+                                      f"{error}; rolling back to version {target}")
             return True
         # A rollback (or a switch whose source is gone) that failed: not rolled back again.
         ended = completed_versions(versions)
@@ -332,6 +351,22 @@ class VersionSwitches:
                                   "rolled back again")
         return True
 
+    @staticmethod
+    def rollback_target(versions: CodeVersions) -> int | None:
+        """The version an automatic rollback of ``versions``' switch goes back to: the
+        running one (the last to complete a switch), unless that is the very version
+        that failed, then the one the switch started from; None when neither is kept
+        (or is the failing version).
+
+        Not simply ``from``: after a ``rollback --to N`` issued during a switch,
+        ``from`` is the interrupted switch's target, which never completed one."""
+        switch = versions.switch
+        to = switch["to"]
+        for number in (versions.running, switch["from"]):
+            if number != to and versions.entry(number) is not None:
+                return number
+        return None
+
     def _complete(self, fence: Fence, topology_id: str, base: StormBase,
                   versions: CodeVersions, node_version: int, assignment: Assignment,
                   assignment_version: int) -> bool:
@@ -341,7 +376,9 @@ class VersionSwitches:
                                  self._settled(assignment, ended, switch["to"]),
                                  assignment_version)
         if not assignment.executor_node_port:
-            log.info("%s %s to version %d (no worker is placed: they run it once placed)",
+            log.info("%s %s to version %d (inactive, no worker placed: not tested; its "
+                     "workers run it once it is activated, and a failure then is not "
+                     "rolled back automatically)",
                      base.storm_name, "upgraded" if switch["kind"] == UPGRADE
                      else "rolled back", switch["to"])
         elif switch["kind"] == UPGRADE:

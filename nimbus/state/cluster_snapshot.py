@@ -32,6 +32,10 @@ class ClusterSnapshot:
     which register no replica in ZooKeeper); ``replica_hosts``: the nimbuses registered
     under ``/code-distributor/<id>`` (host-based distributors: localfs, torrent), sorted;
     empty when the builder cannot see them (a UI reading through Thrift).
+    ``running_versions``: the code version each upgraded topology runs (the ``running``
+    of its ``/code-versions`` node, :mod:`nimbus.state.code_versions`); a topology not
+    listed runs version 1 (never upgraded), or its node cannot be read, or the builder
+    does not know (a nimbus of an earlier release answering a Thrift UI).
 
     ``taken_at`` is ``time.monotonic()`` of the process that built it (an age, not a
     date); ``version`` grows by one with every snapshot its builder makes, 0 for none
@@ -45,6 +49,7 @@ class ClusterSnapshot:
     supervisors: dict[str, SupervisorInfo] = field(default_factory=dict)
     replication: dict[str, int] = field(default_factory=dict)
     replica_hosts: dict[str, list[str]] = field(default_factory=dict)
+    running_versions: dict[str, int] = field(default_factory=dict)
     taken_at: float = 0.0
     version: int = 0
 
@@ -57,6 +62,10 @@ class ClusterSnapshot:
         """How many workers the topology's assignment places (0 without one)."""
         assignment = self.assignments.get(topology_id)
         return len(assignment.executor_node_port) if assignment is not None else 0
+
+    def running_version(self, topology_id: str) -> int:
+        """The code version ``topology_id`` runs (1 when not known to be another)."""
+        return self.running_versions.get(topology_id, 1)
 
     def used_ports(self) -> dict[str, list[int]]:
         """supervisor id -> sorted ports that the assignments give workers on it.

@@ -479,6 +479,7 @@ class Supervisor:
         # heartbeat speaks of it); its worker on the other version is stopped next, and
         # the slot started again on the new one in this pass.
         self.table.note_versions(desired)
+        self.table.forget_components(desired, frozen)
         self.registration.set_desired(desired)
         num_workers = self.assigned.num_workers({w.topology_id for w in desired.values()},
                                                 frozen)

@@ -12,9 +12,13 @@ nimbus.state.code_versions) is stopped gracefully (a pipeline finishes the batch
 way first: nimbus/worker/pipeline.py) and its slot started again on the wanted version,
 in the same pass: the slot is one process at a time, so two versions never run there
 together. It runs on until the wanted version's code is here (its fetch asked for), so
-that the switch costs no fetch. A crash of a worker before it committed on its version
-counts as one of its slot's ``failures`` (:class:`~nimbus.supervisor.slots.SlotRecord`),
-which the leader reads to roll an upgrade back.
+that the switch costs no fetch. The components its pipeline worker declared are
+remembered for the slot's next worker (``SlotRecord.components``), which refuses to run
+if its code's differ and it is one of several: its share could hold a component that
+another slot's worker still runs on the old code. A crash of a worker before it
+committed on its version counts as one of its slot's ``failures``
+(:class:`~nimbus.supervisor.slots.SlotRecord`), which the leader reads to roll an upgrade
+back.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class WorkerEnder:
         for handle in exited:
             code = handle.exit_code()
             handle.release()
+            self._table.note_components(handle)   # for the slot's next worker
             ran_out = now >= handle.lease_deadline if handle.lease_deadline is not None \
                 else handle.is_taken_over  # on a lease granted by the earlier process
             if not handle.ended_by and code == -signal.SIGKILL and ran_out:
@@ -138,6 +143,7 @@ class WorkerEnder:
         if doomed:
             stop_all(doomed, self._grace_s)
         for handle in doomed:
+            self._table.note_components(handle)   # what the slot's next worker is told
             want = desired.get(handle.port)
             if want is None or want.topology_id != handle.topology_id:
                 self._table.slots.pop((handle.topology_id, handle.port), None)

@@ -143,8 +143,11 @@ class Registration:
             version = record.version if record is not None and record.version \
                 else want.version
             committed = False
+            # Only the slot's own executor speaks for it: a worker of another executor
+            # of the topology (the slot reassigned, the worker not stopped yet) proves
+            # nothing of this one's.
             if handle is not None and handle.topology_id == want.topology_id and \
-                    not handle.ended_by:
+                    handle.worker_index == want.worker_index and not handle.ended_by:
                 version, committed = handle.code_version, handle.version_committed
                 beat_at = handle.last_beat_at
                 state = worker_state.FROZEN if handle.is_frozen() else (

@@ -33,12 +33,14 @@ from nimbus.supervisor.policy import DesiredWorker
 from nimbus.supervisor.slots import SlotRecord
 from nimbus.supervisor.status_input import (
     ERRORS_PER_MINUTE,
+    MAX_DECLARED_COMPONENTS,
+    batched_components,
     checked_beat,
     checked_component_list,
     checked_components,
     checked_error,
-    committed_batch,
     health_said,
+    share_committed,
 )
 from nimbus.supervisor.worker_handle import WorkerHandle
 from nimbus.worker_protocol import health
@@ -118,8 +120,10 @@ class Reporter:
             handle.warm_refused = warm["refused"][:500]
         declared = status.get("components")
         if isinstance(declared, dict) and handle.kind == "pipeline":
-            # Untrusted, but it decides only whether this topology's own worker is kept.
+            # Untrusted, but it decides only whether this topology's own worker is kept,
+            # whether it proved its version, and what the slot's next worker is told.
             handle.topology_components = checked_component_list(declared.get("all"))
+            handle.own_components = checked_component_list(declared.get("mine"))
         beat = status.get("beat")
         if isinstance(beat, dict):
             components = checked_components(beat.get("components"))
@@ -129,9 +133,17 @@ class Reporter:
                 if any(isinstance(b := c.get("batch_id"), int) and not isinstance(b, bool)
                        and b >= 0 for c in components.values()):
                     handle.triggered = True  # its queries are up
-                if not handle.committed and committed_batch(components):
-                    handle.committed = True  # a batch went through: it works
-                proven = handle.committed
+                batched = batched_components(components)
+                if batched:
+                    handle.committed = True  # a batch went through: its queries work
+                    # Bounded as a declaration is: a worker's odd names cost it only its
+                    # own proof.
+                    room = MAX_DECLARED_COMPONENTS - len(handle.batched_components)
+                    handle.batched_components.update(
+                        sorted(batched - handle.batched_components)[:max(0, room)])
+                # Its version proved only once every query of its share committed a batch
+                # here, and never before it said what its share is.
+                proven = share_committed(handle.own_components, handle.batched_components)
             elif handle.kind == "process":
                 # Its declared health check passed, or it declares none and beats: its
                 # command started.
@@ -140,7 +152,8 @@ class Reporter:
             if proven and not handle.version_committed and not handle.ended_by:
                 handle.version_committed = True
                 log.info("worker %s: version %d %s", handle.name, handle.code_version,
-                         "committed its first batch" if handle.kind == "pipeline" else
+                         "committed a batch of every component it runs"
+                         if handle.kind == "pipeline" else
                          "is up (its health check passed, or it declares none)")
                 self._beat_now()  # the leader of an upgrade waits for this: said now
         if "error" in status:

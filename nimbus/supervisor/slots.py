@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
 from nimbus.supervisor.policy import DesiredWorker, RestartBackoff
@@ -44,6 +44,11 @@ class SlotRecord:
     # "failures"). Counted afresh when the wanted version changes.
     version: int = 0
     failures: int = 0
+    # Every component (sorted) its last pipeline worker declared, once built (): unknown):
+    # what the slot's next worker is told (WorkerSpec.previous_components), so that a
+    # version whose components differ refuses to run beside the old code. Kept across a
+    # switch of version; forgotten when the slot is no longer wanted.
+    components: tuple[str, ...] = ()
 
     def switch_to(self, version: int) -> None:
         """The slot's assignment wants ``version`` now: its failures are counted afresh,
@@ -112,6 +117,28 @@ class WorkerTable:
                 log.info("slot %s:%d switches from version %d to version %d",
                          want.topology_id, port, record.version, want.version)
             record.switch_to(want.version)
+
+    def note_components(self, handle: WorkerHandle) -> None:
+        """Remember what ``handle``'s pipeline worker declared of its topology's
+        components, for its slot's next worker (monitor thread, once the worker ended:
+        what it declared is final then)."""
+        if handle.kind != "pipeline" or not handle.topology_components:
+            return
+        record = self.slots.get((handle.topology_id, handle.port))
+        if record is not None:
+            record.components = tuple(handle.topology_components)
+
+    def forget_components(self, desired: Mapping[int, DesiredWorker],
+                          keep: Container[str] = ()) -> None:
+        """Forget the components remembered for every slot that ``desired`` does not
+        give to its topology (monitor thread), but those of topologies in ``keep`` (whose
+        assignment cannot be read): the topology left the slot, and whatever runs there
+        when it comes back (after a deactivate, say) follows no worker of this one."""
+        for (topology_id, port), record in self.slots.items():
+            want = desired.get(port)
+            if topology_id in keep or (want is not None and want.topology_id == topology_id):
+                continue
+            record.components = ()
 
     def restarts(self) -> dict[tuple[str, int], int]:
         """(topology, port) -> restarts, for the metrics thread."""

@@ -210,7 +210,9 @@ class WorkerStarter:
             restarts=record.restarts, worker_index=want.worker_index,
             num_workers=num_workers, lease_fd=-1, status_fd=-1,
             class_archive=self.class_archive_path() if kind == "pipeline" else "",
-            code_version=want.version)
+            code_version=want.version,
+            # What the slot's last worker ran (an upgrade's guard: nimbus/worker/pipeline.py).
+            previous_components=list(record.components) if kind == "pipeline" else [])
         if self.start_warm(want, record, spec, session, worker_dir, kind):
             return
         self._start_cold(want, record, spec, session, worker_dir, kind, code_dir)
@@ -354,6 +356,8 @@ class WorkerStarter:
         handle.worker_index, handle.num_workers = want.worker_index, spec.num_workers
         handle.code_version, handle.code_key = want.version, want.code_key
         handle.triggered = handle.committed = handle.version_committed = False
+        handle.batched_components = set()
+        handle.topology_components = handle.own_components = None
         handle.kind = "pipeline"
         handle.started_at, handle.last_status_at = time.monotonic(), None
         handle.last_beat_at, handle.last_error = None, ""

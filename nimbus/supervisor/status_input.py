@@ -19,8 +19,9 @@ line says, the supervisor writes only below the worker's own nodes:
   ``http(s)`` URL;
 * whether a worker proved its code version (what its supervisor reports as
   "committed") is read from its beats with the same care: a pipeline's from the Spark
-  progress it forwards (:func:`committed_batch`), a process topology's from the one
-  word it says of its health check (:func:`health_said`).
+  progress it forwards, once every component of its declared share shows a batch
+  (:func:`batched_components`, :func:`share_committed`), a process topology's from the
+  one word it says of its health check (:func:`health_said`).
 """
 
 from __future__ import annotations
@@ -133,20 +134,37 @@ def checked_beat(raw: dict[str, Any], earlier: dict[str, list[list[Any]]] | None
                        histories)
 
 
-def committed_batch(components: dict[str, dict[str, Any]]) -> bool:
-    """Whether a beat's components (as :func:`checked_components` kept them) show a batch
-    that ran in the worker that sent it, which Spark reports only once the batch is
+def batched_components(components: dict[str, dict[str, Any]]) -> set[str]:
+    """The components of a beat (as :func:`checked_components` kept them) that show a
+    batch that ran in the worker that sent it, which Spark reports only once the batch is
     committed (its commit log written): a component's newest progress with an
     ``addBatch`` duration, or a point in its history (the worker's own, of the batches
     it ran: nimbus/worker/progress.py). A trigger that found no data also reports a
     progress, with the id the next batch will have: that is no commit."""
-    for stats in components.values():
+    out = set()
+    for name, stats in components.items():
         progress = stats.get("progress")
         if isinstance(progress, dict) and "addBatch" in (progress.get("duration_ms") or {}):
-            return True
-        if stats.get("history"):
-            return True
-    return False
+            out.add(name)
+        elif stats.get("history"):
+            out.add(name)
+    return out
+
+
+def committed_batch(components: dict[str, dict[str, Any]]) -> bool:
+    """Whether any component of a beat shows a batch that ran and committed in the
+    worker that sent it (:func:`batched_components`)."""
+    return bool(batched_components(components))
+
+
+def share_committed(own: tuple[str, ...] | None, batched: set[str]) -> bool:
+    """Whether a pipeline worker proved its code: every component of its own share
+    (``own``, as it declared it; None: not declared, or nothing believable) ran a batch
+    that committed in it (``batched``). One query committing while another of the share
+    has not run a batch yet proves nothing of the other (a stateful query may still fail
+    at its first batch on a checkpoint Spark refuses). A worker whose share is empty runs
+    no query: it has nothing to prove once it declared it."""
+    return own is not None and set(own) <= batched
 
 
 def health_said(raw: Any) -> str:

@@ -120,12 +120,16 @@ class WorkerHandle:
         self.run_as: tuple[int, int] | None = None  # (uid, gid) of its own account
         # A pipeline's beat showed a trigger of its queries (they are up: a batch, or one
         # that found no data), and one showed a batch that ran and committed in this
-        # process (nimbus.supervisor.status_input.committed_batch).
+        # process (nimbus.supervisor.status_input.committed_batch): its restart backoff
+        # starts afresh.
         self.triggered = False
         self.committed = False
+        # A pipeline's components whose beats showed such a batch in this process.
+        self.batched_components: set[str] = set()
         # What the heartbeat says as "committed" (SupervisorInfo.workers): this process
-        # proved its version works: a pipeline committed a batch; a process topology's
-        # declared health check passed, or, with none declared, it started and beat.
+        # proved its version works: a pipeline committed a batch of every component of
+        # its own share (own_components); a process topology's declared health check
+        # passed, or, with none declared, it started and beat.
         self.version_committed = False
         # Warm workers (nimbus/supervisor/warm_pool.py): "" for a worker started cold;
         # "warming", "ready", then "taken" for one started ahead of any topology.
@@ -136,6 +140,9 @@ class WorkerHandle:
         # Every component of its topology, as the worker declared them (a pipeline's,
         # once built): what tells whether a rebalance leaves its share as it is.
         self.topology_components: tuple[str, ...] | None = None
+        # The components it runs itself ("mine" of that declaration; None: not said yet,
+        # or nothing believable).
+        self.own_components: tuple[str, ...] | None = None
         self._memory: GroupMemory | None = None
         # Why the supervisor ended it ("" while it runs or when it exited by itself):
         # "lost" (connection), "timeout", "stop".

@@ -750,11 +750,13 @@ class NimbusHandler:
         """This nimbus's cluster summary (what getClusterInfo is built from) as JSON, the
         records as they are in ZooKeeper: ``{"nimbuses": [NimbusInfo], "leader": str |
         None, "storms": {id: StormBase}, "assignments": {id: Assignment},
-        "supervisors": {id: SupervisorInfo}, "replication": {id: int}, "taken_at":
-        float}``. For a UI with ``ui.source: thrift`` (nimbus/ui/thrift_reader.py), which
-        applies each of its users' rights itself: with an authorizer, only
-        ``nimbus.admins``, ``nimbus.ui.users`` and ``nimbus.daemon.users`` may call it
-        (the supervisors' records hold every topology's worker errors)."""
+        "supervisors": {id: SupervisorInfo}, "replication": {id: int},
+        "running_versions": {id: int} (the code version each upgraded topology runs),
+        "taken_at": float}``. For a UI with ``ui.source: thrift``
+        (nimbus/ui/thrift_reader.py), which applies each of its users' rights itself:
+        with an authorizer, only ``nimbus.admins``, ``nimbus.ui.users`` and
+        ``nimbus.daemon.users`` may call it (the supervisors' records hold every
+        topology's worker errors)."""
         if self.authorizer is not None and not self._may_read_cluster():
             who = caller()
             raise storm.AuthorizationException(
@@ -770,5 +772,6 @@ class NimbusHandler:
             "storms": {t: plain(b) for t, b in snap.storms.items()},
             "assignments": {t: plain(a) for t, a in snap.assignments.items()},
             "supervisors": {s: plain(i) for s, i in snap.supervisors.items()},
-            "replication": dict(snap.replication), "taken_at": snap.taken_at},
+            "replication": dict(snap.replication),
+            "running_versions": dict(snap.running_versions), "taken_at": snap.taken_at},
             sort_keys=True)

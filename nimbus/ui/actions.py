@@ -5,7 +5,8 @@ They go through :class:`NimbusClient`, exactly as the CLI's commands do (so ZooK
 changes exactly as after ``nimbus-ha deactivate NAME``), and it finds the leader,
 follows redirects and retries across a failover until its deadline. Thrift's answers
 become HTTP statuses here: no leader -> 503, unknown -> 404, wrong state (being killed,
-or REBALANCING for anything but kill) -> 409, bad value -> 400.
+REBALANCING for anything but kill, a switch of code version under way for deactivate
+and rebalance) -> 409, bad value -> 400.
 """
 
 from __future__ import annotations
@@ -117,15 +118,15 @@ def leader_errors(name: str, own_identity: str | None,
             from None
     except storm.InvalidTopologyException as exc:
         message = mask(exc.msg or "invalid request")
-        # The leader refuses a KILLED or REBALANCING topology with these words
-        # (lifecycle.py): a state, not a bad value, so 409 (it may have changed since
-        # we looked).
-        if "being killed" in message or _rebalancing(message):
+        # The leader refuses a KILLED or REBALANCING topology, or one switching code
+        # version, with these words (lifecycle.py): a state, not a bad value, so 409 (it
+        # may have changed since we looked).
+        if "being killed" in message or _rebalancing(message) or _switching(message):
             raise ApiError(409, "Conflict", message) from None
         raise ApiError(refused_status, "Conflict" if refused_status == 409
                        else "Bad Request", message) from None
     except TApplicationException as exc:
-        if _rebalancing(exc.message or ""):
+        if _rebalancing(exc.message or "") or _switching(exc.message or ""):
             # activate/deactivate declare no InvalidTopologyException: the refusal comes
             # as an internal error carrying the leader's message.
             raise ApiError(409, "Conflict", mask(exc.message)) from None
@@ -135,6 +136,13 @@ def leader_errors(name: str, own_identity: str | None,
     except TException as exc:
         raise ApiError(502, "Bad Gateway", mask(getattr(exc, "msg", None) or repr(exc))) \
             from None
+
+
+def _switching(message: str) -> bool:
+    """Whether the leader's ``message`` refuses an action because a switch of code
+    version is under way (TopologyLifecycle._refuse_during_switch's words)."""
+    return "is switching from code version" in message and \
+        "refused until the switch ends" in message
 
 
 def _rebalancing(message: str) -> bool:

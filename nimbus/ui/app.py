@@ -72,6 +72,16 @@ STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; ch
 ACTIONS = ("activate", "deactivate")
 # A code version's number (nimbus.state.code_versions: at most 6 digits, from 1).
 MAX_VERSION = 999_999
+# A whole number in a path or a query: ASCII digits only, at most 9 of them.
+# str.isdigit() is no test: it accepts '²', which int() refuses (a 500), and '٣', which
+# int() reads as 3.
+WHOLE_NUMBER = re.compile(r"[0-9]{1,9}")
+
+
+def _is_whole(text: str, max_digits: int = 9) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits, of at most ``max_digits``."""
+    return isinstance(text, str) and len(text) <= max_digits and \
+        WHOLE_NUMBER.fullmatch(text) is not None
 DASHBOARD_CACHE_USERS = 256
 
 URLS = Map([
@@ -366,7 +376,7 @@ class UIApp:
         self._check_id(topology_id)
         wait_secs = None
         if wait_time is not None:
-            if not wait_time.isdigit() or len(wait_time) > 9:
+            if not _is_whole(wait_time):
                 raise ApiError(400, "Bad Request",
                                f"wait-time must be a whole number of seconds, not "
                                f"{wait_time[:40]!r}")
@@ -399,7 +409,7 @@ class UIApp:
         self._check_origin(request)
         self._json_body(request)
         self._check_id(topology_id)
-        if not version.isdigit() or len(version) > 6 or not 1 <= int(version) <= MAX_VERSION:
+        if not _is_whole(version, 6) or not 1 <= int(version) <= MAX_VERSION:
             raise ApiError(400, "Bad Request", f"a code version is a whole number from 1, "
                                                f"not {version[:40]!r}")
         base = self._known_base(topology_id)
@@ -469,7 +479,7 @@ class UIApp:
         if raw is None:
             raise ApiError(400, "Bad Request", "rebalance needs numWorkers (body "
                                                "rebalanceOptions.numWorkers or query)")
-        if isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) < 7:
+        if isinstance(raw, str) and _is_whole(raw.strip(), 6):
             raw = int(raw.strip())
         if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 100000:
             raise ApiError(400, "Bad Request",
@@ -488,7 +498,7 @@ def _masked_history(history: dict[str, Any]) -> dict[str, Any]:
 
 def _whole(text: str | None, name: str, low: int, high: int) -> int:
     """A query parameter that must be a whole number in [low, high]; 400 otherwise."""
-    if text is None or not text.isdigit() or len(text) > 9 or not low <= int(text) <= high:
+    if text is None or not _is_whole(text) or not low <= int(text) <= high:
         raise ApiError(400, "Bad Request", f"{name} must be a whole number from {low} to "
                                            f"{high}, not {str(text)[:40]!r}")
     return int(text)

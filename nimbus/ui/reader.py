@@ -19,10 +19,16 @@ thread also polls the numbers no snapshot holds: worker heartbeats once a second
 records per second, restarts and each worker's state, and the newest errors every few
 seconds (:class:`Live`); nobody pays for them when nobody looks.
 
-A second named loop (``ui-topology-conf``) fetches each topology's configuration once
-from a nimbus (getTopologyConf, secrets already redacted there): it holds
-``topology.min.replication.count`` and is immutable after submit. It runs apart because a
-Thrift call to a frozen nimbus may block for seconds, and the snapshot must not wait.
+A second named loop (``ui-topology-conf``) fetches each topology's configuration from a
+nimbus (getTopologyConf, secrets already redacted there): it holds
+``topology.min.replication.count`` and who may read or change the topology
+(``topology.users``, ``topology.readonly.users``). A version's conf never changes, but an
+upgrade makes a new version with a conf of its own (:mod:`nimbus.state.code_versions`),
+so the conf is kept with the code version it was fetched for (the snapshot's
+``running_versions``) and counts as unknown, and is fetched again, once the topology
+runs another version: a user an upgrade removed loses access as soon as the UI sees the
+switch's end. The loop runs apart because a Thrift call to a frozen nimbus may block for
+seconds, and the snapshot must not wait.
 """
 
 from __future__ import annotations
@@ -98,8 +104,10 @@ class UIReader:
         # or the layout is gone (a wrong root, a wiped ZooKeeper); "" once it is read.
         self._layout_error = ""
         self._live: dict[str, Live] = {}
-        self._topology_conf: dict[str, dict[str, Any]] = {}
-        self._conf_failed: dict[str, float] = {}   # id -> monotonic time of last failure
+        # id -> (the code version it was fetched for, the conf): see the module docstring
+        self._topology_conf: dict[str, tuple[int, dict[str, Any]]] = {}
+        # (id, code version) -> monotonic time of the last failed fetch
+        self._conf_failed: dict[tuple[str, int], float] = {}
         self._lock = threading.Lock()
         self._reloads = Reloads()   # read-your-writes (refresh_now)
         self._demand_until = 0.0
@@ -193,10 +201,19 @@ class UIReader:
     def live_version(self) -> int:
         return self._live_version
 
+    def running_version(self, topology_id: str) -> int:
+        """The code version the topology runs, as the newest snapshot says (1 before
+        any snapshot)."""
+        snap = self._snapshot
+        return snap.running_version(topology_id) if snap is not None else 1
+
     def topology_conf(self, topology_id: str) -> dict[str, Any] | None:
-        """The topology's redacted configuration if fetched yet."""
+        """The topology's redacted configuration, if fetched yet for the code version it
+        runs now (the conf of a version it no longer runs is never answered)."""
+        version = self.running_version(topology_id)
         with self._lock:
-            return self._topology_conf.get(topology_id)
+            known = self._topology_conf.get(topology_id)
+        return known[1] if known is not None and known[0] == version else None
 
     def fetch_topology_conf(self, topology_id: str) -> dict[str, Any]:
         """The configuration now (cached, else asked of a nimbus); {} if none answers."""
@@ -296,7 +313,8 @@ class UIReader:
         now = time.monotonic()
         todo = [t for t, base in snap.storms.items()
                 if base.status != KILLED and self.topology_conf(t) is None
-                and now - self._conf_failed.get(t, -1e9) > 30.0][:10]
+                and now - self._conf_failed.get((t, snap.running_version(t)), -1e9) > 30.0
+                ][:10]
         for topology_id in todo:
             if self._conf_loop.stopping:
                 return
@@ -304,18 +322,25 @@ class UIReader:
         with self._lock:
             for gone in set(self._topology_conf) - set(snap.storms):
                 del self._topology_conf[gone]
+            for key in [k for k in self._conf_failed if k[0] not in snap.storms]:
+                del self._conf_failed[key]
 
     def _fetch_one(self, topology_id: str) -> dict[str, Any] | None:
+        # The version is read before the fetch: a conf fetched while the topology
+        # switched is kept for the version before, and never answered for the new one.
+        version = self.running_version(topology_id)
         try:
             text = self._fetch_conf(topology_id)  # type: ignore[misc]
             conf = json.loads(text)
             if not isinstance(conf, dict):
                 raise ValueError("topology conf is not a JSON object")
         except Exception as exc:  # any nimbus may be down or lack the code yet
-            log.debug("configuration of %s unavailable: %s", topology_id, exc)
-            self._conf_failed[topology_id] = time.monotonic()
+            log.debug("configuration of %s (version %d) unavailable: %s", topology_id,
+                      version, exc)
+            with self._lock:
+                self._conf_failed[(topology_id, version)] = time.monotonic()
             return None
         conf = redact(conf)
         with self._lock:
-            self._topology_conf[topology_id] = conf
+            self._topology_conf[topology_id] = (version, conf)
         return conf

@@ -98,6 +98,9 @@ class ThriftReader(UIReader):
         self._answered = True
         nimbuses = [_record(NimbusInfo, n) for n in data.get("nimbuses") or []]
         replication = data.get("replication")
+        # The version each upgraded topology runs (what its conf is cached by); a nimbus
+        # of an earlier release sends none: every topology counts as version 1.
+        running = data.get("running_versions")
         version = (self._snapshot.version if self._snapshot else 0) + 1
         return ClusterSnapshot(
             nimbuses=[n for n in nimbuses if n is not None],
@@ -107,6 +110,9 @@ class ThriftReader(UIReader):
             supervisors=_records(SupervisorInfo, data.get("supervisors")),
             replication={str(k): int(v) for k, v in replication.items()
                          if isinstance(v, int)} if isinstance(replication, dict) else {},
+            running_versions={str(k): v for k, v in running.items()
+                              if isinstance(v, int) and not isinstance(v, bool)}
+            if isinstance(running, dict) else {},
             taken_at=time.monotonic(), version=version)
 
     def _poll_live(self, with_errors: bool) -> None:

@@ -2,8 +2,9 @@
 zookeeper``).
 
 :class:`ZooKeeperReader` builds its :class:`~nimbus.state.cluster_snapshot.ClusterSnapshot`
-from nimbuses, the leader queue, topologies, assignments, replica registrations and
-supervisors, read with pipelined calls (:mod:`nimbus.ui.zk_reads`). ZooKeeper watches
+from nimbuses, the leader queue, topologies, assignments, replica registrations,
+supervisors and the running code versions (``/code-versions``), read with pipelined
+calls (:mod:`nimbus.ui.zk_reads`). ZooKeeper watches
 wake it (so a new leader is seen within milliseconds of its lock), and a safety reload
 runs every few seconds. Replication counts are those the nimbuses report
 (getClusterInfo, asked every :data:`REPLICAS_EVERY_S`): the only count of store-backed
@@ -30,6 +31,7 @@ from nimbus.config import Config
 from nimbus.state import runtime_view, worker_state
 from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.state.code_versions import CodeVersions
 from nimbus.state.records import Assignment, NimbusInfo, StormBase, SupervisorInfo
 from nimbus.ui.live_poll import poll_errors, poll_workers
 from nimbus.ui.reader import Live, UIReader
@@ -110,6 +112,12 @@ class ZooKeeperReader(UIReader):
         assigned = get_all(zk, [st.path("assignments", t) for t in storm_ids], watch)
         replicas = children_all(zk, [st.code_path(t) for t in storm_ids], watch)
         sups = get_all(zk, [st.path("supervisors", s) for s in supervisor_ids])
+        # The version each upgraded topology runs (the UI caches a topology's conf by
+        # it): /code-versions is missing only in a layout of an earlier release.
+        (listed,) = children_all(zk, [st.path("code-versions")], watch)
+        live = set(storm_ids)
+        upgraded = [t for t in listed if t in live]
+        versions = get_all(zk, [st.code_versions_path(t) for t in upgraded], watch)
 
         storms: dict[str, StormBase] = {}
         assignments: dict[str, Assignment] = {}
@@ -124,6 +132,11 @@ class ZooKeeperReader(UIReader):
             if found is not None:
                 assignments[topology_id] = found
             replica_hosts[topology_id] = hosts
+        running_versions = {}
+        for topology_id, raw in zip(upgraded, versions, strict=True):
+            found_versions = decode(CodeVersions, raw)
+            if found_versions is not None and topology_id in storms:
+                running_versions[topology_id] = found_versions.running
         leader = leader_data[0].decode("utf-8", "replace") if leader_data and \
             leader_data[0] else None
         version = (self._snapshot.version if self._snapshot else 0) + 1
@@ -134,7 +147,7 @@ class ZooKeeperReader(UIReader):
                 supervisor_ids, (decode(SupervisorInfo, d) for d in sups), strict=True)
                 if info is not None},
             replication=dict(self._reported), replica_hosts=replica_hosts,
-            taken_at=time.monotonic(), version=version)
+            running_versions=running_versions, taken_at=time.monotonic(), version=version)
 
     # -- heartbeats and errors (while the dashboard is open) --------------------------
     def _poll_live(self, with_errors: bool) -> None:

@@ -33,7 +33,7 @@ from nimbus.worker.lease import Lease
 from nimbus.worker.progress import QueryProgress
 from nimbus.worker.stall import StallWatch
 from nimbus.worker.status import StatusWriter, format_error
-from nimbus.worker_protocol.component_share import assigned
+from nimbus.worker_protocol.component_share import assigned, changed_components
 from nimbus.worker_protocol.exits import (
     EXIT_FAILED,
     EXIT_INVALID_TOPOLOGY,
@@ -237,6 +237,13 @@ class PipelineRunner:
             return self._fail(self.whole, f"build() raised {format_error(exc)}",
                               EXIT_INVALID_TOPOLOGY)
 
+        # An upgrade that changes the components moves shares between workers: never
+        # beside an old worker that may still run one of them (checked before anything
+        # is declared or started, so the slot's remembered components stay the old code's).
+        refused = changed_components(spec.previous_components, list(writers),
+                                     spec.num_workers)
+        if refused:
+            return self._fail(self.whole, refused, EXIT_INVALID_TOPOLOGY)
         mine = assigned(list(writers), spec.worker_index, spec.num_workers)
         log.info("components %s; this worker (%d of %d) runs %s", sorted(writers),
                  spec.worker_index, spec.num_workers, mine)

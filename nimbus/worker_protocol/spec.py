@@ -18,6 +18,10 @@ from nimbus.topology_paths import checkpoint_root_of
 from nimbus.worker_protocol.frozen_cgroup import ORPHAN_TIMEOUT_KEY
 
 SPEC_FILE = "worker.json"
+#: Most names ``previous_components`` may hold, and the longest name (as many as a
+#: worker may declare; a component id is at most 64 characters: nimbus.state.component_ids).
+MAX_PREVIOUS_COMPONENTS = 10_000
+MAX_COMPONENT_CHARS = 64
 
 
 class SpecError(ValueError):
@@ -53,6 +57,11 @@ class WorkerSpec:
     * ``code_version``: the version of the topology's code in ``code_dir``
       (nimbus.state.code_versions; 1, the submitted code, in specs of earlier
       releases). Checkpoints are the topology's whatever the version.
+    * ``previous_components``: every component (sorted) that the slot's previous worker
+      of this topology declared, the code it ran having built them ([]: unknown, or none
+      ran here). A pipeline worker of more than one whose own code's components differ
+      refuses to run (:func:`nimbus.worker_protocol.component_share.changed_components`):
+      its share would overlap another worker's that may still run the old code.
 
     The file can hold secrets (the configuration), so :meth:`dump` writes it with mode 0600.
     """
@@ -70,6 +79,7 @@ class WorkerSpec:
     num_workers: int = 1
     class_archive: str = ""
     code_version: int = 1
+    previous_components: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._check()
@@ -78,7 +88,7 @@ class WorkerSpec:
         for f in fields(self):
             value = getattr(self, f.name)
             # Annotations are strings here (postponed evaluation): "str", "int", "dict[...]".
-            expected = {"str": str, "int": int}.get(str(f.type), dict)
+            expected = {"str": str, "int": int, "list[str]": list}.get(str(f.type), dict)
             if not isinstance(value, expected) or isinstance(value, bool):
                 raise SpecError(f"worker spec field {f.name!r} must be {expected.__name__}, "
                                 f"got {type(value).__name__} {value!r:.80}")
@@ -87,6 +97,12 @@ class WorkerSpec:
         if self.code_version < 1:
             raise SpecError(f"worker spec field 'code_version' must be 1 or more, got "
                             f"{self.code_version}")
+        if len(self.previous_components) > MAX_PREVIOUS_COMPONENTS or not all(
+                isinstance(name, str) and 0 < len(name) <= MAX_COMPONENT_CHARS
+                for name in self.previous_components):
+            raise SpecError(f"worker spec field 'previous_components' must be a list of at "
+                            f"most {MAX_PREVIOUS_COMPONENTS} component names, got "
+                            f"{self.previous_components!r:.80}")
         if self.num_workers < 1 or not 0 <= self.worker_index < self.num_workers:
             raise SpecError(f"worker spec: worker_index {self.worker_index} is not in "
                             f"[0, num_workers={self.num_workers})")
