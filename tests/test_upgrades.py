@@ -258,6 +258,9 @@ class Harness:
         return got[0]
 
     def advance(self) -> bool:
+        # The duty reads the view, a ZooKeeper client of its own: every write this test
+        # made before must be in it first (else a heartbeat just written may be missed).
+        self.view.barrier()
         return self.upgrades.advance()
 
     def upgrade(self, name: str = "wc", conf: dict | None = None, strategy: str = "all",
@@ -358,8 +361,8 @@ def test_strategy_all_switches_every_worker_then_completes(harness, caplog):
     assignment = h.state.assignment_info(topology_id)
     assert (assignment.code_version, assignment.code_sha256, assignment.worker_versions,
             assignment.version_sha256) == (2, sha2, {}, {})
+    h.view.barrier()   # due_in_s and running_key read the view: the switch's end first
     assert h.upgrades.due_in_s() is None
-    h.view.barrier()
     assert h.upgrades.running_key(topology_id) == f"{topology_id}.v2"
     assert upgrade_lines(caplog)[1:] == [
         "wc: every worker assigned version 2 (upgrade)",

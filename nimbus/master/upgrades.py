@@ -268,27 +268,17 @@ class Upgrades:
                switch: dict[str, Any]) -> None:
         """Write the new version and its switch into /code-versions (CAS, a few tries),
         created with a version-1 entry when the topology was never upgraded."""
-        for _attempt in range(ATTEMPTS):
-            got = self._state.code_versions(topology_id)
-            if got is None:
-                versions, node_version = self._first(topology_id, base, running_conf), None
-            else:
-                versions, node_version = got
+        def change(found: CodeVersions | None) -> CodeVersions:
+            versions = found or self._first(topology_id, base, running_conf)
             if versions.switch:
                 raise InvalidTopologyError(self._busy(name, versions.switch))
             if versions.running != running:
                 raise ConcurrentChangeError(
                     f"{name!r} switched to version {versions.running} meanwhile; try again")
-            new = CodeVersions(versions=[*versions.versions, entry], running=running,
-                               switch=switch)
-            try:
-                self._state.write_switch(fence, topology_id, new, node_version)
-                break
-            except ConcurrentChangeError:
-                continue
-        else:
-            raise ConcurrentChangeError(f"/code-versions/{topology_id} kept changing; "
-                                        "try again")
+            return CodeVersions(versions=[*versions.versions, entry], running=running,
+                                switch=switch)
+
+        self._write_versions(fence, topology_id, change)
         if self._state.storm_base(topology_id) is None:
             # Removed (a kill) just before the write: the node would outlive it.
             self._state.delete_nodes(fence, [self._state.code_versions_path(topology_id)])
@@ -400,6 +390,22 @@ class Upgrades:
             except Exception:
                 log.exception("upgrade wake-up listener failed")
 
+    def _write_versions(self, fence: Fence, topology_id: str,
+                        change: Callable[[CodeVersions | None], CodeVersions]) -> None:
+        """Read /code-versions/<id>, have ``change`` make its next value (it gets None for a
+        topology never upgraded, and raises to refuse), and write that with CAS; read and
+        tried again on a concurrent change, ConcurrentChangeError after ATTEMPTS."""
+        for _attempt in range(ATTEMPTS):
+            got = self._state.code_versions(topology_id)
+            versions, node_version = got if got is not None else (None, None)
+            new = change(versions)   # its refusals go to the caller, never tried again
+            try:
+                self._state.write_switch(fence, topology_id, new, node_version)
+                return
+            except ConcurrentChangeError:
+                continue
+        raise ConcurrentChangeError(f"/code-versions/{topology_id} kept changing; try again")
+
     # -- rollback -----------------------------------------------------------------------------
     def rollback(self, name: str, to: int | None = None, by: str = "") -> tuple[str, int]:
         """Switch live topology ``name`` to its kept version ``to`` (default: the
@@ -415,13 +421,13 @@ class Upgrades:
             raise InvalidTopologyError(f"a code version is a number >= 1, not {to!r:.40}")
         topology_id, base = self._lifecycle.find(name)
         self._refuse_status(name, base, "rollback")
-        for _attempt in range(ATTEMPTS):
-            got = self._state.code_versions(topology_id)
-            if got is None:
+        chosen: dict[str, Any] = {}
+
+        def change(versions: CodeVersions | None) -> CodeVersions:
+            if versions is None:
                 raise InvalidTopologyError(
                     f"topology {name!r} has one code version only (it was never upgraded): "
                     "nothing to roll back to")
-            versions, node_version = got
             switch = versions.switch
             current = switch["to"] if switch else versions.running
             kept = ", ".join(str(e["version"]) for e in versions.versions)
@@ -465,17 +471,13 @@ class Upgrades:
             new_switch = {"kind": ROLLBACK if target < current else UPGRADE, "from": current,
                           "to": target, "strategy": ALL, "started_secs": now,
                           "deadline_secs": now + timeout_s, "by": by, "switched": []}
-            new = CodeVersions(versions=entries, running=versions.running, switch=new_switch)
-            try:
-                self._state.write_switch(fence, topology_id, new, node_version)
-                break
-            except ConcurrentChangeError:
-                continue
-        else:
-            raise ConcurrentChangeError(f"/code-versions/{topology_id} kept changing; "
-                                        "try again")
+            chosen.update(current=current, target=target, kind=new_switch["kind"], who=who)
+            return CodeVersions(versions=entries, running=versions.running, switch=new_switch)
+
+        self._write_versions(fence, topology_id, change)
+        current, target, who = chosen["current"], chosen["target"], chosen["who"]
         log.info("switching %s (%s) from version %d to version %d (%s by %s)", name,
-                 topology_id, current, target, new_switch["kind"], who)
+                 topology_id, current, target, chosen["kind"], who)
         self._ring()
         return topology_id, target
 
