@@ -252,7 +252,13 @@ def test_nimbus_ha_logs_shows_every_worker_or_one(env):
 
 
 def test_nimbus_ha_logs_grep(env):
-    found = env.logs("--grep", r"ERROR marker port=\d+ seq=\d*0$")
+    # The search reads each worker's current file, which rotates every 10 KiB (about 2
+    # s of output): one just rotated holds no marker yet (they come every 0.4 s).
+    def search() -> subprocess.CompletedProcess | None:
+        got = env.logs("--grep", r"ERROR marker port=\d+ seq=\d*0$")
+        return got if got.returncode != 0 or got.stdout.strip() else None
+
+    found = wait_for(search, 30, "a marker to match")
     assert found.returncode == 0, found.stderr
     lines = found.stdout.splitlines()
     assert lines and all("ERROR marker" in line for line in lines)
