@@ -84,6 +84,22 @@ class DebugNimbus(NimbusProcess):
         log.close()
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used (its threads included)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_role(roles: dict[int, str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for pid, role in roles.items():
+        out[role] = out.get(role, 0.0) + cpu_s(pid)
+    return out
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -506,12 +522,15 @@ class Bench:
         counter = RequestCounter(self.cluster.zk.port, self.roles)
         idle_s = self.args.idle_window
         before = counter.read()
+        cpu_before = cpu_by_role(self.roles())
         time.sleep(idle_s)
         idle = counter.since(before)
+        cpu_idle = {r: v - cpu_before.get(r, 0.0) for r, v in cpu_by_role(self.roles()).items()}
         names = [f"bench-{i:05d}" for i in range(self.submitted,
                                                  self.submitted + self.args.probe_submits)]
         latencies = []
         before = counter.read()
+        cpu_before = cpu_by_role(self.roles())
         started = time.monotonic()
         with connect(self.leader.address, timeout_s=120) as client:
             for name in names:
@@ -525,9 +544,13 @@ class Bench:
         probe = counter.since(before)
         per_submit = {role: (probe.get(role, 0) - idle.get(role, 0) * probe_s / idle_s)
                       / len(names) for role in set(probe) | set(idle)}
+        # CPU each daemon spent on a submit: its CPU during the probe, less its idle rate.
+        cpu_probe = {r: v - cpu_before.get(r, 0.0) for r, v in cpu_by_role(self.roles()).items()}
+        cpu_per_submit = {role: (cpu_probe[role] - cpu_idle.get(role, 0.0) * probe_s / idle_s)
+                          / len(names) for role in cpu_probe}
         background = {role: n / idle_s for role, n in idle.items()}
         return {"per_submit": per_submit, "background": background,
-                "submit_latency": latencies}
+                "submit_latency": latencies, "cpu_per_submit": cpu_per_submit}
 
     def measure(self, label: str) -> None:
         count = self.submitted
@@ -647,8 +670,18 @@ def report(args: argparse.Namespace, bench: Bench, fill: dict[int, dict[str, flo
     row("submit latency, median (sequential)", "(reported)", f"{la * ms:.0f} ms",
         f"{lb * ms:.0f} ms", f"x{lb / la:.1f}")
     rates = [fill[k]["rate"] for k in sorted(fill)]
-    row("bulk submit rate", "(reported)", f"{rates[0]:.1f}/s", f"{rates[-1]:.1f}/s",
+    row("bulk submit rate, whole fill", "(reported)", f"{rates[0]:.1f}/s", f"{rates[-1]:.1f}/s",
         f"{args.submit_threads} threads")
+    (f0, f1, ft), (l0, l1, lt) = bench.fills[0], bench.fills[-1]
+    first_rate, last_rate = (f1 - f0) / ft, (l1 - l0) / lt
+    row(f"bulk submit rate, first {f1 - f0} / last {l1 - l0}", ">= 0.8x",
+        f"{first_rate:.1f}/s", f"{last_rate:.1f}/s",
+        f"x{last_rate / first_rate:.2f}; {ok(last_rate >= 0.8 * first_rate)}")
+    for role in ("leader", "follower(s)", "real supervisor(s)"):
+        ca_, cb_ = (small["cpu_per_submit"].get(role, float("nan")),
+                    large["cpu_per_submit"].get(role, float("nan")))
+        row(f"CPU per submit, {role}", "not growing", f"{ca_ * ms:.0f} ms", f"{cb_ * ms:.0f} ms",
+            f"x{cb_ / ca_:.2f}" if ca_ > 0 else "")
     row("nimbus RSS, leader", "(reported)", f"{small['rss_leader']:.0f} MB",
         f"{large['rss_leader']:.0f} MB", f"x{large['rss_leader'] / small['rss_leader']:.2f}")
     row("nimbus RSS, follower", "(reported)", f"{small['rss_follower']:.0f} MB",

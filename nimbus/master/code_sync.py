@@ -44,7 +44,6 @@ from nimbus.master.version_rules import required_code_keys, view_code_keys
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.code_versions import is_version_key, topology_of
-from nimbus.state.records import RecordError
 
 log = logging.getLogger(__name__)
 
@@ -281,26 +280,19 @@ class CodeSync:
         view.barrier(directories=self.READS)
         live = set(view.active_storms())
         needed = view_code_keys(view, live)
-        wanted = set(needed)
-        published: dict[str, bytes] = {}
-        for topology_id in view.code_topologies():
-            try:
-                meta = view.code_meta(topology_id)
-            except RecordError:
-                # Logged by the state. Nothing to fetch from, but a copy held here is
-                # kept: an unreadable node (say, a newer release's) is not a removal.
-                wanted.add(topology_id)
-                continue
-            if meta is not None:
-                published[topology_id] = meta.metafile
-                wanted.add(topology_id)
+        # Set operations on the view's shared records: a pass costs the keys that differ
+        # from what is held, not a Python step per topology. A code node this release
+        # cannot read (logged by the state) gives nothing to fetch from, but a copy held
+        # here is kept: an unreadable node (say, a newer release's) is not a removal.
+        published = view.code_metas()
+        wanted = needed | published.keys() | view.unreadable("code-distributor")
         for topology_id in sorted(wanted - held):
             if topology_id not in published:
                 continue  # live, but no metafile yet: a submission in flight
             if self._store.has(topology_id):
                 continue  # arrived since the listing (this leader's own submission)
             if time.monotonic() >= self._retry_at.get(topology_id, 0):
-                self._fetch(topology_id, published[topology_id])
+                self._fetch(topology_id, published[topology_id].metafile)
         for topology_id in sorted(held - wanted - protected):
             if self._cleanup_blocked:
                 log.error("not removing code of %s: %s", topology_id, self._cleanup_blocked)

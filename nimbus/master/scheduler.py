@@ -51,10 +51,12 @@ little of one topology with it as possible.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from nimbus.config import Config
 from nimbus.master.placement_history import write_assignment
@@ -71,9 +73,9 @@ from nimbus.state.records import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, order=True)
-class Slot:
-    """A supervisor's port that runs at most one worker."""
+class Slot(NamedTuple):
+    """A supervisor's port that runs at most one worker (a tuple: a pass sorts
+    thousands of them, and tuples compare in C)."""
 
     supervisor_id: str
     port: int
@@ -162,6 +164,9 @@ class Scheduler:
         # may apply (see the module doc); whether the mark is still to be read.
         self._taken_over_at: float | None = None
         self._takeover_unread = False
+        # The view's storms dict last seen, its ids oldest first, and that order's dict.
+        self._ordered: tuple[dict[str, StormBase], list[str], dict[str, StormBase]] = (
+            {}, [], {})
 
     def reset(self, successor: bool = True) -> None:
         """Call on gaining leadership: heartbeat ages are measured afresh. ``successor``
@@ -207,7 +212,7 @@ class Scheduler:
         supervisors = self._view.supervisors()
         topologies = self._topologies()
         counts.update(topologies=len(topologies), supervisors=len(supervisors))
-        current = {t: self._assignment_of(t) for t in topologies}
+        current = self._assignments_of(topologies)
         self._confirm_missing(supervisors, current)
         self._went_silent = {k: v for k, v in self._went_silent.items() if k[0] in topologies}
         silent: set[Slot] = set()
@@ -221,7 +226,7 @@ class Scheduler:
         observed: set[tuple[str, str]] = set()
         wanted = {t: (max(0, base.num_workers) if base.status == ACTIVE else 0)
                   for t, base in topologies.items()}
-        before = {t: dict(workers) for t, workers in kept.items()}
+        before = {t: dict(workers) for t, workers in kept.items() if workers}
         # Every topology gives back what it no longer needs before any grows, so that a
         # slot freed by a deactivate or a rebalance is used in the same pass.
         # Only active topologies run: deactivate frees the slots, checkpoints stay.
@@ -232,14 +237,20 @@ class Scheduler:
             old = current[topology_id]
             if old is None:
                 continue  # being created or removed; the next pass sees it settled
+            if not wanted[topology_id] and not kept[topology_id] and not (
+                    old.executor_node_port or old.node_host or old.executor_start_time_secs):
+                continue  # nothing placed, nothing wanted: an inactive topology at rest
             workers = self._grow(topology_id, kept[topology_id], wanted[topology_id],
                                  free, used, now, quarantine, old, supervisors)
-            placed = [s for e, s in workers.items() if before[topology_id].get(e) != s]
+            had = before.get(topology_id, {})
+            placed = [s for e, s in workers.items() if had.get(e) != s]
             if placed:
                 beats = self._view.worker_beat_versions(topology_id)
                 for slot in placed:
                     self._observer.placed(topology_id, slot.beat_name, beats.get(slot.beat_name))
             observed |= {(topology_id, s.beat_name) for s in workers.values()}
+            if self._unchanged(old, workers, supervisors):
+                continue  # most topologies, most passes: no new Assignment to build
             new = self._assignment(old, workers, supervisors)
             if new != old:
                 # With the placement history in the same fenced transaction.
@@ -334,20 +345,42 @@ class Scheduler:
                 supervisors[supervisor_id] = info
 
     # -- reading ----------------------------------------------------------------------------
-    def _assignment_of(self, topology_id: str) -> Assignment | None:
-        """The topology's Assignment; RecordError if unreadable (the pass then stops:
-        placing work without knowing where that topology runs could double-book)."""
-        found = self._view.assignment(topology_id)
-        return found[0] if found is not None else None
+    def _assignments_of(self, topologies: dict[str, StormBase]
+                        ) -> dict[str, Assignment | None]:
+        """Each topology's Assignment (None: none yet); RecordError if one is unreadable
+        (the pass then stops: placing work without knowing where that topology runs
+        could double-book)."""
+        for topology_id in sorted(self._view.unreadable("assignments") & topologies.keys()):
+            self._view.assignment(topology_id)  # raises its RecordError
+        every = self._view.assignments()
+        return {t: every.get(t) for t in topologies}
 
     def _topologies(self) -> dict[str, StormBase]:
-        found = {}
-        for topology_id in self._view.active_storms():
-            base = self._view.storm_base(topology_id)
-            if base is not None:
-                found[topology_id] = base
+        """Every topology, oldest first (RecordError if a StormBase is unreadable, as a
+        direct read). Sorted again only when the view's storms changed."""
+        for topology_id in sorted(self._view.unreadable("storms")):
+            self._view.storm_base(topology_id)  # raises its RecordError
+        storms = self._view.storms()
+        seen, order, ordered = self._ordered
+        if seen is storms:
+            return ordered
+
+        def age(topology_id: str) -> tuple[int, str]:
+            return storms[topology_id].launch_time_secs, topology_id
+
         # Oldest first: when slots run short, the longest-running topologies keep theirs.
-        return dict(sorted(found.items(), key=lambda kv: (kv[1].launch_time_secs, kv[0])))
+        # A launch time never changes, so a submit or a removal moves one id, not all.
+        added = storms.keys() - seen.keys()
+        removed = seen.keys() - storms.keys()
+        if len(added) + len(removed) > 64:
+            order = sorted(storms, key=age)
+        else:
+            order = [t for t in order if t not in removed] if removed else list(order)
+            for topology_id in added:
+                bisect.insort(order, topology_id, key=age)
+        ordered = {t: storms[t] for t in order}
+        self._ordered = (storms, order, ordered)
+        return ordered
 
     @staticmethod
     def _all_slots(supervisors: dict[str, SupervisorInfo]) -> set[Slot]:
@@ -359,6 +392,8 @@ class Scheduler:
                             silent: set[Slot]) -> dict[str, Slot]:
         """The workers of ``assignment`` that stay where they are; adds the slots of
         workers that went silent to ``silent``."""
+        if not assignment.executor_node_port:
+            return {}  # nothing placed (an inactive topology): no beats to read
         beats = self._view.worker_beat_versions(topology_id)
         kept: dict[str, Slot] = {}
         for executor, (supervisor_id, port) in sorted(assignment.executor_node_port.items()):
@@ -443,6 +478,24 @@ class Scheduler:
             load[slot.supervisor_id] = load.get(slot.supervisor_id, 0) + 1
         return min(free, key=lambda s: (mine.get(s.supervisor_id, 0),
                                         load.get(s.supervisor_id, 0), s))
+
+    @staticmethod
+    def _unchanged(old: Assignment, workers: dict[str, Slot],
+                   supervisors: dict[str, SupervisorInfo]) -> bool:
+        """Whether :meth:`_assignment` would return ``old`` unchanged: the same slots,
+        each with its start time, on supervisors under the host names it holds."""
+        placed = old.executor_node_port
+        if len(placed) != len(workers) or len(old.executor_start_time_secs) != len(workers):
+            return False
+        hosts = old.node_host
+        named = set()
+        for executor, slot in workers.items():
+            if placed.get(executor) != [slot.supervisor_id, slot.port] or \
+                    executor not in old.executor_start_time_secs or \
+                    hosts.get(slot.supervisor_id) != supervisors[slot.supervisor_id].hostname:
+                return False
+            named.add(slot.supervisor_id)
+        return len(hosts) == len(named)
 
     @staticmethod
     def _assignment(old: Assignment, workers: dict[str, Slot],

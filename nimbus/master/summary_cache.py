@@ -16,7 +16,9 @@ logs the node once); the others are still listed.
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -31,7 +33,7 @@ from nimbus.state.cluster_snapshot import ClusterSnapshot
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.code_versions import topology_of
-from nimbus.state.records import RecordError, StormBase
+from nimbus.state.records import Assignment, RecordError, StormBase
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,10 @@ class ClusterSummaryCache:
     """Holds the latest :class:`ClusterSnapshot`; see the module docstring."""
 
     SAFETY_INTERVAL_S = 5.0
+    # A supervisor's heartbeat (its node rewritten, not added or removed) is shown
+    # within this long rather than at once: 1,000 supervisors beat 200 times a second,
+    # and a new snapshot for each would keep a core busy.
+    HEARTBEAT_DELAY_S = 1.0
     # Replication counts refreshed per safety-net pass beyond those known to have changed.
     SWEEP_PER_PASS = 50
     PARTS = ("nimbuses", "storms", "assignments", "supervisors", "code-versions")
@@ -64,10 +70,12 @@ class ClusterSummaryCache:
         self._dirty: set[str] = set(self.PARTS)
         self._stale_lock = threading.Lock()
         self._sweep_from = ""  # the safety net's place in the id order
+        self._next_sweep = 0.0  # monotonic time of the next safety-net recount
+        # When a heartbeat not yet shown first arrived (None: none waiting).
+        self._beat_since: float | None = None
         self._reloads = Reloads()   # read-your-writes (refresh_now)
         # Read at every wait, so that a test may lengthen the safety net.
-        self._loop = BackgroundLoop("cluster-summary", self._reload,
-                                    period=lambda: self.SAFETY_INTERVAL_S)
+        self._loop = BackgroundLoop("cluster-summary", self._reload, period=self._next_wait)
 
     def start(self) -> None:
         self._view.listen(self._on_view_change)
@@ -83,6 +91,12 @@ class ClusterSummaryCache:
     def _on_view_change(self, directory: str, topology_id: str) -> None:
         if directory == "workerbeats":
             return  # heartbeats: nothing the summary shows
+        if directory == "supervisors" and self._is_heartbeat(topology_id):
+            with self._stale_lock:
+                self._dirty.add(directory)
+                if self._beat_since is None:
+                    self._beat_since = time.monotonic()
+            return  # shown at the next reload, HEARTBEAT_DELAY_S at the latest
         with self._stale_lock:
             if directory == "code-distributor":  # a code key: count its topology again
                 self._stale_replication.add(topology_of(topology_id))
@@ -92,6 +106,28 @@ class ClusterSummaryCache:
             else:
                 self._dirty.add(directory)
         self._loop.wake()
+
+    def _is_heartbeat(self, supervisor_id: str) -> bool:
+        """Whether a change to ``supervisor_id``'s node is a heartbeat of a supervisor
+        already shown (not one that joined or left)."""
+        if not supervisor_id or supervisor_id not in self._snapshot.supervisors:
+            return False
+        try:
+            return self._view.has_supervisor(supervisor_id)
+        except Exception:  # not loaded, say: reload at once and let it tell
+            return False
+
+    def _next_wait(self) -> float:
+        """The loop's wait when nothing wakes it: until a waiting heartbeat or the safety
+        net is due, and never longer than HEARTBEAT_DELAY_S (a heartbeat does not wake
+        the loop, so a wait that began before it must end in time to show it)."""
+        due = min(self._next_sweep, self._beat_due())
+        return max(0.0, min(due - time.monotonic(), self.HEARTBEAT_DELAY_S))
+
+    def _beat_due(self) -> float:
+        with self._stale_lock:
+            since = self._beat_since
+        return math.inf if since is None else since + self.HEARTBEAT_DELAY_S
 
     def _on_nimbus_change(self, _event: object = None) -> None:
         with self._stale_lock:
@@ -138,7 +174,12 @@ class ClusterSummaryCache:
         """One pass of the ``cluster-summary`` loop: a new snapshot, served at once."""
         # The first load, and every safety-net pass (no wake-up for a whole interval),
         # recounts some replicas: the first load counts every topology's anyway.
-        sweep = not self._loop.woken
+        now = time.monotonic()
+        sweep = not self._loop.woken and now >= self._next_sweep
+        if not (self._loop.woken or sweep or now >= self._beat_due()):
+            return  # a tick with nothing due (see _next_wait)
+        if sweep:
+            self._next_sweep = now + self.SAFETY_INTERVAL_S
         generation, asked = self._reloads.begin()
         try:
             snapshot = self._load(barrier=asked, sweep=sweep)
@@ -178,6 +219,7 @@ class ClusterSummaryCache:
         with self._stale_lock:
             dirty, self._dirty = self._dirty, set()
             stale, self._stale_replication = self._stale_replication, set()
+            self._beat_since = None
         try:
             if "nimbuses" in dirty:
                 nimbuses = state.nimbuses(watch=self._on_nimbus_change)
@@ -187,8 +229,8 @@ class ClusterSummaryCache:
                 nimbuses, leader = previous.nimbuses, previous.leader
             # Unreadable StormBases are left out (logged by the state).
             storms = view.storms() if "storms" in dirty else previous.storms
-            assignments = ({t: a for t, a in view.assignments().items() if t in storms}
-                           if dirty & {"storms", "assignments"} else previous.assignments)
+            assignments = self._assignments(storms) \
+                if dirty & {"storms", "assignments"} else previous.assignments
             supervisors = view.supervisors() if "supervisors" in dirty \
                 else previous.supervisors
             running_versions = self._running_versions(storms) \
@@ -205,6 +247,18 @@ class ClusterSummaryCache:
                                replication=replication, replica_hosts=replica_hosts,
                                running_versions=running_versions,
                                taken_at=time.monotonic(), version=previous.version + 1)
+
+    def _assignments(self, storms: dict[str, StormBase]) -> dict[str, Assignment]:
+        """The view's assignments of ``storms`` (set operations, not a Python pass over
+        every topology: the view's own shared dict when it holds no other)."""
+        every = self._view.assignments()
+        extra = every.keys() - storms.keys()
+        if not extra:
+            return every
+        kept = dict(every)
+        for topology_id in extra:
+            del kept[topology_id]
+        return kept
 
     def _running_versions(self, storms: dict[str, StormBase]) -> dict[str, int]:
         """The version each upgraded topology of ``storms`` runs (from the view's
@@ -227,12 +281,12 @@ class ClusterSummaryCache:
         new topologies and those whose registrations changed: the previous dict itself
         when none changed."""
         changed = False
-        for topology_id in [t for t in self._hosts if t not in storms]:
+        for topology_id in self._hosts.keys() - storms.keys():
             del self._hosts[topology_id]
             changed = True
-        for topology_id in storms:
-            if topology_id in self._hosts and topology_id not in stale:
-                continue
+        # Set operations: a new snapshot costs the topologies that changed, not a Python
+        # pass over all of them.
+        for topology_id in (storms.keys() - self._hosts.keys()) | (stale & storms.keys()):
             hosts = self._view.replica_hosts(self._view.running_code_key(topology_id))
             if self._hosts.get(topology_id) != hosts:
                 self._hosts[topology_id] = hosts
@@ -245,13 +299,13 @@ class ClusterSummaryCache:
                         sweep: bool) -> dict[str, int]:
         """Replication counts of ``storms``: the previous dict itself when none changed."""
         changed = False
-        for topology_id in [t for t in self._replication if t not in storms]:
+        for topology_id in self._replication.keys() - storms.keys():
             del self._replication[topology_id]
             changed = True
-        recount = {t for t in storms if t not in self._replication or t in stale}
+        recount = (storms.keys() - self._replication.keys()) | (stale & storms.keys())
         if sweep and storms:
             ordered = sorted(storms)
-            later = [t for t in ordered if t > self._sweep_from]
+            later = ordered[bisect.bisect_right(ordered, self._sweep_from):]
             batch = (later + ordered)[:self.SWEEP_PER_PASS]
             self._sweep_from = batch[-1]
             recount.update(batch)

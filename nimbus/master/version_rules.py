@@ -79,12 +79,9 @@ def view_code_keys(view: ClusterView, live: Iterable[str]) -> set[str]:
     """:func:`required_code_keys`, read from a view's memory."""
     live = set(live)
     upgraded = set(view.upgraded_topologies())
-    keys: set[str] = set()
+    keys: set[str] = live - upgraded  # version 1 only: the key is the id (a set operation)
     unreadable = set()
-    for topology_id in live:
-        if topology_id not in upgraded:
-            keys.add(topology_id)
-            continue
+    for topology_id in live & upgraded:
         try:
             got = view.code_versions(topology_id)
         except RecordError:

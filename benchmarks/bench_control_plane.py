@@ -1,0 +1,196 @@
+"""Benchmark: what one submission costs a nimbus's in-memory control plane at N topologies,
+as a ratio to the same at ``--baseline`` topologies, measured in the same run.
+
+    .venv/bin/python benchmarks/bench_control_plane.py [--topologies 10000] \
+        [--baseline 100] [--supervisors 1000] [--trials 20]
+
+What runs: one real ZooKeeper and, in this process, the leader's own read side on a
+session of its own, as in a nimbus: a :class:`ClusterView` of every directory, the
+:class:`Scheduler`, the :class:`ClusterSummaryCache` and the name lookup of submit. The
+topologies are written as a leader writes them (``activate_storm``: storm, assignment,
+worker-beat and error nodes), INACTIVE; ``--supervisors`` supervisor nodes are written
+on one session. What is timed, for each size, over ``--trials`` submissions of one more
+topology:
+
+* the CPU this process spends from the write until the view holds it, the name index
+  answers, the summary has a new snapshot and a scheduler pass ran (``time.process_time``:
+  the ZooKeeper server's share is not counted);
+* the scheduler pass alone (wall time, median);
+* the summary's reload alone (``refresh_now``, wall time, median);
+* one supervisor heartbeat (a rewritten SupervisorInfo) until the summary shows it.
+
+This isolates the nimbus's own per-submit work from the machine's other load, which
+``bench_scale.py`` (the whole cluster, with Thrift, the code sync and 1,000 sessions)
+cannot on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+from nimbus.config import load_config
+from nimbus.dev.zookeeper import ZooKeeperServer
+from nimbus.master.elector import LeaderElector
+from nimbus.master.scheduler import Scheduler
+from nimbus.master.summary_cache import ClusterSummaryCache
+from nimbus.state.cluster_state import StormClusterState
+from nimbus.state.cluster_view import ClusterView
+from nimbus.state.records import INACTIVE, Assignment, StormBase, SupervisorInfo
+
+ROOT = "/storm"
+
+
+class ReplicaCounter:
+    """The one distributor call the summary makes: registered replicas (localfs's rule)."""
+
+    def __init__(self, view: ClusterView):
+        self._view = view
+
+    def get_replication_count(self, code_key: str) -> int:
+        return len(self._view.replica_hosts(code_key))
+
+
+def topology_nodes(topology_id: str, index: int) -> tuple[StormBase, Assignment]:
+    base = StormBase(storm_name=f"bench{index}", launch_time_secs=1_700_000_000 + index,
+                     status=INACTIVE, num_workers=1)
+    return base, Assignment(master_code_dir=f"/code/{topology_id}",
+                            code_sha256={"stormjar.jar": "0" * 64})
+
+
+def grow(zk: KazooClient, state: StormClusterState, upto: int, have: int) -> None:
+    """Write topologies ``have``..``upto`` - 1 as ``activate_storm`` does, pipelined."""
+    pending = []
+    for index in range(have, upto):
+        topology_id = f"bench{index}-{index}-1700000000"
+        base, assignment = topology_nodes(topology_id, index)
+        txn = zk.transaction()
+        txn.create(state.storm_path(topology_id), base.encode())
+        txn.create(state.path("assignments", topology_id), assignment.encode())
+        txn.create(state.path("workerbeats", topology_id), b"")
+        txn.create(state.path("errors", topology_id), b"")
+        pending.append(txn.commit_async())
+        if len(pending) >= 500:
+            for result in pending:
+                result.get(timeout=60)
+            pending.clear()
+    for result in pending:
+        result.get(timeout=60)
+
+
+def measure(state: StormClusterState, elector: LeaderElector, view: ClusterView,
+            scheduler: Scheduler, cache: ClusterSummaryCache, beat_zk: KazooClient,
+            size: int, trials: int) -> dict[str, float]:
+    cpu, passes, reloads, beats = [], [], [], []
+    fence = elector.fence()
+    scheduler.schedule(fence)  # warm: the first pass after growing reads everything
+    for trial in range(trials):
+        topology_id = f"probe{size}x{trial}-{trial}-1700000000"
+        base, assignment = topology_nodes(topology_id, 10**7 + trial)
+        base = StormBase(storm_name=f"probe{size}x{trial}", launch_time_secs=base.launch_time_secs,
+                         status=INACTIVE, num_workers=1)
+        started = time.process_time()
+        state.activate_storm(fence, topology_id, base, assignment)
+        view.barrier()
+        if view.find_storm_by_name(base.storm_name) is None:
+            raise AssertionError("the name index missed a topology")
+        t0 = time.perf_counter()
+        snapshot = cache.refresh_now()
+        reloads.append(time.perf_counter() - t0)
+        if topology_id not in snapshot.storms:
+            raise AssertionError("the summary missed a topology")
+        t0 = time.perf_counter()
+        scheduler.schedule(fence)
+        passes.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - started)
+    for trial in range(min(trials, 5)):
+        info = SupervisorInfo(time_secs=trial + 2, hostname="host-0", meta=[6700],
+                              uptime_secs=trial + 2)
+        t0 = time.perf_counter()
+        beat_zk.set(f"{ROOT}/supervisors/sup-0", info.encode())
+        deadline = time.monotonic() + 10
+        while cache.snapshot.supervisors.get("sup-0", info).uptime_secs != trial + 2:
+            if time.monotonic() > deadline:
+                raise AssertionError("the summary never showed a heartbeat")
+            time.sleep(0.005)
+        beats.append(time.perf_counter() - t0)
+    return {"cpu_ms": statistics.median(cpu) * 1000,
+            "pass_ms": statistics.median(passes) * 1000,
+            "pass_max_ms": max(passes) * 1000,
+            "reload_ms": statistics.median(reloads) * 1000,
+            "beat_shown_ms": statistics.median(beats) * 1000}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topologies", type=int, default=10000)
+    parser.add_argument("--baseline", type=int, default=100)
+    parser.add_argument("--supervisors", type=int, default=1000)
+    parser.add_argument("--trials", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-control-plane-") as work:
+        server = ZooKeeperServer(Path(work) / "zk").start()
+        clients: list[KazooClient] = []
+        try:
+            def client() -> KazooClient:
+                zk = KazooClient(hosts=server.hosts, timeout=10)
+                zk.start(timeout=30)
+                clients.append(zk)
+                return zk
+
+            state = StormClusterState(client(), ROOT)
+            state.setup()
+            elector = LeaderElector(state.zk, state, "127.0.0.1:1")
+            elector.add_to_leader_lock_queue()
+            deadline = time.monotonic() + 30
+            while elector.step(True).leadership is None:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the benchmark's nimbus never led")
+                time.sleep(0.05)
+            sessions = client()
+            for index in range(args.supervisors):
+                sessions.create(f"{ROOT}/supervisors/sup-{index}", SupervisorInfo(
+                    time_secs=1, hostname=f"host-{index}", meta=[6700, 6701, 6702, 6703],
+                    uptime_secs=1).encode(), ephemeral=True)
+            view = ClusterView(StormClusterState(client(), ROOT), name="bench")
+            view.start()
+            conf = load_config(overrides={}, extra_defaults={})
+            scheduler = Scheduler(conf, state, view, quarantine_s=lambda: 0.0)
+            cache = ClusterSummaryCache(view.state, ReplicaCounter(view), view)
+            cache.start()
+            results = {}
+            have = 0
+            for size in (args.baseline, args.topologies):
+                grow(sessions, state, size, have)
+                have = size
+                view.barrier(timeout_s=120)
+                results[size] = measure(state, elector, view, scheduler, cache, sessions,
+                                        size, args.trials)
+                have += args.trials
+                print(f"at {size}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                 results[size].items()), flush=True)
+            cache.stop()
+            view.close()
+            elector.stop()
+        finally:
+            for zk in clients:
+                zk.stop()
+                zk.close()
+            server.stop()
+    small, large = results[args.baseline], results[args.topologies]
+    print(f"\n{args.supervisors} supervisors; figure: at {args.baseline} / at "
+          f"{args.topologies} = ratio")
+    for key in small:
+        ratio = large[key] / small[key] if small[key] else float("nan")
+        print(f"  {key:14s} {small[key]:9.2f} / {large[key]:9.2f} = {ratio:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
