@@ -348,3 +348,27 @@ def test_a_submission_in_flight_is_fetched_once_its_metafile_is_published(setup,
     sync.sync_once()
     assert fetched == [("wanted-3-3", b"m")]
     assert store.has("wanted-3-3")
+
+
+def test_a_leaders_code_check_reads_the_view_not_a_listing(setup, view, monkeypatch):
+    """At every cycle a leader checks that it holds all code: from its view after a
+    barrier (the same answer as a listing of /storms, without reading 10,000 names
+    again), and from ZooKeeper when the view cannot answer."""
+    state, store, _ = setup
+    CountedDistributor.counts = {}
+    live_storm(state, TOPOLOGY)
+    live_storm(state, "gone-2-2")
+    sync = CodeSync(state, store, CodeDistributor(CountedDistributor), period_s=3600,
+                    view=view)
+    listed: list[str] = []
+    real = state.active_storms
+    monkeypatch.setattr(state, "active_storms", lambda: listed.append("x") or real())
+    by_view = sync.check_code(leading=True)
+    assert listed == []
+    by_listing = sync.check_code()
+    assert listed == ["x"]
+    assert (by_view.live, by_view.held, by_view.missing) == (
+        by_listing.live, by_listing.held, by_listing.missing) == (
+        {TOPOLOGY, "gone-2-2"}, {TOPOLOGY}, {"gone-2-2"})
+    view.close()  # not loaded: a listing again
+    assert sync.check_code(leading=True).missing == {"gone-2-2"} and listed == ["x", "x"]

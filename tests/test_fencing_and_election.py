@@ -25,7 +25,7 @@ class CodeFacts:
     def check_cluster(self):
         pass  # the root always holds this test's cluster
 
-    def check_code(self):
+    def check_code(self, leading=False):
         return self._check()
 
     def wake(self, _event=None):
@@ -249,7 +249,7 @@ def test_leadership_is_logged_with_the_evidence_of_the_check_that_granted_it(
     sync = CodeSync(state, store, distributor=None, period_s=3600)
     checks = []
 
-    def check_code():
+    def check_code(leading=False):
         checks.append(sync.check_code())
         if len(checks) == 1:  # b's submission completes right after the first check
             zk.create(state.storm_path("b-2-2"), base("b").encode())

@@ -41,7 +41,7 @@ class FakeCode:
         if self.layout_error is not None:
             raise self.layout_error
 
-    def check_code(self):
+    def check_code(self, leading=False):
         self.journal.append("code check")
         if self.error is not None:
             raise self.error

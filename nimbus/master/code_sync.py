@@ -168,15 +168,33 @@ class CodeSync:
         if self._cluster_id is not None:
             self._state.check_cluster(self._cluster_id)
 
-    def check_code(self) -> CodeCheck:
+    def _needed_by_view(self) -> frozenset[str] | None:
+        """The code keys of the live topologies from the view, after a barrier (as
+        current as a listing, without re-reading thousands of names); None when the
+        view cannot answer (not loaded: the caller lists ZooKeeper instead)."""
+        if self._view is None:
+            return None
+        try:
+            self._view.barrier(directories=self.READS)
+            return frozenset(view_code_keys(self._view, self._view.active_storms()))
+        except ViewNotLoadedError:
+            return None
+
+    def check_code(self, leading: bool = False) -> CodeCheck:
         """Read the live topologies and the code keys they need (one listing of storms,
         one of code-versions and a read per upgraded topology), then which of those this
         host holds. Lost code (STORM-3664) is judged per code key.
 
+        ``leading``: this nimbus leads (its view is loaded and watched): the live
+        topologies come from the view after a barrier rather than from a listing of
+        every topology at each cycle; a nimbus about to take the lock lists ZooKeeper.
+
         Raises LayoutMissingError when that cannot be known (see the module docstring).
         """
         self.check_cluster()
-        needed = required_code_keys(self._state, self._state.active_storms())
+        needed = self._needed_by_view() if leading else None
+        if needed is None:
+            needed = required_code_keys(self._state, self._state.active_storms())
         held = needed & self._store.topologies()  # one listing, not a stat per key
         return CodeCheck(live=needed, held=held,
                          lost=self._note_unavailable(needed - held))

@@ -86,7 +86,7 @@ class CodeFacts(Protocol):
 
     def check_cluster(self) -> None: ...
 
-    def check_code(self) -> CodeCheck: ...
+    def check_code(self, leading: bool = False) -> CodeCheck: ...
 
     def wake(self, _event: object = None) -> None: ...
 
@@ -213,7 +213,7 @@ class NimbusCycle:
             # wiped cluster never keeps a place in the new one's queue.
             self._code.check_cluster()
             if self._elector.wants_code_check():
-                code = self._code.check_code()
+                code = self._code.check_code(leading=self._elector.is_leader())
         except LayoutMissingError as exc:
             self._elector.stand_aside(exc)
             return ElectionStep(None)
