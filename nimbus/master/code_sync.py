@@ -344,7 +344,9 @@ class CodeSync:
                              held_before: set[str]) -> None:
         # Logged when it changes, and after a pass that fetched missing code, so that an
         # operator (or a test) sees the moment this host became able to lead.
-        missing = sorted(needed - self._store.topologies())
+        # Only the keys missing at the pass's start can be missing now (a stat each,
+        # not a second listing of every copy).
+        missing = sorted(k for k in needed - held_before if not self._store.has(k))
         self.missing_count = len(missing)
         versions = f" ({len(needed)} code versions)" if len(needed) != topologies else ""
         if missing:

@@ -128,6 +128,9 @@ class TopologyLifecycle:
         # The upgrades of these topologies (nimbus.master.upgrades.Upgrades), which set
         # this when they are built on this lifecycle: where the Thrift handler finds them.
         self.upgrades: Any = None
+        # The view's storms dict last seen and its rebalancing topologies: the duty
+        # cycle asks at every wait, and a pass over 10,000 topologies each time adds up.
+        self._rebalancing: tuple[object, list[StormBase]] = (None, [])
 
     # -- helpers --------------------------------------------------------------------------
     def pending_ids(self) -> set[str]:
@@ -630,7 +633,10 @@ class TopologyLifecycle:
             storms = self._view.storms()
         except Exception:  # not loaded yet, say: the duty cycle's period applies
             return None
-        return rebalancing.seconds_until_next(storms.values(), self.clock())
+        if self._rebalancing[0] is not storms:  # the view's shared dict changed
+            self._rebalancing = (storms, [b for b in storms.values()
+                                          if b.status == rebalancing.REBALANCING])
+        return rebalancing.seconds_until_next(self._rebalancing[1], self.clock())
 
     def remove_orphan_code(self) -> None:
         """Remove code nodes of submissions that never completed (their leader died), and

@@ -157,6 +157,9 @@ class ClusterView:
         }
         self._indexes = {d: i for d, i in indexes.items() if d in self._trees}
         self._index_lock = threading.Lock()
+        # Changes seen under each directory, and the sorted ids read at a count (_ids).
+        self._changes = dict.fromkeys(self._trees, 0)
+        self._id_lists: dict[str, tuple[int, list[str]]] = {}
         # Each directory's report of a reconnection, until every directory has one.
         self._reconnects: dict[str, deque[Revalidation]] = {d: deque() for d in self._trees}
         self._reconnects_lock = threading.Lock()
@@ -212,7 +215,8 @@ class ClusterView:
 
     # -- topologies ---------------------------------------------------------------------------
     def active_storms(self) -> list[str]:
-        """Ids of every topology under /storms (as :meth:`StormClusterState.active_storms`)."""
+        """Ids of every topology under /storms (as :meth:`StormClusterState.active_storms`).
+        Shared: do not change it."""
         return self._ids("storms")
 
     def storm_base(self, topology_id: str) -> StormBase | None:
@@ -413,7 +417,20 @@ class ClusterView:
         return index
 
     def _ids(self, directory: str) -> list[str]:
-        return [c for c in self._tree(directory).children() if is_topology_id(c)]
+        """The topology ids among ``directory``'s children, sorted: kept until the next
+        change under it (several readers ask per submit; each answer is a sort and a
+        pattern match per child)."""
+        tree = self._tree(directory)
+        with self._index_lock:
+            kept = self._id_lists.get(directory)
+            changes = self._changes[directory]
+        if kept is not None and kept[0] == changes:
+            return kept[1]
+        ids = [c for c in tree.children() if is_topology_id(c)]
+        with self._index_lock:
+            if self._changes[directory] == changes:  # none arrived meanwhile
+                self._id_lists[directory] = (changes, ids)
+        return ids
 
     def _record(self, cls: type[R], directory: str, topology_id: str) -> R | None:
         tree = self._tree(directory)
@@ -468,8 +485,9 @@ class ClusterView:
         relative = path[len(tree.path):].strip("/")
         topology_id = relative.split("/", 1)[0] if relative else ""
         index = self._indexes.get(directory)
-        if index is not None:
-            with self._index_lock:
+        with self._index_lock:
+            self._changes[directory] += 1
+            if index is not None:
                 index.touch(topology_id)
         if relative and tree.get(path) is None:  # removed: forget its decoded record
             with self._memo_lock:
