@@ -128,9 +128,10 @@ class TopologyLifecycle:
         # The upgrades of these topologies (nimbus.master.upgrades.Upgrades), which set
         # this when they are built on this lifecycle: where the Thrift handler finds them.
         self.upgrades: Any = None
-        # The view's storms dict last seen and its rebalancing topologies: the duty
-        # cycle asks at every wait, and a pass over 10,000 topologies each time adds up.
-        self._rebalancing: tuple[object, list[StormBase]] = (None, [])
+        # The view's storms dict last seen, and its topologies by status (KILLED,
+        # REBALANCING): the duty cycle asks at every wait and every run, and a pass over
+        # 10,000 topologies each time adds up.
+        self._by_status: tuple[object, dict[str, dict[str, StormBase]]] = (None, {})
 
     # -- helpers --------------------------------------------------------------------------
     def pending_ids(self) -> set[str]:
@@ -587,8 +588,8 @@ class TopologyLifecycle:
         if self._view is None:
             raise RuntimeError("TopologyLifecycle needs a ClusterView for its duties")
         # From memory: unreadable ones are left out (logged by the state), not killed.
-        for topology_id, base in self._view.storms().items():
-            if base.status == KILLED and base.kill_at_secs <= now:
+        for topology_id, base in self._with_status(self._view.storms(), KILLED).items():
+            if base.kill_at_secs <= now:
                 log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
                 # Its versions' code goes with it (remove_storm deletes their nodes).
                 keys = [topology_id, *self.state.version_code_keys(topology_id)]
@@ -606,7 +607,8 @@ class TopologyLifecycle:
             raise RuntimeError("TopologyLifecycle needs a ClusterView for its duties")
         now = self.clock()
         done = 0
-        for topology_id, base in self._view.storms().items():
+        storms = self._view.storms()
+        for topology_id, base in self._with_status(storms, rebalancing.REBALANCING).items():
             if not rebalancing.is_due(base, now):
                 continue
             got = self.state.storm_base_versioned(topology_id)  # the view may lag
@@ -633,10 +635,20 @@ class TopologyLifecycle:
             storms = self._view.storms()
         except Exception:  # not loaded yet, say: the duty cycle's period applies
             return None
-        if self._rebalancing[0] is not storms:  # the view's shared dict changed
-            self._rebalancing = (storms, [b for b in storms.values()
-                                          if b.status == rebalancing.REBALANCING])
-        return rebalancing.seconds_until_next(self._rebalancing[1], self.clock())
+        return rebalancing.seconds_until_next(
+            self._with_status(storms, rebalancing.REBALANCING).values(), self.clock())
+
+    def _with_status(self, storms: dict[str, StormBase], status: str
+                     ) -> dict[str, StormBase]:
+        """The topologies of the view's ``storms`` in ``status`` (KILLED, REBALANCING),
+        sorted out once per change of the view's shared dict."""
+        if self._by_status[0] is not storms:
+            grouped: dict[str, dict[str, StormBase]] = {}
+            for topology_id, base in storms.items():
+                if base.status in (KILLED, rebalancing.REBALANCING):
+                    grouped.setdefault(base.status, {})[topology_id] = base
+            self._by_status = (storms, grouped)
+        return self._by_status[1].get(status, {})
 
     def remove_orphan_code(self) -> None:
         """Remove code nodes of submissions that never completed (their leader died), and
@@ -646,14 +658,16 @@ class TopologyLifecycle:
         touched, nor the versions of a topology whose /code-versions cannot be read."""
         fence = self.elector.fence()
         # Read in this order so that a submission or an upgrade finishing meanwhile is
-        # seen as pending, or as a storm or a listed version, never as neither.
-        codes = self.state.code_topologies()
+        # seen as pending, or as a storm or a listed version, never as neither. From the
+        # view, each read after a barrier (as current as a listing: every change made
+        # before the barrier is in), so a duty run does not list 10,000 names twice.
+        codes = self._current_ids("code-distributor")
         pending = self.pending_ids()
-        storms = set(self.state.active_storms())
+        storms = set(self._current_ids("storms"))
         listed: dict[str, frozenset[str] | None] = {}
-        for code_key in codes:
-            if code_key in pending:
-                continue
+        # Set operations first: only the keys of no live topology are looked at one by
+        # one (a version key, <id>.v<N>, is never a topology id).
+        for code_key in sorted(set(codes) - storms - pending):
             if is_version_key(code_key):
                 topology_id = topology_of(code_key)
                 if topology_id in storms:
@@ -665,13 +679,22 @@ class TopologyLifecycle:
                     why = f"a version /code-versions/{topology_id} does not list"
                 else:
                     why = "a version of a topology that is gone"
-            elif code_key in storms:
-                continue
             else:
                 why = "a submission that never completed"
             log.info("removing code of %s: %s", code_key, why)
             self.state.remove_code(fence, code_key)
             self._delete_shared(code_key)
+
+    def _current_ids(self, directory: str) -> list[str]:
+        """The topology ids (code keys) under ``directory``, from the view after a
+        barrier; listed from ZooKeeper when the leader has no view."""
+        if self._view is None:
+            getter = (self.state.code_topologies if directory == "code-distributor"
+                      else self.state.active_storms)
+            return getter()
+        self._view.barrier(directories=(directory,))
+        return (self._view.code_topologies() if directory == "code-distributor"
+                else self._view.active_storms())
 
     def _listed_versions(self, topology_id: str) -> frozenset[str] | None:
         """The code keys /code-versions lists for ``topology_id`` (none without the
