@@ -11,11 +11,11 @@ heals and the server says the session has expired.
 
 :class:`ConnectionWatchdog` closes that gap for one client: a named loop sends a cheap
 ``exists`` every ``T / 10`` (at most 1 s; ``T`` the negotiated session timeout) and, when
-no answer of any of them has arrived for ``2/3 T`` (the read timeout kazoo would apply to
-a ping) while kazoo reports CONNECTED, asks kazoo's connection thread to drop the
-connection (the same request kazoo's own test harness uses). kazoo then reports
-SUSPENDED, fails the requests in flight with ConnectionLoss and reconnects, to another
-server if one answers, within the session.
+no answer of any of them, nor of any other request, has arrived for ``2/3 T`` (the read
+timeout kazoo would apply to a ping) while kazoo reports CONNECTED, asks kazoo's
+connection thread to drop the connection (the same request kazoo's own test harness
+uses). kazoo then reports SUSPENDED, fails the requests in flight with ConnectionLoss
+and reconnects, to another server if one answers, within the session.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class ConnectionWatchdog:
         self._clock = clock
         self._last_answer = clock()
         self._connected_since = clock()
+        self._oldest_pending: object = None  # see _note_progress
         self.drops = 0   # connections dropped for silence (tests and logs read it)
         # The interval is read at every wait: the negotiated timeout may change.
         self._loop = BackgroundLoop(f"zk-watchdog-{name}", self.check_once,
@@ -79,6 +80,22 @@ class ConnectionWatchdog:
         if state == KazooState.CONNECTED:
             self._connected_since = self._clock()
 
+    def _note_progress(self) -> None:
+        """Count any answer as one: the oldest request awaiting its answer (kazoo's
+        queue of sent requests) changed since the last check. A view loading 10,000
+        topologies has tens of thousands of reads in flight, answered one by one in
+        order; the probe waits behind them all, yet the connection is plainly alive.
+        Over a silent partition nothing is answered and the oldest stays the same."""
+        pending = getattr(self._zk, "_pending", None)
+        try:
+            oldest = pending[0] if pending else None
+        except IndexError:  # emptied meanwhile
+            oldest = None
+        if oldest is not None and oldest is not self._oldest_pending:
+            if self._oldest_pending is not None:
+                self._last_answer = self._clock()
+        self._oldest_pending = oldest
+
     def _answered(self, result: object) -> None:
         try:
             result.get_nowait()  # type: ignore[attr-defined]
@@ -91,6 +108,7 @@ class ConnectionWatchdog:
         whether it dropped it."""
         if self._zk.state != KazooState.CONNECTED:
             return False
+        self._note_progress()
         silent = self.silent_for()
         if silent > self.silence_limit_s:
             log.warning("no answer from ZooKeeper for %.0f ms over a connection kazoo "

@@ -1,0 +1,69 @@
+"""The connection watchdog on a fake client (its clock and kazoo's queue of sent
+requests in the test's hands): a silent connection is dropped, a busy one is not."""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+from kazoo.protocol.states import KazooState
+
+from nimbus.state.connection_watchdog import ConnectionWatchdog
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.state = KazooState.CONNECTED
+        self._pending: deque = deque()
+        self.calls: list[object] = []
+        self.probes = 0
+
+    def add_listener(self, _listener: object) -> None:
+        pass
+
+    def remove_listener(self, _listener: object) -> None:
+        pass
+
+    def exists_async(self, _path: str) -> SimpleNamespace:
+        self.probes += 1
+        return SimpleNamespace(rawlink=lambda callback: None)  # never answered
+
+    def _call(self, request: object, _async: object) -> None:
+        self.calls.append(request)
+
+
+def watchdog(zk: FakeClient, clock: list[float]) -> ConnectionWatchdog:
+    return ConnectionWatchdog(zk, SimpleNamespace(seconds=3.0), "test",  # type: ignore[arg-type]
+                              clock=lambda: clock[0])
+
+
+def test_a_silent_connection_is_dropped_after_two_thirds_of_the_session():
+    zk, clock = FakeClient(), [100.0]
+    dog = watchdog(zk, clock)
+    zk._pending.append(("a request never answered",))
+    for _ in range(20):   # 0.1 s steps up to 2.0 s: within 2/3 of 3 s
+        clock[0] += 0.1
+        assert dog.check_once() is False
+    clock[0] += 0.1
+    assert dog.check_once() is True and dog.drops == 1 and len(zk.calls) == 1
+
+
+def test_a_connection_answering_a_long_queue_is_not_dropped():
+    """A view loading 10,000 topologies sends tens of thousands of reads; the probe waits
+    behind them (ZooKeeper answers in order) for longer than the silence limit, but each
+    check sees older requests answered: the connection is alive."""
+    zk, clock = FakeClient(), [100.0]
+    dog = watchdog(zk, clock)
+    zk._pending.extend((f"read {i}",) for i in range(1000))
+    for _ in range(100):  # 10 s, five times the silence limit
+        clock[0] += 0.1
+        for _ in range(5):
+            zk._pending.popleft()  # answered
+        assert dog.check_once() is False
+    assert dog.drops == 0 and zk.probes == 100
+    # Then nothing more is answered: dropped once the limit has passed.
+    dropped = []
+    for _ in range(25):
+        clock[0] += 0.1
+        dropped.append(dog.check_once())
+    assert dropped.count(True) == 1 and dog.drops == 1
