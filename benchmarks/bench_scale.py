@@ -565,6 +565,8 @@ class Bench:
         result.update(self.probe_requests())
         self.results[count] = result
         self.results[count]["label"] = label
+        # Said at once: a later step (the failover trials) that fails loses nothing.
+        print(f"  measured at {count}: {json.dumps(result, default=str)}", flush=True)
 
     def failover(self) -> dict[str, list[float]]:
         timeout_s = self.args.session_timeout_ms / 1000
@@ -795,7 +797,10 @@ def run(args: argparse.Namespace, work: Path) -> None:
         failover = None
         if args.failover_trials:
             print(f"kill -9 failover at {bench.submitted} topologies", flush=True)
-            failover = bench.failover()
+            try:
+                failover = bench.failover()
+            except Exception as exc:  # the figures measured so far are still reported
+                print(f"  the failover trials failed: {exc!r}", flush=True)
         report(args, bench, fill, failover)
         view_findings(cluster.work_dir)
         print(f"\ntotal time {time.monotonic() - started:.0f}s")

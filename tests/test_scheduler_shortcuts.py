@@ -125,3 +125,22 @@ def test_topologies_at_rest_cost_no_write_and_a_new_active_one_is_placed(monkeyp
     got = sched.schedule(fence=None)  # type: ignore[arg-type]
     assert list(got) == ["new-9-9"] and written == ["new-9-9"]
     assert got["new-9-9"].executor_node_port == {"worker-0": ["s1", 6700]}
+
+
+def test_a_pass_never_changes_the_views_shared_supervisors():
+    """A supervisor in ZooKeeper but not yet in the view is added to the pass's own copy
+    (its work stays), never to the dict every reader of the view shares."""
+    view = FakeView()
+    shared = {"s1": SupervisorInfo(time_secs=1, hostname="h1", meta=[6700])}
+    view.supervisors_ = shared
+    view.storms_ = {"t-1-1": StormBase(storm_name="t", status=ACTIVE, launch_time_secs=1,
+                                       num_workers=1)}
+    view.assignments_ = {"t-1-1": Assignment(
+        master_code_dir="/c", node_host={"s2": "h2"},
+        executor_node_port={"worker-0": ["s2", 6700]},
+        executor_start_time_secs={"worker-0": 5})}
+    sched = scheduler(view)
+    sched._state.supervisor_info = lambda sid: SupervisorInfo(  # type: ignore[attr-defined]
+        time_secs=1, hostname="h2", meta=[6700]) if sid == "s2" else None
+    assert sched.schedule(fence=None) == {}  # type: ignore[arg-type]
+    assert list(shared) == ["s1"], "the view's dict was changed"

@@ -209,7 +209,8 @@ class Scheduler:
             self._read_takeover_mark(fence, quarantine)
         # A constant number of round trips, whatever the cluster's size; then memory only.
         self._view.barrier(directories=self.READS)
-        supervisors = self._view.supervisors()
+        # A copy: the view's dict is shared, and _confirm_missing may add to this one.
+        supervisors = dict(self._view.supervisors())
         topologies = self._topologies()
         counts.update(topologies=len(topologies), supervisors=len(supervisors))
         current = self._assignments_of(topologies)
