@@ -153,7 +153,7 @@ class ClusterView:
             "assignments": _RecordIndex(Assignment, is_topology_id),
             "supervisors": _RecordIndex(SupervisorInfo, lambda name: True),
             # Code keys: a node's metafile is set once its upload is done.
-            "code-distributor": _RecordIndex(CodeMeta, lambda name: True, empty_absent=True),
+            "code-distributor": _RecordIndex(CodeMeta, is_topology_id, empty_absent=True),
         }
         self._indexes = {d: i for d, i in indexes.items() if d in self._trees}
         self._index_lock = threading.Lock()
