@@ -488,9 +488,11 @@ def test_submissions_whose_clients_hang_up_stop_waiting(make_nimbus, topology_bu
             sock = socket.create_connection(("127.0.0.1", port), timeout=DROP_TIMEOUT_S)
             socks.append(sock)
             sock.sendall(submit_request(f"waiter-{i}", location, WAIT_FOREVER))
-        wait_for(lambda: len(daemon.master.lifecycle.pending_ids()) == waiting, DROP_TIMEOUT_S,
-                 "every submission waiting for replicas")
-        assert len(daemon.master.state.code_topologies()) == waiting
+        # A submission is pending from its name check on, and creates its code node a
+        # moment later (after staging its copy): wait for both.
+        wait_for(lambda: len(daemon.master.lifecycle.pending_ids()) == waiting and
+                 len(daemon.master.state.code_topologies()) == waiting, DROP_TIMEOUT_S,
+                 "every submission waiting for replicas, its code node created")
     finally:
         close_all(socks)
     wait_for(lambda: nothing_left_of_submissions(daemon), DROP_TIMEOUT_S,

@@ -358,10 +358,15 @@ class StormClusterState:
             if is_topology_id(child):
                 ids.append(child)
             else:
-                path = self.path(sub, child)
-                self._unreadable.report(path, f"{path}: not a topology id "
-                                              "(name-counter-time); ignored")
+                self.note_not_topology_id(sub, child)
         return ids
+
+    def note_not_topology_id(self, sub: str, child: str) -> None:
+        """Log once that ``child`` of layout directory ``sub`` is no topology (its name
+        is not ``name-counter-time``): it is left out, and left alone."""
+        path = self.path(sub, child)
+        self._unreadable.report(path, f"{path}: not a topology id (name-counter-time); "
+                                      "ignored")
 
     def _get(self, path: str, watch: Watch = None) -> tuple[bytes, ZnodeStat] | None:
         try:

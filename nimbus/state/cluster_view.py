@@ -426,7 +426,12 @@ class ClusterView:
             changes = self._changes[directory]
         if kept is not None and kept[0] == changes:
             return kept[1]
-        ids = [c for c in tree.children() if is_topology_id(c)]
+        ids = []
+        for child in tree.children():
+            if is_topology_id(child):
+                ids.append(child)
+            else:  # logged once, as a listing logs it
+                self.state.note_not_topology_id(directory, child)
         with self._index_lock:
             if self._changes[directory] == changes:  # none arrived meanwhile
                 self._id_lists[directory] = (changes, ids)
