@@ -7,21 +7,13 @@ from __future__ import annotations
 import random
 
 import pytest
+from test_cluster_view import add
 from waiting import wait_until
 
 from nimbus.master.summary_cache import ClusterSummaryCache
-from nimbus.state.cluster_state import Fence, StormClusterState
+from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
-from nimbus.state.records import INACTIVE, Assignment, CodeMeta, StormBase, SupervisorInfo
-
-
-def add(writer: StormClusterState, fence: Fence, index: int, name: str = "") -> str:
-    topology_id = f"t{index}-1-1700000000"
-    writer.activate_storm(fence, topology_id,
-                          StormBase(storm_name=name or f"t{index}", launch_time_secs=1,
-                                    status=INACTIVE, num_workers=1),
-                          Assignment(master_code_dir="/code"))
-    return topology_id
+from nimbus.state.records import INACTIVE, CodeMeta, StormBase, SupervisorInfo
 
 
 @pytest.fixture
