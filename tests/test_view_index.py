@@ -156,3 +156,18 @@ def test_a_heartbeat_is_shown_within_the_delay(make_zk, zk_root, views):
         wait_until(lambda: "s1" not in cache.snapshot.supervisors, 10)  # left: at once
     finally:
         cache.stop()
+
+
+def test_a_change_whose_wake_up_was_lost_is_shown_at_the_next_tick(views):
+    """A wake-up that lands just as a tick's wait times out is cleared with it: the
+    change it announced must still be shown at the next tick (at most
+    HEARTBEAT_DELAY_S), not at the safety net's (here an hour)."""
+    view = views()
+    cache = summary(view, delay_s=0.2)
+    try:
+        before = cache.refresh_now().version
+        with cache._stale_lock:  # a change noted, its wake-up lost
+            cache._dirty.add("nimbuses")
+        wait_until(lambda: cache.snapshot.version > before, 10)
+    finally:
+        cache.stop()

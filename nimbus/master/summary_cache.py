@@ -124,6 +124,15 @@ class ClusterSummaryCache:
         due = min(self._next_sweep, self._beat_due())
         return max(0.0, min(due - time.monotonic(), self.HEARTBEAT_DELAY_S))
 
+    def _pending(self) -> bool:
+        """Whether a change other than a waiting heartbeat is not shown yet. Judged from
+        the parts themselves, not from the wake-up alone: a wake-up that lands as a
+        tick's wait times out is cleared with it, and must not wait for the safety net."""
+        with self._stale_lock:
+            others = self._dirty - {"supervisors"}
+            joined = "supervisors" in self._dirty and self._beat_since is None
+            return bool(others or self._stale_replication or joined)
+
     def _beat_due(self) -> float:
         with self._stale_lock:
             since = self._beat_since
@@ -176,7 +185,7 @@ class ClusterSummaryCache:
         # recounts some replicas: the first load counts every topology's anyway.
         now = time.monotonic()
         sweep = not self._loop.woken and now >= self._next_sweep
-        if not (self._loop.woken or sweep or now >= self._beat_due()):
+        if not (self._loop.woken or sweep or now >= self._beat_due() or self._pending()):
             return  # a tick with nothing due (see _next_wait)
         if sweep:
             self._next_sweep = now + self.SAFETY_INTERVAL_S
