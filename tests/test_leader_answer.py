@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from kazoo.exceptions import ConnectionLoss, SessionExpiredError
+from thriftpy2.protocol import TBinaryProtocolFactory
 from thriftpy2.thrift import TApplicationException
+from thriftpy2.utils import deserialize
 
 from nimbus.config import load_config
 from nimbus.state.cluster_snapshot import ClusterSnapshot
-from nimbus.state.records import NimbusInfo
-from nimbus.thrift import NOT_LEADER_PREFIX
+from nimbus.state.records import ACTIVE, NimbusInfo, StormBase
+from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha
 from nimbus.thrift.handler import NimbusHandler
+from nimbus.thrift.server import EncodedResult
 
 
 def handler(leading: bool, cached_leader: str) -> NimbusHandler:
@@ -95,3 +99,43 @@ def test_a_nimbus_cut_from_zookeeper_refuses_leader_calls_from_memory(cached_lea
         with pytest.raises(TApplicationException, match="^no leader known: this nimbus gets "
                                                         "no answer from ZooKeeper"):
             cut.getLeader()
+
+
+def _decoded(encoded: EncodedResult) -> Any:
+    return deserialize(nimbus_ha.NimbusHa.getClusterInfo_result(), encoded.data,
+                       TBinaryProtocolFactory()).success
+
+
+def test_the_encoded_cluster_summary_is_shared_only_while_nothing_it_shows_changed(
+        monkeypatch):
+    """getClusterInfo encodes its answer once per snapshot, second and leadership: the
+    calls in between get the very same bytes, and a change of any of the three gives a
+    new answer that shows it."""
+    clock = {"now": 1_800_000_000.25}
+    monkeypatch.setattr("nimbus.thrift.handler.time.time", lambda: clock["now"])
+    leading = {"now": False}
+    made = handler(leading=False, cached_leader="127.0.0.1:7001")
+    made.elector = SimpleNamespace(is_leader=lambda: leading["now"],
+                                   zookeeper_answering=lambda: True,
+                                   get_leader_address=lambda: "127.0.0.1:7001")
+    first = made.getClusterInfo()
+    assert isinstance(first, EncodedResult)
+    assert made.getClusterInfo() is first
+    clock["now"] += 0.5  # the same second
+    assert made.getClusterInfo() is first
+
+    clock["now"] += 1.0
+    later = made.getClusterInfo()
+    assert later is not first
+    assert _decoded(later).nimbus_uptime_secs == _decoded(first).nimbus_uptime_secs + 1
+
+    leading["now"] = True
+    led = _decoded(made.getClusterInfo())
+    assert [(s.port, s.isLeader) for s in led.nimbuses] == [(7001, False), (7002, True)]
+
+    made.cache = SimpleNamespace(snapshot=ClusterSnapshot(
+        nimbuses=made.cache.snapshot.nimbuses, leader="127.0.0.1:7002",
+        storms={"t-1-1": StormBase(storm_name="t", launch_time_secs=1_799_999_990,
+                                   status=ACTIVE, num_workers=1)}))
+    assert [(t.id, t.name, t.uptime_secs) for t in _decoded(made.getClusterInfo()).topologies] \
+        == [("t-1-1", "t", 11)]

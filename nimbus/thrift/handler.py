@@ -48,14 +48,14 @@ from nimbus.state.cluster_state import (
 from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.code_versions import ALL, topology_of
 from nimbus.state.records import ACTIVE, INACTIVE, RecordError
-from nimbus.thrift import NOT_LEADER_PREFIX, page_info, storm
+from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha, page_info, storm
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
     SimpleAclAuthorizer,
     read_refusal,
     topology_users,
 )
-from nimbus.thrift.server import call_context, client_gone, current_client
+from nimbus.thrift.server import EncodedResult, call_context, client_gone, current_client
 from nimbus.thrift.tls import caller
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,8 @@ class NimbusHandler:
         # ((storms, assignments, replication), second, TopologySummary list) of the last
         # getClusterInfo
         self._summaries: tuple[tuple[Any, ...], int, list[Any]] | None = None
+        # (snapshot, second, leading, its encoded reply) of the last getClusterInfo
+        self._cluster_info: tuple[Any, int, bool, EncodedResult] | None = None
         self.address = str(conf.nimbus_address)
         self.authorizer = authorizer
 
@@ -446,8 +448,17 @@ class NimbusHandler:
         return topologies
 
     def getClusterInfo(self) -> Any:
+        """The cluster summary, encoded once per snapshot, second (uptimes are whole
+        seconds) and leadership, and shared by the calls in between: at 10,000
+        topologies the encoding alone costs about 15 ms of Python, which each call
+        would otherwise pay again."""
         snap = self.cache.snapshot  # memory only: no ZooKeeper round trip per call
         now = time.time()
+        leading = self.elector.is_leader()
+        cached = self._cluster_info
+        if cached is not None and cached[0] is snap and cached[1] == int(now) \
+                and cached[2] == leading:
+            return cached[3]
         topologies = self._topology_summaries(snap, now)
         supervisors = [storm.SupervisorSummary(
             host=row["host"], uptime_secs=_i32(row["uptime_secs"]), num_workers=row["slots"],
@@ -456,9 +467,12 @@ class NimbusHandler:
             num_used_workers=row["used_slots"],
             supervisor_id=row["id"], version=row["version"] or None)
             for row in runtime_view.supervisor_rows(snap)]
-        return storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
-                                    nimbuses=self._nimbus_summaries(),
-                                    nimbus_uptime_secs=int(now - self.started_at))
+        summary = storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
+                                       nimbuses=self._nimbus_summaries(),
+                                       nimbus_uptime_secs=int(now - self.started_at))
+        encoded = EncodedResult(nimbus_ha.NimbusHa.getClusterInfo_result(success=summary))
+        self._cluster_info = (snap, int(now), leading, encoded)
+        return encoded
 
     def getLeader(self) -> Any:
         for summary in self._nimbus_summaries():

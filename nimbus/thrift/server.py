@@ -74,13 +74,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocolFactory
-from thriftpy2.thrift import TApplicationException, TException, TProcessor, TType
+from thriftpy2.thrift import (
+    TApplicationException,
+    TException,
+    TMessageType,
+    TProcessor,
+    TType,
+)
 from thriftpy2.transport import (
     TBufferedTransport,
     TFramedTransport,
     TSocket,
     TTransportException,
 )
+from thriftpy2.utils import serialize
 
 from nimbus.distribution import code_stream
 from nimbus.thrift import nimbus_ha
@@ -181,6 +188,19 @@ OPTIONAL_ARGUMENTS_OF = {
 }
 
 
+class EncodedResult:
+    """A method's result struct (``<method>_result``) already encoded in the binary
+    protocol, which a handler may return instead of a value: the server then writes
+    these bytes as they are. For a large answer that many calls share unchanged
+    (getClusterInfo at thousands of topologies, whose encoding in Python costs more than
+    the rest of the call), so that it is encoded once rather than once per call."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, result: Any):
+        self.data = serialize(result, TBinaryProtocolFactory())
+
+
 class _Processor(TProcessor):
     """Tells failures to decode a request (the peer's fault) from the handler's own, and
     answers every call that decodes: with its result, a declared exception, or a
@@ -237,8 +257,15 @@ class _Processor(TProcessor):
                     TApplicationException.INTERNAL_ERROR,
                     f"Internal error processing {api}: {type(exc).__name__}: {message}"),
                     seqid)
-        if not result.oneway:
-            self.send_result(oprot, api, result, seqid)
+        if result.oneway:
+            return None
+        if isinstance(getattr(result, "success", None), EncodedResult):
+            oprot.write_message_begin(api, TMessageType.REPLY, seqid)
+            oprot.trans.write(result.success.data)
+            oprot.write_message_end()
+            oprot.trans.flush()
+            return None
+        self.send_result(oprot, api, result, seqid)
 
 
 class _FrameReader:
