@@ -28,7 +28,9 @@ Figures, measured at ``--baseline`` topologies and again at ``--topologies``:
 * ZooKeeper requests per submit: the server's per-connection "recved" counters (4lw
   ``cons``), attributed to processes through /proc, during ``--probe-submits`` sequential
   submits (until every nimbus holds their code), minus the rate of an idle window just
-  before, divided by the submits;
+  before, divided by the submits. The lightweight supervisors stop rewriting their
+  heartbeats for both windows (their sessions and nodes stay): every nimbus re-reads a
+  rewritten node, and 1,000 supervisors' beats would swamp what ten submits cost;
 * CPU per submit of each daemon (leader, follower, real supervisor): its user + system
   time during the same probe submits, minus its idle window's rate, divided by the
   submits;
@@ -120,7 +122,10 @@ def fake_supervisors_main(spec: dict[str, Any]) -> None:
     from nimbus.state.records import SupervisorInfo
 
     stop = threading.Event()
+    paused = threading.Event()  # SIGUSR1: no heartbeat writes until SIGUSR2
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: paused.set())
+    signal.signal(signal.SIGUSR2, lambda *_: paused.clear())
     started = time.time()
 
     def info(sid: str, host: str) -> bytes:
@@ -150,6 +155,7 @@ def fake_supervisors_main(spec: dict[str, Any]) -> None:
             beat = time.monotonic() >= next_beat
             if beat:
                 next_beat += spec["heartbeat_s"]
+                beat = not paused.is_set()
             for (zk, sid, host, path), result in pending:
                 try:
                     stat = result.get(timeout=10)
@@ -197,6 +203,14 @@ class FakeSupervisors:
     @property
     def pids(self) -> set[int]:
         return {p.pid for p in self.processes}
+
+    def pause_heartbeats(self, paused: bool) -> None:
+        """Stop (or resume) rewriting the SupervisorInfos; the sessions, their nodes and
+        their lease round trips go on. A nimbus re-reads each rewritten node, so 1,000
+        heartbeats are 200 reads a second on every nimbus: that swamps what a few
+        submits cost, in the count of requests per submit."""
+        for process in self.processes:
+            process.send_signal(signal.SIGUSR2 if not paused else signal.SIGUSR1)
 
     def stop(self) -> None:
         for process in self.processes:
@@ -509,9 +523,18 @@ class Bench:
         return {"rate": (count - first) / seconds}
 
     def probe_requests(self) -> dict[str, Any]:
-        """ZooKeeper requests per submit, by role, background subtracted."""
+        """ZooKeeper requests per submit, by role, background subtracted; with the
+        lightweight supervisors' heartbeats paused meanwhile (see pause_heartbeats)."""
         counter = RequestCounter(self.cluster.zk.port, self.roles)
         idle_s = self.args.idle_window
+        self.fakes.pause_heartbeats(True)
+        try:
+            return self._probe_requests(counter, idle_s)
+        finally:
+            self.fakes.pause_heartbeats(False)
+
+    def _probe_requests(self, counter: RequestCounter, idle_s: float) -> dict[str, Any]:
+        time.sleep(2.0)  # the nimbuses' reads of the last heartbeats written
         before = counter.read()
         cpu_before = cpu_by_role(self.roles())
         time.sleep(idle_s)
