@@ -43,6 +43,7 @@ from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import INACTIVE, Assignment, StormBase, SupervisorInfo
+from nimbus.state.zk_handler import PollingThreadingHandler
 
 ROOT = "/storm"
 
@@ -139,7 +140,8 @@ def main() -> int:
         clients: list[KazooClient] = []
         try:
             def client() -> KazooClient:
-                zk = KazooClient(hosts=server.hosts, timeout=10)
+                # The handler a nimbus's own client has (make_zk_client).
+                zk = KazooClient(hosts=server.hosts, timeout=10, handler=PollingThreadingHandler())
                 zk.start(timeout=30)
                 clients.append(zk)
                 return zk

@@ -120,6 +120,7 @@ def fake_supervisors_main(spec: dict[str, Any]) -> None:
 
     from nimbus import __version__
     from nimbus.state.records import SupervisorInfo
+    from nimbus.state.zk_handler import PollingThreadingHandler
 
     stop = threading.Event()
     paused = threading.Event()  # SIGUSR1: no heartbeat writes until SIGUSR2
@@ -139,7 +140,9 @@ def fake_supervisors_main(spec: dict[str, Any]) -> None:
         for i in range(spec["count"]):
             if stop.is_set():
                 return
+            # The handler of a real supervisor's client (make_zk_client).
             zk = KazooClient(hosts=spec["hosts"], timeout=spec["timeout_s"],
+                             handler=PollingThreadingHandler(),
                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
             zk.start(timeout=30)
             sid = str(uuid.uuid4())

@@ -9,6 +9,7 @@ from kazoo.retry import KazooRetry
 from nimbus.config import Config
 from nimbus.state.connection_watchdog import WatchedKazooClient
 from nimbus.state.zk_auth import zk_security
+from nimbus.state.zk_handler import PollingThreadingHandler
 
 
 def make_zk_client(conf: Config, name: str = "zk") -> KazooClient:
@@ -24,6 +25,8 @@ def make_zk_client(conf: Config, name: str = "zk") -> KazooClient:
     zk = WatchedKazooClient(
         watchdog_name=name,
         hosts=conf.zk_hosts,
+        # kazoo's own handler builds an epoll selector per wait (see zk_handler)
+        handler=PollingThreadingHandler(),
         auth_data=security.auth_data if security else None,
         default_acl=security.acl if security else None,
         timeout=conf.session_timeout_s,
