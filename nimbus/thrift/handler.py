@@ -401,13 +401,16 @@ class NimbusHandler:
     def getNimbusConf(self) -> str:
         return json.dumps(self.conf.redacted(), sort_keys=True)
 
-    def _nimbus_summaries(self) -> list[Any]:
-        snap = self.cache.snapshot
-        now = time.time()
-        out = []
+    def _nimbus_summaries(self, snap: Any = None, now: float | None = None,
+                          leading: bool | None = None) -> list[Any]:
+        """The NimbusSummary list, from ``snap`` at ``now`` with this nimbus ``leading``
+        or not (each read afresh when not given)."""
+        snap = self.cache.snapshot if snap is None else snap
+        now = time.time() if now is None else now
         # This nimbus's own leadership is known now; the cache's idea of the leader may
         # be one reload old (right after a failover it still names the dead leader).
-        leading = self.elector.is_leader()
+        leading = self.elector.is_leader() if leading is None else leading
+        out = []
         for info in snap.nimbuses:
             address = f"{info.host}:{info.port}"
             is_leader = leading if address == self.address else (
@@ -468,7 +471,7 @@ class NimbusHandler:
             supervisor_id=row["id"], version=row["version"] or None)
             for row in runtime_view.supervisor_rows(snap)]
         summary = storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
-                                       nimbuses=self._nimbus_summaries(),
+                                       nimbuses=self._nimbus_summaries(snap, now, leading),
                                        nimbus_uptime_secs=int(now - self.started_at))
         encoded = EncodedResult(nimbus_ha.NimbusHa.getClusterInfo_result(success=summary))
         self._cluster_info = (snap, int(now), leading, encoded)

@@ -260,6 +260,7 @@ class _Processor(TProcessor):
         if result.oneway:
             return None
         if isinstance(getattr(result, "success", None), EncodedResult):
+            # Encoded with the binary protocol, this server's only one (_protocols).
             oprot.write_message_begin(api, TMessageType.REPLY, seqid)
             oprot.trans.write(result.success.data)
             oprot.write_message_end()
