@@ -67,3 +67,46 @@ def test_a_connection_answering_a_long_queue_is_not_dropped():
         clock[0] += 0.1
         dropped.append(dog.check_once())
     assert dropped.count(True) == 1 and dog.drops == 1
+
+
+def test_a_connection_delivering_watch_events_is_not_dropped():
+    """A nimbus holding 10,000 replicas dies: its session's expiry sends every other
+    nimbus 20,000 watch events ahead of any answer, and reading them takes seconds. The
+    handler notes each time the connection had something to read; that counts."""
+    zk, clock = FakeClient(), [100.0]
+    zk.handler = SimpleNamespace(last_inbound=None)
+    dog = watchdog(zk, clock)
+    zk._pending.append(("a request behind the events",))
+    for _ in range(100):  # 10 s of events, five times the silence limit
+        clock[0] += 0.1
+        zk.handler.last_inbound = clock[0] - 0.05
+        assert dog.check_once() is False
+    assert dog.drops == 0
+    # Then nothing arrives at all: dropped once the limit has passed.
+    dropped = []
+    for _ in range(25):
+        clock[0] += 0.1
+        dropped.append(dog.check_once())
+    assert dropped.count(True) == 1 and dog.drops == 1
+
+
+def test_the_handler_notes_when_the_network_connection_had_something_to_read():
+    import socket
+
+    from nimbus.state.zk_handler import PollingThreadingHandler
+
+    handler = PollingThreadingHandler()
+    wake_r, wake_w = socket.socketpair()  # kazoo's own wake-up pair: not the network
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        wake_w.sendall(b"x")
+        assert handler.select([client, wake_r], [], [], 0) == ([wake_r], [], [])
+        assert handler.last_inbound is None
+        peer.sendall(b"y")
+        assert handler.select([client, wake_r], [], [], 5) == ([client, wake_r], [], [])
+        assert handler.last_inbound is not None
+    finally:
+        for sock in (wake_r, wake_w, server, client, peer):
+            sock.close()

@@ -12,12 +12,18 @@ descriptor numbers it takes (a nimbus can hold more than 1,024 files open).
 What kazoo gets back is what its own ``selector_select`` returns for the same events: a
 socket that hung up or failed counts as readable (kazoo then reads, and sees the end of
 the connection), and one descriptor is listed as readable or writable, never both.
+
+The handler also notes when its connection last had something to read
+(:attr:`PollingThreadingHandler.last_inbound`): the connection watchdog counts that as
+proof of a live connection, whether it was an answer or a watch event.
 """
 
 from __future__ import annotations
 
 import math
 import select
+import socket
+import time
 from typing import Any
 
 from kazoo.handlers.threading import SequentialThreadingHandler
@@ -25,10 +31,19 @@ from kazoo.handlers.utils import fileobj_to_fd
 
 _READ = select.POLLIN
 _WRITE = select.POLLOUT
+# A client's connection to ZooKeeper (TCP, maybe TLS); kazoo's other socket, the one its
+# callers wake its connection thread with, is a local socket pair.
+_NETWORK = (socket.AF_INET, socket.AF_INET6)
 
 
 class PollingThreadingHandler(SequentialThreadingHandler):
     """``SequentialThreadingHandler`` with :meth:`select` on ``poll(2)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: ``time.monotonic()`` when a wait last found the ZooKeeper connection readable
+        #: (an answer, a watch event, or its end), None before the first.
+        self.last_inbound: float | None = None
 
     def select(self, rlist: list[Any], wlist: list[Any], xlist: list[Any],
                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:
@@ -58,6 +73,8 @@ class PollingThreadingHandler(SequentialThreadingHandler):
             # error, a closed descriptor) wakes a reader, anything but "readable" a writer.
             if events & ~_WRITE and wanted[fd] & _READ:
                 readable.extend(objects[fd])
+                if getattr(objects[fd][0], "family", None) in _NETWORK:
+                    self.last_inbound = time.monotonic()
             elif events & ~_READ and wanted[fd] & _WRITE:
                 writable.extend(objects[fd])
         return readable, writable, []
