@@ -139,3 +139,19 @@ def test_the_encoded_cluster_summary_is_shared_only_while_nothing_it_shows_chang
                                    status=ACTIVE, num_workers=1)}))
     assert [(t.id, t.name, t.uptime_secs) for t in _decoded(made.getClusterInfo()).topologies] \
         == [("t-1-1", "t", 11)]
+
+
+def test_a_leader_its_summary_does_not_list_yet_still_names_itself():
+    """A nimbus restarted moments before it took the lock: its first summary is not
+    loaded yet (no nimbus in it). getLeader names it all the same, and getClusterInfo
+    lists it as leader; a follower in that state knows no leader."""
+    empty = ClusterSnapshot(nimbuses=[], leader=None)
+    fresh = handler(leading=True, cached_leader="127.0.0.1:7001")
+    fresh.cache = SimpleNamespace(snapshot=empty)
+    assert (fresh.getLeader().host, fresh.getLeader().port, fresh.getLeader().isLeader) == (
+        "127.0.0.1", 7002, True)
+    assert [(s.port, s.isLeader) for s in _decoded(fresh.getClusterInfo()).nimbuses] == [
+        (7002, True)]
+    follower = handler(leading=False, cached_leader=None)
+    follower.cache = SimpleNamespace(snapshot=empty)
+    assert follower._nimbus_summaries() == []
