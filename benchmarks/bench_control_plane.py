@@ -2,7 +2,7 @@
 as a ratio to the same at ``--baseline`` topologies, measured in the same run.
 
     .venv/bin/python benchmarks/bench_control_plane.py [--topologies 10000] \
-        [--baseline 100] [--supervisors 1000] [--trials 20]
+        [--baseline 100] [--supervisors 1000] [--trials 20] [--child-watches]
 
 What runs: one real ZooKeeper and, in this process, the leader's own read side on a
 session of its own, as in a nimbus: a :class:`ClusterView` of every directory, the
@@ -18,6 +18,10 @@ topology:
 * the scheduler pass alone (wall time, median);
 * the summary's reload alone (``refresh_now``, wall time, median);
 * one supervisor heartbeat (a rewritten SupervisorInfo) until the summary shows it.
+
+The view's client holds recursive watches, as a nimbus's does; ``--child-watches`` puts it
+on kazoo's own client instead, which lists a directory again for every new child (what
+a ZooKeeper older than 3.6 makes the view do).
 
 This isolates the nimbus's own per-submit work from the machine's other load, which
 ``bench_scale.py`` (the whole cluster, with Thrift, the code sync and 1,000 sessions)
@@ -43,6 +47,7 @@ from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
 from nimbus.state.records import INACTIVE, Assignment, StormBase, SupervisorInfo
+from nimbus.state.recursive_watch import RecursiveWatchClient
 from nimbus.state.zk_handler import PollingThreadingHandler
 
 ROOT = "/storm"
@@ -134,14 +139,19 @@ def main() -> int:
     parser.add_argument("--baseline", type=int, default=100)
     parser.add_argument("--supervisors", type=int, default=1000)
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--child-watches", action="store_true",
+                        help="the view on kazoo's own client, which lists a directory "
+                             "again on every new child (ZooKeeper before 3.6)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-control-plane-") as work:
         server = ZooKeeperServer(Path(work) / "zk").start()
         clients: list[KazooClient] = []
         try:
-            def client() -> KazooClient:
-                # The handler a nimbus's own client has (make_zk_client).
-                zk = KazooClient(hosts=server.hosts, timeout=10, handler=PollingThreadingHandler())
+            def client(recursive: bool = True) -> KazooClient:
+                # As a nimbus's own client (make_zk_client): its handler, and recursive
+                # watches unless --child-watches.
+                kind = RecursiveWatchClient if recursive else KazooClient
+                zk = kind(hosts=server.hosts, timeout=10, handler=PollingThreadingHandler())
                 zk.start(timeout=30)
                 clients.append(zk)
                 return zk
@@ -160,7 +170,8 @@ def main() -> int:
                 sessions.create(f"{ROOT}/supervisors/sup-{index}", SupervisorInfo(
                     time_secs=1, hostname=f"host-{index}", meta=[6700, 6701, 6702, 6703],
                     uptime_secs=1).encode(), ephemeral=True)
-            view = ClusterView(StormClusterState(client(), ROOT), name="bench")
+            view = ClusterView(StormClusterState(client(not args.child_watches), ROOT),
+                               name="bench")
             view.start()
             conf = load_config(overrides={}, extra_defaults={})
             scheduler = Scheduler(conf, state, view, quarantine_s=lambda: 0.0)

@@ -189,18 +189,38 @@ def test_an_older_answer_never_replaces_newer_data(make_zk, root):
 # -- the audit: a view that missed a change finds out and re-reads -------------------------
 def deafen(zk: KazooClient, tree: WatchedTree, path: str) -> None:
     """Make the view miss every later change of ``path`` (data, children, deletion), as a
-    lost watch event would: ZooKeeper still sends the events, kazoo calls nobody."""
+    lost watch event would: ZooKeeper still sends the events, kazoo calls nobody (the
+    recursive watch's events about the node and its children are dropped too)."""
     node = tree._cache._find_node(path)
     zk._data_watchers[path].discard(node._process_watch)
     zk._child_watchers[path].discard(node._process_watch)
+    cache = tree._cache
+    if cache.children_by_recursive_watch:
+        heard = cache._on_recursive
+
+        def deaf(event: Any) -> None:
+            if path not in (event.path, posixpath.dirname(event.path)):
+                heard(event)
+
+        cache._on_recursive = deaf  # type: ignore[method-assign]
 
 
-@pytest.fixture
-def watched(make_zk, root):
-    zk = make_zk()
+@pytest.fixture(params=["recursive-watch", "child-watches"])
+def watched(request, make_zk, zk_server, root):
+    """(a client, an unstarted tree on it): on a client that holds a recursive watch
+    (nimbus-ha's), and on kazoo's own, which lists directories on child watches."""
+    if request.param == "recursive-watch":
+        zk = make_zk()
+    else:
+        zk = KazooClient(hosts=zk_server.hosts, timeout=4.0)
+        zk.start(timeout=15)
     made = WatchedTree(zk, root, "audit")
+    assert made._cache.children_by_recursive_watch == (request.param == "recursive-watch")
     yield zk, made
     made.close()
+    if request.param == "child-watches":
+        zk.stop()
+        zk.close()
 
 
 def deaf_node(make_zk, root: str, watched) -> tuple[KazooClient, WatchedTree, str]:

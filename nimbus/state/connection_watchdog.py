@@ -28,6 +28,7 @@ from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
 from nimbus.background_loop import BackgroundLoop
+from nimbus.state.recursive_watch import RecursiveWatchClient
 from nimbus.state.session_timeout import SessionTimeout
 
 log = logging.getLogger(__name__)
@@ -136,9 +137,10 @@ class ConnectionWatchdog:
         return False
 
 
-class WatchedKazooClient(KazooClient):
+class WatchedKazooClient(RecursiveWatchClient):
     """A kazoo client with a :class:`ConnectionWatchdog` and a tracked negotiated session
     timeout (:mod:`nimbus.state.session_timeout`); :meth:`stop` stops the watchdog too.
+    It can hold recursive watches (:mod:`nimbus.state.recursive_watch`).
 
     Every daemon's client is one of these (``make_zk_client``)."""
 

@@ -13,9 +13,11 @@ made every nimbus and supervisor connected to it read its whole view at once.
 What :class:`RevalidatingTreeCache` does instead, on a reconnection *within the session*
 (it was loaded and no LOST came since): it keeps what it holds, and re-arms each held
 node's watches with the two requests that set them without reading data, ``exists``
-(data watch; the node's stat) and ``get_children`` (child watch; the listing), all sent at
-once from the cache's thread (pipelined: about one round trip, plus the server's time
-for two small requests a node). Each answer is compared with what is held:
+(data watch; the node's stat) and ``get_children`` (child watch; the listing; no watch
+while the directory's recursive watch reports new nodes, which is added again first:
+nimbus.state.ordered_tree_cache), all sent at once from the cache's thread (pipelined:
+about one round trip, plus the server's time for two small requests a node). Each
+answer is compared with what is held:
 
 * a node whose (czxid, mzxid) differs is read again (``get``): changed, or re-created;
 * a node that is gone is removed, with whatever is held below it;
@@ -151,7 +153,7 @@ class RevalidatingTreeNode(OrderedTreeNode):
         for kind, send in (("exists", client.exists_async),
                            ("get_children", client.get_children_async)):
             round_.pending += 1
-            send(self._path, watch=self._process_watch).rawlink(
+            send(self._path, watch=self._watch_for(kind)).rawlink(
                 functools.partial(self._tree._in_background, self._revalidated, kind, round_))
 
     def _read(self, method: str, round_: _Round) -> None:
@@ -160,7 +162,7 @@ class RevalidatingTreeNode(OrderedTreeNode):
         self._tree._outstanding_ops += 1  # as TreeNode._call_client counts it
         round_.pending += 1
         getattr(self._tree._client, f"{method}_async")(
-            self._path, watch=self._process_watch).rawlink(
+            self._path, watch=self._watch_for(method)).rawlink(
             functools.partial(self._tree._in_background, self._read_answered, method, round_))
 
     def _adopt(self, name: str) -> None:
@@ -257,7 +259,9 @@ class RevalidatingTreeCache(OrderedTreeCache):
     def _session_watcher(self, state: str) -> None:
         if state == KazooState.CONNECTED:
             # kazoo's connection thread, before any request is sent on the new connection:
-            # decide on the cache's thread, in order with the answers already queued there.
+            # decide on the cache's thread, in order with the answers already queued there,
+            # once the recursive watch is back on this connection (before any read).
+            self._in_background(self._arm_recursive)
             self._in_background(self._on_connected)
         else:
             super()._session_watcher(state)

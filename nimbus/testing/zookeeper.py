@@ -10,6 +10,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from nimbus.dev.zookeeper import ZooKeeperServer
+from nimbus.state.recursive_watch import RecursiveWatchClient
 from nimbus.state.zk_handler import PollingThreadingHandler
 
 
@@ -29,13 +30,13 @@ def zk_root() -> str:
 
 @pytest.fixture
 def make_zk(zk_server: ZooKeeperServer) -> Iterator:
-    """A factory of started kazoo clients (session timeout 4 s), on the handler nimbus-ha's
-    daemons use; all stopped afterwards."""
+    """A factory of started kazoo clients (session timeout 4 s), of the kind nimbus-ha's
+    daemons use (their handler, recursive watches); all stopped afterwards."""
     clients: list[KazooClient] = []
 
     def make(timeout_s: float = 4.0) -> KazooClient:
-        client = KazooClient(hosts=zk_server.hosts, timeout=timeout_s,
-                             handler=PollingThreadingHandler())
+        client = RecursiveWatchClient(hosts=zk_server.hosts, timeout=timeout_s,
+                                      handler=PollingThreadingHandler())
         client.start(timeout=15)
         clients.append(client)
         return client
