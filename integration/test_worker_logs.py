@@ -283,11 +283,19 @@ def test_nimbus_ha_logs_since(env):
     assert bad.returncode == 1 and "expected a duration" in bad.stderr
 
 
+FOLLOW_WITH_CTRL_C = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'nimbus-ha'; runpy.run_module('nimbus.cli', run_name='__main__')")
+
+
 def test_nimbus_ha_logs_follow_goes_on_across_rotations(env, tmp_path):
     port = env.slots()[0][1]
+    # Ctrl-C as at a terminal: a shell starts a background job (pytest run with `&`) with
+    # SIGINT ignored, every child inherits that, and Python then raises no
+    # KeyboardInterrupt; the follower puts the terminal's handling back first.
     follower = subprocess.Popen(
-        [sys.executable, "-m", "nimbus.cli", "logs", "chatty", "--worker", "0", "--follow",
-         "--config", str(env.files["alice"])], stdout=subprocess.PIPE,
+        [sys.executable, "-c", FOLLOW_WITH_CTRL_C, "logs", "chatty", "--worker", "0",
+         "--follow", "--config", str(env.files["alice"])], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE)
     lines: queue.Queue[bytes] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in follower.stdout],
