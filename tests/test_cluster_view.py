@@ -256,3 +256,53 @@ def test_background_audit_mends_a_node_the_view_missed(make_zk, zk_root, writer,
         view.close()
     assert "view-audit-audited" not in [t.name for t in threading.enumerate()]
 
+
+
+def test_the_id_list_follows_changes_without_listing_again(writer, fence, view, monkeypatch):
+    """Topologies come and go (a removal, a re-creation, a child that is no topology id,
+    a burst larger than the list's patching): after each barrier the ids are exactly
+    what ZooKeeper lists, in order, and a change patches the list instead of listing
+    and matching every child again."""
+    import random
+
+    zk, storms = writer.zk, writer.path("storms")
+    view.start()
+    rng = random.Random(7)
+    present: set[str] = set()
+    removed: dict[str, bytes] = {}  # re-created later, under the same id
+    listings = []
+    real_children = view._trees["storms"].children
+    monkeypatch.setattr(view._trees["storms"], "children",
+                        lambda path=None: listings.append(path) or real_children(path))
+    for step in range(120):
+        if step == 60:  # a burst: more names than the list patches one by one
+            for index in range(1000, 1100):
+                present.add(add(writer, fence, index))
+        elif present and rng.random() < 0.4:
+            gone = rng.choice(sorted(present))
+            removed[gone] = zk.get(f"{storms}/{gone}")[0]
+            zk.delete(f"{storms}/{gone}")
+            present.discard(gone)
+        elif removed and rng.random() < 0.3:
+            back = rng.choice(sorted(removed))
+            zk.create(f"{storms}/{back}", removed.pop(back))
+            present.add(back)
+        elif step % 25 == 0:
+            zk.create(f"{storms}/not-a-topology-{step}")  # left out, as by a listing
+        else:
+            present.add(add(writer, fence, step))
+        view.barrier()
+        expected = sorted(c for c in zk.get_children(storms) if c.startswith("t"))
+        assert expected == sorted(present)
+        assert view.active_storms() == expected, f"step {step}"
+    assert listings == [None, None], "listed when first read and after the burst only"
+
+
+def test_the_id_list_is_shared_until_a_change(writer, fence, view):
+    add(writer, fence, 1)
+    view.start()
+    ids = view.active_storms()
+    assert view.active_storms() is ids
+    add(writer, fence, 2)
+    view.barrier()
+    assert view.active_storms() is not ids and ids == ["t1-1-1700000000"]

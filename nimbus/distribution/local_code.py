@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,10 +124,17 @@ def list_files(root: Path) -> list[Path]:
 class LocalCodeStore:
     """The directory of complete topology copies on this host."""
 
+    #: A listing is kept only if the directory's last change was at least this much older
+    #: than the listing: a file system stamps changes with a coarse clock (a few ms), so
+    #: a change made during a listing could otherwise leave the mtime as it was.
+    QUIET_NS = 100_000_000
+
     def __init__(self, local_dir: Path):
         self.root = Path(local_dir) / "nimbus" / "stormdist"
         self.root.mkdir(parents=True, exist_ok=True)
         self._sweep_temporaries()
+        # ((inode, mtime) of the directory, the ids listed then): see topologies().
+        self._listing: tuple[tuple[int, int], frozenset[str]] | None = None
 
     def _sweep_temporaries(self) -> None:
         # Leftovers of a crash during a download or a submit are never complete copies.
@@ -158,13 +166,31 @@ class LocalCodeStore:
 
     def topologies(self) -> set[str]:
         """Ids of every complete copy held here: one directory listing (no stat per
-        entry where the file system reports entry types), however many there are."""
+        entry where the file system reports entry types), however many there are.
+
+        The last listing is answered again while the directory's inode and mtime are
+        those it had then (one stat): every copy is added by a rename into this
+        directory and removed from it, which sets its mtime, whoever does it (a
+        distributor's download, an operator wiping the disk). The code check and the
+        code sync ask at every step, and a listing of 10,000 entries is milliseconds."""
         try:
-            with os.scandir(self.root) as entries:
-                return {e.name for e in entries
-                        if e.is_dir() and not e.name.startswith(TEMP_PREFIX)}
+            stat = os.stat(self.root)
         except (FileNotFoundError, NotADirectoryError):
             return set()
+        key = (stat.st_ino, stat.st_mtime_ns)
+        kept = self._listing
+        if kept is not None and kept[0] == key:
+            return set(kept[1])
+        started = time.time_ns()
+        try:
+            with os.scandir(self.root) as entries:
+                ids = {e.name for e in entries
+                       if e.is_dir() and not e.name.startswith(TEMP_PREFIX)}
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        quiet = started - stat.st_mtime_ns >= self.QUIET_NS
+        self._listing = (key, frozenset(ids)) if quiet else None
+        return ids
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)

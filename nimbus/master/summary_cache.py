@@ -61,6 +61,11 @@ class ClusterSummaryCache:
         self._stale_replication: set[str] = set()  # replica registrations changed
         self._hosts: dict[str, list[str]] = {}
         self._served_hosts: dict[str, list[str]] = {}  # the copy the snapshot holds
+        # The view's storms dict each of the two was last reconciled with: the view
+        # replaces it on any change, so the same object means the same topologies, and
+        # a reload for a heartbeat skips the set operations over every topology.
+        self._hosts_of: dict[str, StormBase] | None = None
+        self._replication_of: dict[str, StormBase] | None = None
         # Why the snapshot is not current: the cluster's layout is missing ("" if it is).
         self._layout_error = ""
         self._listeners: tuple[Callable[[], None], ...] = ()
@@ -290,28 +295,34 @@ class ClusterSummaryCache:
         new topologies and those whose registrations changed: the previous dict itself
         when none changed."""
         changed = False
-        for topology_id in self._hosts.keys() - storms.keys():
-            del self._hosts[topology_id]
-            changed = True
-        # Set operations: a new snapshot costs the topologies that changed, not a Python
-        # pass over all of them.
-        for topology_id in (storms.keys() - self._hosts.keys()) | (stale & storms.keys()):
+        reread = {t for t in stale if t in storms}
+        if storms is not self._hosts_of:
+            for topology_id in self._hosts.keys() - storms.keys():
+                del self._hosts[topology_id]
+                changed = True
+            # Set operations: a new snapshot costs the topologies that changed, not a
+            # Python pass over all of them.
+            reread |= storms.keys() - self._hosts.keys()
+        for topology_id in reread:
             hosts = self._view.replica_hosts(self._view.running_code_key(topology_id))
             if self._hosts.get(topology_id) != hosts:
                 self._hosts[topology_id] = hosts
                 changed = True
         if changed:
             self._served_hosts = dict(self._hosts)
+        self._hosts_of = storms  # only once every topology of it is in
         return self._served_hosts
 
     def _count_replicas(self, storms: dict[str, StormBase], stale: set[str],
                         sweep: bool) -> dict[str, int]:
         """Replication counts of ``storms``: the previous dict itself when none changed."""
         changed = False
-        for topology_id in self._replication.keys() - storms.keys():
-            del self._replication[topology_id]
-            changed = True
-        recount = (storms.keys() - self._replication.keys()) | (stale & storms.keys())
+        recount = {t for t in stale if t in storms}
+        if storms is not self._replication_of:  # as in _replica_hosts
+            for topology_id in self._replication.keys() - storms.keys():
+                del self._replication[topology_id]
+                changed = True
+            recount |= storms.keys() - self._replication.keys()
         if sweep and storms:
             ordered = sorted(storms)
             later = ordered[bisect.bisect_right(ordered, self._sweep_from):]
@@ -330,4 +341,5 @@ class ClusterSummaryCache:
                 changed = True
         if changed:
             self._served_replication = dict(self._replication)
+        self._replication_of = storms
         return self._served_replication

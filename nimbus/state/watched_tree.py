@@ -209,6 +209,11 @@ class WatchedTree:
         """Sorted names of the children of ``path`` (this directory by default)."""
         return sorted(self._cache.get_children(path or self.path, default=frozenset()))
 
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is held (listed under its parent; its data may not be read
+        yet), as :meth:`children` of its parent would list it."""
+        return self._cache._find_node(path) is not None
+
     def get(self, path: str) -> tuple[bytes, ZnodeStat] | None:
         """(data, stat) of a node, or None if it is not (yet) known."""
         node = self._cache.get_data(path)
