@@ -104,9 +104,9 @@ class OrderedTreeNode(TreeNode):
     def _watch_for(self, method_name: str) -> Any:
         """The watch a ``method_name`` request of this node sets: while the tree's
         recursive watch is on, none for a listing, and none at all on the directory
-        itself (ZooKeeper before 3.9 keeps one watch mode per path and connection: a data
-        watch set there would replace the recursive watch; its events come through the
-        recursive watch instead)."""
+        itself (ZooKeeper before 3.9 keeps one watch mode per path and connection,
+        ZOOKEEPER-4466: a data watch set there would replace the recursive watch; its
+        events come through the recursive watch instead)."""
         if self._tree.children_by_recursive_watch and (
                 method_name == "get_children" or self._parent is None):
             return None

@@ -9,7 +9,8 @@ instead makes ZooKeeper send, for every node below it, created, deleted and data
 events with the node's path, until the connection ends: a new node is known by name, and
 nothing is listed again.
 
-What this module adds to kazoo, in :class:`RecursiveWatchClient`:
+kazoo 2.11, its newest release, has no client side for it (python-zk/kazoo#714 was
+closed unmerged). What this module adds to kazoo, in :class:`RecursiveWatchClient`:
 
 * :meth:`RecursiveWatchClient.add_recursive_watch` sends ``addWatch`` (opcode 106, mode
   1) and calls the listener with each event below (or at) the path, on kazoo's watch
@@ -42,9 +43,9 @@ log = logging.getLogger(__name__)
 
 #: ``AddWatchMode.PERSISTENT_RECURSIVE`` in ZooKeeper's protocol.
 PERSISTENT_RECURSIVE = 1
-#: ``WatcherType.Any`` (removeWatches): ZooKeeper 3.8 answers the persistent types (4, 5)
-#: with a marshalling error. It also drops one-time watches on that very path: the tree
-#: cache sets none on its directory while it holds a recursive watch there.
+#: ``WatcherType.Any`` (removeWatches): ZooKeeper 3.8 answers the persistent types (4, 5;
+#: ZOOKEEPER-4472) with a marshalling error. It also drops one-time watches on that very
+#: path: the tree cache sets none on its directory while it holds a recursive watch there.
 ANY_WATCHER = 3
 # The event types a recursive watch sends: created, deleted, data changed (never
 # "children changed").
