@@ -54,36 +54,36 @@ _NODE_EVENTS = (1, 2, 3)
 RecursiveListener = Callable[[WatchedEvent], None]
 
 
+def _path_and_int(path: str, value: int) -> bytearray:
+    """The body of both requests below: a path, then an int."""
+    body = bytearray(write_string(path))
+    body.extend(int_struct.pack(value))
+    return body
+
+
+def _header_only(buffer: bytes, offset: int) -> bool:
+    """Both requests below are answered with a header and nothing to read."""
+    return True
+
+
 class AddWatch(namedtuple("AddWatch", "path mode")):
-    """ZooKeeper's ``AddWatchRequest``; the answer is the header alone."""
+    """ZooKeeper's ``AddWatchRequest``."""
 
     type = 106
+    deserialize = staticmethod(_header_only)
 
     def serialize(self) -> bytearray:
-        b = bytearray()
-        b.extend(write_string(self.path))
-        b.extend(int_struct.pack(self.mode))
-        return b
-
-    @classmethod
-    def deserialize(cls, buffer: bytes, offset: int) -> bool:
-        return True
+        return _path_and_int(self.path, self.mode)
 
 
 class RemoveWatches(namedtuple("RemoveWatches", "path watcher_type")):
-    """ZooKeeper's ``RemoveWatchesRequest``; the answer is the header alone."""
+    """ZooKeeper's ``RemoveWatchesRequest``."""
 
     type = 18
+    deserialize = staticmethod(_header_only)
 
     def serialize(self) -> bytearray:
-        b = bytearray()
-        b.extend(write_string(self.path))
-        b.extend(int_struct.pack(self.watcher_type))
-        return b
-
-    @classmethod
-    def deserialize(cls, buffer: bytes, offset: int) -> bool:
-        return True
+        return _path_and_int(self.path, self.watcher_type)
 
 
 class _RecursiveWatchConnection(ConnectionHandler):
