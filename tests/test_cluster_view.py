@@ -306,3 +306,31 @@ def test_the_id_list_is_shared_until_a_change(writer, fence, view):
     add(writer, fence, 2)
     view.barrier()
     assert view.active_storms() is not ids and ids == ["t1-1-1700000000"]
+
+
+def test_a_reader_during_a_fresh_listing_gets_that_listing(writer, fence, view, monkeypatch):
+    """Two readers at once, the first listing the directory afresh (the first read here):
+    the second gets the full list, never the empty one kept before."""
+    expected = sorted(add(writer, fence, i) for i in range(3))
+    view.start()
+    tree = view._trees["storms"]
+    listing, release = threading.Event(), threading.Event()
+    real_children = tree.children
+
+    def slow_children(path=None):
+        listing.set()
+        assert release.wait(10)
+        return real_children(path)
+
+    monkeypatch.setattr(tree, "children", slow_children)
+    got: dict[str, list[str]] = {}
+    first = threading.Thread(target=lambda: got.update(first=view.active_storms()))
+    first.start()
+    assert listing.wait(10)
+    second = threading.Thread(target=lambda: got.update(second=view.active_storms()))
+    second.start()
+    second.join(1.0)  # a reader that does not wait for the listing answers by now
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert got == {"first": expected, "second": expected}

@@ -144,8 +144,7 @@ class _IdList:
             self.touched.add(name)
 
     def replace(self, ids: list[str]) -> list[str]:
-        """Every id, listed afresh (sorted); unless a change arrived meanwhile, which the
-        next read applies, the kept list is these."""
+        """Every id, listed afresh (sorted), kept from now on."""
         self.ids, self._members = ids, set(ids)
         return ids
 
@@ -208,8 +207,7 @@ class ClusterView:
         }
         self._indexes = {d: i for d, i in indexes.items() if d in self._trees}
         self._index_lock = threading.Lock()
-        # Changes seen under each directory, and the sorted ids read at a count (_ids).
-        self._changes = dict.fromkeys(self._trees, 0)
+        # Each directory's sorted topology ids, patched by the names that change (_ids).
         self._id_lists = {d: _IdList() for d in self._trees}
         # Each directory's report of a reconnection, until every directory has one.
         self._reconnects: dict[str, deque[Revalidation]] = {d: deque() for d in self._trees}
@@ -479,13 +477,14 @@ class ClusterView:
             if touched is not None and len(touched) <= _IdList.FEW:
                 return kept.update(
                     tree, touched, lambda child: self.state.note_not_topology_id(directory, child))
-        ids = []
-        for child in tree.children():
-            if is_topology_id(child):
-                ids.append(child)
-            else:  # logged once, as a listing logs it
-                self.state.note_not_topology_id(directory, child)
-        with self._index_lock:
+            # Listed afresh under the lock (the first read, a reconnection, a burst): a
+            # reader arriving meanwhile waits for this list rather than take the old one.
+            ids = []
+            for child in tree.children():
+                if is_topology_id(child):
+                    ids.append(child)
+                else:  # logged once, as a listing logs it
+                    self.state.note_not_topology_id(directory, child)
             return kept.replace(ids)
 
     def _record(self, cls: type[R], directory: str, topology_id: str) -> R | None:
@@ -542,7 +541,6 @@ class ClusterView:
         topology_id = relative.split("/", 1)[0] if relative else ""
         index = self._indexes.get(directory)
         with self._index_lock:
-            self._changes[directory] += 1
             if index is not None:
                 index.touch(topology_id)
             self._id_lists[directory].touch(topology_id)
