@@ -44,6 +44,12 @@ this *takeover hold*. It supersedes this nimbus's own releases of earlier terms.
 still placed on a slot is kept or moved as usual. Work whose supervisor's session has
 ended moves at once: its lease ended before the session did.
 
+A pass costs the topologies that are not at rest (something placed or wanted) and those
+whose StormBase or Assignment changed since the last pass, not every topology: one at
+rest stays so until one of those two records changes, which the view's change events
+tell (:meth:`Scheduler._topologies`). A new leadership's first pass, and a pass after the
+view was loaded again or reconnected, looks at every topology.
+
 Workers are spread: a new worker goes to the supervisor with the fewest workers of that
 topology, then the fewest used slots overall, so that one supervisor's death takes as
 little of one topology with it as possible.
@@ -51,8 +57,8 @@ little of one topology with it as possible.
 
 from __future__ import annotations
 
-import bisect
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -84,6 +90,40 @@ class Slot(NamedTuple):
     def beat_name(self) -> str:
         """The worker's heartbeat node under ``/workerbeats/<topology-id>/``."""
         return f"{self.supervisor_id}-{self.port}"
+
+
+class _Changes:
+    """The topologies whose StormBase or Assignment changed since the last :meth:`take`,
+    noted from the view's change events (on its caches' threads)."""
+
+    DIRECTORIES = ("storms", "assignments")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+        self._all = True  # before the first take, every topology is new
+
+    def note(self, directory: str, topology_id: str) -> None:
+        """A view listener: ``topology_id`` "" is the directory itself (loaded again,
+        reconnected), so possibly every topology."""
+        if directory not in self.DIRECTORIES:
+            return
+        with self._lock:
+            if topology_id:
+                self._ids.add(topology_id)
+            else:
+                self._all = True
+
+    def everything(self) -> None:
+        with self._lock:
+            self._all = True
+
+    def take(self) -> set[str] | None:
+        """The ids noted since the last take (None: every topology may have changed)."""
+        with self._lock:
+            ids, every = self._ids, self._all
+            self._ids, self._all = set(), False
+        return None if every else ids
 
 
 @dataclass
@@ -164,9 +204,13 @@ class Scheduler:
         # may apply (see the module doc); whether the mark is still to be read.
         self._taken_over_at: float | None = None
         self._takeover_unread = False
-        # The view's storms dict last seen, its ids oldest first, and that order's dict.
-        self._ordered: tuple[dict[str, StormBase], list[str], dict[str, StormBase]] = (
-            {}, [], {})
+        # Topologies at rest at the last pass (nothing placed, nothing wanted), skipped
+        # until their StormBase or Assignment changes; see _topologies.
+        self._settled: set[str] = set()
+        self._changes = _Changes()
+        view.listen(self._changes.note)
+        # The view's supervisors dict last seen and its slots, sorted.
+        self._slots: tuple[dict[str, SupervisorInfo], list[Slot]] = ({}, [])
 
     def reset(self, successor: bool = True) -> None:
         """Call on gaining leadership: heartbeat ages are measured afresh. ``successor``
@@ -180,6 +224,7 @@ class Scheduler:
             self._taken_over_at = self._clock()
             self._takeover_unread = True
         self._fresh = True
+        self._changes.everything()  # a new leadership's first pass looks at every topology
 
     def schedule(self, fence: Fence) -> dict[str, Assignment]:
         """One pass; returns the assignments it wrote (topology id -> Assignment).
@@ -191,8 +236,9 @@ class Scheduler:
         elapsed = time.monotonic() - started
         log.log(logging.INFO if elapsed >= self.SLOW_PASS_S else logging.DEBUG,
                 "scheduler pass: %d topologies, %d supervisors, %d assignments written in "
-                "%.1f ms", counts.get("topologies", 0), counts.get("supervisors", 0),
-                len(written), elapsed * 1000)
+                "%.1f ms (%d looked at)", counts.get("topologies", 0),
+                counts.get("supervisors", 0), len(written), elapsed * 1000,
+                counts.get("looked_at", 0))
         return written
 
     def _schedule(self, fence: Fence, counts: dict[str, int]) -> dict[str, Assignment]:
@@ -209,20 +255,27 @@ class Scheduler:
             self._read_takeover_mark(fence, quarantine)
         # A constant number of round trips, whatever the cluster's size; then memory only.
         self._view.barrier(directories=self.READS)
+        shared = self._view.supervisors()
         # A copy: the view's dict is shared, and _confirm_missing may add to this one.
-        supervisors = dict(self._view.supervisors())
-        topologies = self._topologies()
-        counts.update(topologies=len(topologies), supervisors=len(supervisors))
-        current = self._assignments_of(topologies)
+        supervisors = dict(shared)
+        storms, topologies = self._topologies()
+        counts.update(topologies=len(storms), supervisors=len(supervisors),
+                      looked_at=len(topologies))
+        current = self._assignments_of(storms, topologies)
         self._confirm_missing(supervisors, current)
-        self._went_silent = {k: v for k, v in self._went_silent.items() if k[0] in topologies}
+        self._went_silent = {k: v for k, v in self._went_silent.items() if k[0] in storms}
         silent: set[Slot] = set()
         kept = {t: self._keep_alive_workers(t, current[t], supervisors, silent)
                 for t in topologies if current[t] is not None}
         used = {slot for workers in kept.values() for slot in workers.values()}
         # A slot whose worker went silent is not offered again in the same pass: its
         # worker must move, not be handed the very slot it failed on.
-        free = sorted(self._all_slots(supervisors) - used - silent)
+        if len(supervisors) == len(shared):
+            taken = used | silent
+            free = [s for s in self._slots_of(shared) if s not in taken] if taken \
+                else list(self._slots_of(shared))
+        else:
+            free = sorted(self._all_slots(supervisors) - used - silent)
         written: dict[str, Assignment] = {}
         observed: set[tuple[str, str]] = set()
         wanted = {t: (max(0, base.num_workers) if base.status == ACTIVE else 0)
@@ -240,7 +293,10 @@ class Scheduler:
                 continue  # being created or removed; the next pass sees it settled
             if not wanted[topology_id] and not kept[topology_id] and not (
                     old.executor_node_port or old.node_host or old.executor_start_time_secs):
-                continue  # nothing placed, nothing wanted: an inactive topology at rest
+                # Nothing placed, nothing wanted: an inactive topology at rest, skipped
+                # by the next passes until its StormBase or Assignment changes.
+                self._settled.add(topology_id)
+                continue
             workers = self._grow(topology_id, kept[topology_id], wanted[topology_id],
                                  free, used, now, quarantine, old, supervisors)
             had = before.get(topology_id, {})
@@ -346,42 +402,48 @@ class Scheduler:
                 supervisors[supervisor_id] = info
 
     # -- reading ----------------------------------------------------------------------------
-    def _assignments_of(self, topologies: dict[str, StormBase]
+    def _assignments_of(self, storms: dict[str, StormBase], topologies: dict[str, StormBase]
                         ) -> dict[str, Assignment | None]:
-        """Each topology's Assignment (None: none yet); RecordError if one is unreadable
-        (the pass then stops: placing work without knowing where that topology runs
-        could double-book)."""
-        for topology_id in sorted(self._view.unreadable("assignments") & topologies.keys()):
+        """Each looked-at topology's Assignment (None: none yet); RecordError if any
+        topology's is unreadable (the pass then stops: placing work without knowing
+        where that topology runs could double-book)."""
+        for topology_id in sorted(self._view.unreadable("assignments") & storms.keys()):
             self._view.assignment(topology_id)  # raises its RecordError
         every = self._view.assignments()
         return {t: every.get(t) for t in topologies}
 
-    def _topologies(self) -> dict[str, StormBase]:
-        """Every topology, oldest first (RecordError if a StormBase is unreadable, as a
-        direct read). Sorted again only when the view's storms changed."""
+    def _topologies(self) -> tuple[dict[str, StormBase], dict[str, StormBase]]:
+        """(every topology, the ones this pass looks at, oldest first); RecordError if a
+        StormBase is unreadable, as a direct read.
+
+        A pass looks at every topology not at rest at the last one, and at those whose
+        StormBase or Assignment changed since (the view's change events, taken before
+        the records are read: a change landing meanwhile is looked at again next time).
+        At rest means an Assignment with nothing placed and a topology that wants no
+        worker, which depends on those two records alone: at 10,000 mostly inactive
+        topologies a pass after a submit looks at a few, not at all of them.
+        """
+        changed = self._changes.take()
+        if changed is None:
+            self._settled.clear()
+        else:
+            self._settled -= changed
         for topology_id in sorted(self._view.unreadable("storms")):
             self._view.storm_base(topology_id)  # raises its RecordError
         storms = self._view.storms()
-        seen, order, ordered = self._ordered
-        if seen is storms:
-            return ordered
-
-        def age(topology_id: str) -> tuple[int, str]:
-            return storms[topology_id].launch_time_secs, topology_id
-
+        looked_at = storms.keys() - self._settled if self._settled else storms.keys()
         # Oldest first: when slots run short, the longest-running topologies keep theirs.
-        # A launch time never changes, so a submit or a removal moves one id, not all.
-        added = storms.keys() - seen.keys()
-        removed = seen.keys() - storms.keys()
-        if len(added) + len(removed) > 64:
-            order = sorted(storms, key=age)
-        else:
-            order = [t for t in order if t not in removed] if removed else list(order)
-            for topology_id in added:
-                bisect.insort(order, topology_id, key=age)
-        ordered = {t: storms[t] for t in order}
-        self._ordered = (storms, order, ordered)
-        return ordered
+        order = sorted(looked_at, key=lambda t: (storms[t].launch_time_secs, t))
+        return storms, {t: storms[t] for t in order}
+
+    def _slots_of(self, supervisors: dict[str, SupervisorInfo]) -> list[Slot]:
+        """:meth:`_all_slots` of the view's shared supervisors, sorted, kept until they
+        change (shared: do not change it)."""
+        seen, slots = self._slots
+        if seen is not supervisors:
+            slots = sorted(self._all_slots(supervisors))
+            self._slots = (supervisors, slots)
+        return slots
 
     @staticmethod
     def _all_slots(supervisors: dict[str, SupervisorInfo]) -> set[Slot]:
