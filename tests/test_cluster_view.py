@@ -334,3 +334,90 @@ def test_a_reader_during_a_fresh_listing_gets_that_listing(writer, fence, view, 
     first.join(10)
     second.join(10)
     assert got == {"first": expected, "second": expected}
+
+
+def test_topologies_by_status_follow_every_change(writer, fence, view):
+    """Kills, rebalances, activations, removals and a re-creation: after each barrier
+    ``storms_in(status)`` holds exactly the topologies ZooKeeper has in that status,
+    and a caller's copy is its own."""
+    import random
+    from dataclasses import replace
+
+    from nimbus.state.records import ACTIVE, KILLED, REBALANCING
+
+    zk, storms = writer.zk, writer.path("storms")
+    present = [add(writer, fence, i) for i in range(30)]
+    view.start()
+    rng = random.Random(11)
+    for step in range(80):
+        topology_id = rng.choice(present)
+        if rng.random() < 0.15:
+            zk.delete(f"{storms}/{topology_id}")
+            present.remove(topology_id)
+            present.append(add(writer, fence, 100 + step))
+        else:
+            base = StormBase.decode(zk.get(f"{storms}/{topology_id}")[0])
+            status = rng.choice([ACTIVE, INACTIVE, KILLED, REBALANCING])
+            zk.set(f"{storms}/{topology_id}", replace(base, status=status).encode())
+        view.barrier()
+        for status in (ACTIVE, INACTIVE, KILLED, REBALANCING):
+            expected = {t for t in zk.get_children(storms)
+                        if StormBase.decode(zk.get(f"{storms}/{t}")[0]).status == status}
+            got = view.storms_in(status)
+            assert set(got) == expected, f"step {step}, {status}"
+            assert all(got[t] is view.storms()[t] for t in got)
+    got = view.storms_in(KILLED)
+    got["x"] = None  # type: ignore[assignment]
+    assert "x" not in view.storms_in(KILLED)
+
+
+def test_the_summarys_per_topology_parts_follow_churn(writer, fence, view):
+    """Submits, removals, half-seen submissions (an assignment without a StormBase, a
+    StormBase without one), replica registrations and a reload of every directory:
+    after each step the snapshot's assignments, replica hosts and counts are exactly
+    those of its topologies, as a pass over every topology would make them."""
+    import random
+    from types import SimpleNamespace
+
+    from nimbus.master.summary_cache import ClusterSummaryCache
+
+    zk = writer.zk
+    present = [add(writer, fence, i) for i in range(20)]
+    for topology_id in present:
+        writer.begin_code(fence, topology_id)
+    view.start()
+    cache = ClusterSummaryCache(view.state, SimpleNamespace(
+        get_replication_count=lambda t: len(view.replica_hosts(t))), view)
+    cache.SAFETY_INTERVAL_S = 3600  # no safety net: the changes alone keep it right
+    cache.start()
+    rng = random.Random(5)
+    try:
+        for step in range(60):
+            kind = rng.randrange(6)
+            if kind == 0:
+                present.append(add(writer, fence, 100 + step))
+                writer.begin_code(fence, present[-1])
+            elif kind == 1 and present:
+                writer.remove_storm(fence, present.pop(rng.randrange(len(present))))
+            elif kind == 2:  # an assignment whose StormBase is not (or no longer) there
+                orphan = f"o{step}-1-1700000000"
+                zk.create(writer.path("assignments", orphan),
+                          Assignment(master_code_dir="/c").encode())
+            elif kind == 3 and present:  # a StormBase removed before its assignment
+                gone = present.pop(rng.randrange(len(present)))
+                zk.delete(writer.storm_path(gone))
+            elif kind == 4 and present:
+                writer.register_replica(rng.choice(present), f"host{step}:6627", "x")
+            elif kind == 5:
+                cache._changes.everything()  # as after a reload of the directories
+            snapshot = cache.refresh_now()
+            storms = view.storms()
+            assert snapshot.storms is storms, f"step {step}"
+            assert snapshot.assignments == {t: a for t, a in view.assignments().items()
+                                            if t in storms}, f"step {step}"
+            assert snapshot.replica_hosts == {
+                t: view.replica_hosts(view.running_code_key(t)) for t in storms}, f"step {step}"
+            assert snapshot.replication == {
+                t: len(view.replica_hosts(t)) for t in storms}, f"step {step}"
+    finally:
+        cache.stop()

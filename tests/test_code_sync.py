@@ -372,3 +372,19 @@ def test_a_leaders_code_check_reads_the_view_not_a_listing(setup, view, monkeypa
         {TOPOLOGY, "gone-2-2"}, {TOPOLOGY}, {"gone-2-2"})
     view.close()  # not loaded: a listing again
     assert sync.check_code(leading=True).missing == {"gone-2-2"} and listed == ["x", "x"]
+
+
+def test_a_leaders_check_counts_a_copy_added_after_its_recent_listing(setup, view):
+    """The leader's check answers from a listing up to LISTING_MAX_AGE_S old (its
+    directory changes at every submit): a copy added since is found by its own stat,
+    never reported missing."""
+    state, store, _ = setup  # the store holds TOPOLOGY's copy
+    live_storm(state, TOPOLOGY)
+    sync = CodeSync(state, store, CodeDistributor(CountedDistributor), period_s=3600,
+                    view=view)
+    assert sync.check_code(leading=True)
+    live_storm(state, "new-2-2")
+    store.path("new-2-2").mkdir()  # after the listing, within its age
+    assert store.topologies(max_age_s=sync.LISTING_MAX_AGE_S) == {TOPOLOGY}
+    check = sync.check_code(leading=True)
+    assert check and check.held == {TOPOLOGY, "new-2-2"}

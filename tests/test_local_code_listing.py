@@ -92,3 +92,29 @@ def test_a_listing_of_a_directory_just_changed_is_not_kept(store, monkeypatch):
     os.utime(store.root, (now, now))
     assert store.topologies() == {"a-1-1", "b-2-2"}
     assert len(scans) == 2
+
+
+def test_a_recent_listing_is_answered_when_asked_for_and_never_names_a_copy_it_removed(
+        store, monkeypatch):
+    """``max_age_s``: a listing that young is answered though the directory changed
+    (a leader's directory changes at every submit). It lacks what was added since (the
+    caller stats those) and never names a copy this store removed; an older one is
+    listed again."""
+    add(store, "a-1-1")
+    add(store, "b-2-2")
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    scans = counted_scans(monkeypatch)
+    assert store.topologies(max_age_s=10) == {"a-1-1", "b-2-2"}
+    add(store, "c-3-3")
+    clock[0] += 5
+    assert store.topologies(max_age_s=10) == {"a-1-1", "b-2-2"}, "added since: not yet"
+    assert store.topologies() == {"a-1-1", "b-2-2", "c-3-3"}, "exact when not asked"
+    assert len(scans) == 2
+    store.remove("b-2-2")
+    add(store, "d-4-4")
+    clock[0] += 5
+    assert store.topologies(max_age_s=10) == {"a-1-1", "c-3-3"}, "removed here: gone"
+    clock[0] += 6
+    assert store.topologies(max_age_s=10) == {"a-1-1", "c-3-3", "d-4-4"}
+    assert scans.count(str(store.root)) == 3  # (removing a copy scans that copy)

@@ -133,8 +133,9 @@ class LocalCodeStore:
         self.root = Path(local_dir) / "nimbus" / "stormdist"
         self.root.mkdir(parents=True, exist_ok=True)
         self._sweep_temporaries()
-        # ((inode, mtime) of the directory, the ids listed then): see topologies().
-        self._listing: tuple[tuple[int, int], frozenset[str]] | None = None
+        # ((inode, mtime) of the directory, or None if it was not quiet then; the ids
+        # listed; time.monotonic() of the listing): see topologies().
+        self._listing: tuple[tuple[int, int] | None, frozenset[str], float] | None = None
 
     def _sweep_temporaries(self) -> None:
         # Leftovers of a crash during a download or a submit are never complete copies.
@@ -164,36 +165,51 @@ class LocalCodeStore:
     def has(self, topology_id: str) -> bool:
         return self.path(topology_id).is_dir()
 
-    def topologies(self) -> set[str]:
+    def topologies(self, max_age_s: float = 0.0) -> set[str]:
         """Ids of every complete copy held here: one directory listing (no stat per
         entry where the file system reports entry types), however many there are.
 
         The last listing is answered again while the directory's inode and mtime are
         those it had then (one stat): every copy is added by a rename into this
         directory and removed from it, which sets its mtime, whoever does it (a
-        distributor's download, an operator wiping the disk). The code check and the
-        code sync ask at every step, and a listing of 10,000 entries is milliseconds."""
+        distributor's download, an operator wiping the disk).
+
+        ``max_age_s`` > 0 also answers a listing at most that old when the directory
+        changed since: it may lack copies added since, which a caller checks with
+        :meth:`has`, and hold copies removed since by anyone but this store's
+        :meth:`remove` (an operator's deletion is then seen that much later). A leader
+        taking submissions changes the directory several times a second, and a listing
+        of 10,000 copies costs milliseconds at each of its checks.
+        """
         try:
             stat = os.stat(self.root)
         except (FileNotFoundError, NotADirectoryError):
             return set()
         key = (stat.st_ino, stat.st_mtime_ns)
         kept = self._listing
-        if kept is not None and kept[0] == key:
+        if kept is not None and (kept[0] == key or
+                                 time.monotonic() - kept[2] <= max_age_s):
             return set(kept[1])
-        started = time.time_ns()
+        started, listed_at = time.time_ns(), time.monotonic()
         try:
             with os.scandir(self.root) as entries:
                 ids = {e.name for e in entries
                        if e.is_dir() and not e.name.startswith(TEMP_PREFIX)}
         except (FileNotFoundError, NotADirectoryError):
             return set()
+        # Kept by its key only if the directory was quiet: a file system stamps changes
+        # with a coarse clock, so a change made during the listing could leave the
+        # mtime as it was. Kept by its age always.
         quiet = started - stat.st_mtime_ns >= self.QUIET_NS
-        self._listing = (key, frozenset(ids)) if quiet else None
+        self._listing = (key if quiet else None, frozenset(ids), listed_at)
         return ids
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)
+        kept = self._listing
+        if kept is not None and topology_id in kept[1]:
+            # A listing answered by its age must not name a copy this store removed.
+            self._listing = (None, kept[1] - {topology_id}, kept[2])
 
     def resolve_served_file(self, requested: str) -> Path:
         """Map a file a peer asks for (``<id>/<file>`` or an absolute path) to a file here."""

@@ -95,6 +95,10 @@ class CodeSync:
     """Download missing code and remove code of removed topologies; see module doc."""
 
     MAX_RETRY_PAUSE_S = 30.0
+    #: How old a listing of this host's copies may be when the leader's code check and
+    #: the sync pass read it (LocalCodeStore.topologies): a copy added since is found by
+    #: a stat of its own, a copy deleted by hand is seen up to this much later.
+    LISTING_MAX_AGE_S = 10.0
     READS = ("storms", "code-distributor", "code-versions")
 
     def __init__(
@@ -195,7 +199,13 @@ class CodeSync:
         needed = self._needed_by_view() if leading else None
         if needed is None:
             needed = required_code_keys(self._state, self._state.active_storms())
-        held = needed & self._store.topologies()  # one listing, not a stat per key
+            # About to take the lock: a listing now, not a recent one.
+            held = needed & self._store.topologies()  # one listing, not a stat per key
+        else:
+            # A leader checks at every cycle: a recent listing, and a stat for each code
+            # key it lacks (the ones added since, at a submit or two per cycle).
+            held = needed & self._store.topologies(max_age_s=self.LISTING_MAX_AGE_S)
+            held |= {k for k in needed - held if self._store.has(k)}
         return CodeCheck(live=needed, held=held,
                          lost=self._note_unavailable(needed - held))
 
@@ -286,7 +296,9 @@ class CodeSync:
         # Read the disk first, then the submissions in flight, then ZooKeeper: a copy on
         # disk is then either still protected or already visible as a storm or a published
         # metafile, never mistaken for the code of a removed topology.
-        held = self._store.topologies()
+        # A recent listing: what it lacks is checked with a stat before any fetch, and a
+        # copy it still names after an operator deleted it is fetched again later.
+        held = self._store.topologies(max_age_s=self.LISTING_MAX_AGE_S)
         protected = self._protected()
         self.check_cluster()
         if self._take_retry_now():

@@ -128,10 +128,6 @@ class TopologyLifecycle:
         # The upgrades of these topologies (nimbus.master.upgrades.Upgrades), which set
         # this when they are built on this lifecycle: where the Thrift handler finds them.
         self.upgrades: Any = None
-        # The view's storms dict last seen, and its topologies by status (KILLED,
-        # REBALANCING): the duty cycle asks at every wait and every run, and a pass over
-        # 10,000 topologies each time adds up.
-        self._by_status: tuple[object, dict[str, dict[str, StormBase]]] = (None, {})
 
     # -- helpers --------------------------------------------------------------------------
     def pending_ids(self) -> set[str]:
@@ -588,7 +584,7 @@ class TopologyLifecycle:
         if self._view is None:
             raise RuntimeError("TopologyLifecycle needs a ClusterView for its duties")
         # From memory: unreadable ones are left out (logged by the state), not killed.
-        for topology_id, base in self._with_status(self._view.storms(), KILLED).items():
+        for topology_id, base in self._view.storms_in(KILLED).items():
             if base.kill_at_secs <= now:
                 log.info("removing killed topology %s (%s)", base.storm_name, topology_id)
                 # Its versions' code goes with it (remove_storm deletes their nodes).
@@ -607,8 +603,7 @@ class TopologyLifecycle:
             raise RuntimeError("TopologyLifecycle needs a ClusterView for its duties")
         now = self.clock()
         done = 0
-        storms = self._view.storms()
-        for topology_id, base in self._with_status(storms, rebalancing.REBALANCING).items():
+        for topology_id, base in self._view.storms_in(rebalancing.REBALANCING).items():
             if not rebalancing.is_due(base, now):
                 continue
             got = self.state.storm_base_versioned(topology_id)  # the view may lag
@@ -632,23 +627,10 @@ class TopologyLifecycle:
         if self._view is None:
             return None
         try:
-            storms = self._view.storms()
+            rebalances = self._view.storms_in(rebalancing.REBALANCING)
         except Exception:  # not loaded yet, say: the duty cycle's period applies
             return None
-        return rebalancing.seconds_until_next(
-            self._with_status(storms, rebalancing.REBALANCING).values(), self.clock())
-
-    def _with_status(self, storms: dict[str, StormBase], status: str
-                     ) -> dict[str, StormBase]:
-        """The topologies of the view's ``storms`` in ``status`` (KILLED, REBALANCING),
-        sorted out once per change of the view's shared dict."""
-        if self._by_status[0] is not storms:
-            grouped: dict[str, dict[str, StormBase]] = {}
-            for topology_id, base in storms.items():
-                if base.status in (KILLED, rebalancing.REBALANCING):
-                    grouped.setdefault(base.status, {})[topology_id] = base
-            self._by_status = (storms, grouped)
-        return self._by_status[1].get(status, {})
+        return rebalancing.seconds_until_next(rebalances.values(), self.clock())
 
     def remove_orphan_code(self) -> None:
         """Remove code nodes of submissions that never completed (their leader died), and

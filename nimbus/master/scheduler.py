@@ -58,7 +58,6 @@ little of one topology with it as possible.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -75,6 +74,7 @@ from nimbus.state.records import (
     StormBase,
     SupervisorInfo,
 )
+from nimbus.state.view_changes import ViewChanges
 
 log = logging.getLogger(__name__)
 
@@ -90,40 +90,6 @@ class Slot(NamedTuple):
     def beat_name(self) -> str:
         """The worker's heartbeat node under ``/workerbeats/<topology-id>/``."""
         return f"{self.supervisor_id}-{self.port}"
-
-
-class _Changes:
-    """The topologies whose StormBase or Assignment changed since the last :meth:`take`,
-    noted from the view's change events (on its caches' threads)."""
-
-    DIRECTORIES = ("storms", "assignments")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids: set[str] = set()
-        self._all = True  # before the first take, every topology is new
-
-    def note(self, directory: str, topology_id: str) -> None:
-        """A view listener: ``topology_id`` "" is the directory itself (loaded again,
-        reconnected), so possibly every topology."""
-        if directory not in self.DIRECTORIES:
-            return
-        with self._lock:
-            if topology_id:
-                self._ids.add(topology_id)
-            else:
-                self._all = True
-
-    def everything(self) -> None:
-        with self._lock:
-            self._all = True
-
-    def take(self) -> set[str] | None:
-        """The ids noted since the last take (None: every topology may have changed)."""
-        with self._lock:
-            ids, every = self._ids, self._all
-            self._ids, self._all = set(), False
-        return None if every else ids
 
 
 @dataclass
@@ -207,8 +173,7 @@ class Scheduler:
         # Topologies at rest at the last pass (nothing placed, nothing wanted), skipped
         # until their StormBase or Assignment changes; see _topologies.
         self._settled: set[str] = set()
-        self._changes = _Changes()
-        view.listen(self._changes.note)
+        self._changes = ViewChanges(view, ("storms", "assignments"))
         # The view's supervisors dict last seen and its slots, sorted.
         self._slots: tuple[dict[str, SupervisorInfo], list[Slot]] = ({}, [])
 

@@ -76,7 +76,8 @@ class _RecordIndex:
     Only the view's index lock guards it."""
 
     def __init__(self, cls: type[Record], accept: Callable[[str], bool],
-                 by_name: Callable[[Any], str] | None = None, empty_absent: bool = False):
+                 by_name: Callable[[Any], str] | None = None, empty_absent: bool = False,
+                 group: Callable[[Any], str] | None = None):
         self.cls = cls
         self.accept = accept   # which child names hold such a record
         self.empty_absent = empty_absent  # a node without data holds no record (yet)
@@ -86,6 +87,9 @@ class _RecordIndex:
         # Optional secondary key (a topology's name) -> the names holding it.
         self._key = by_name
         self.keyed: dict[str, set[str]] = {}
+        # Optional grouping (a topology's status) -> {name: record} of each group.
+        self._group = group
+        self.grouped: dict[str, dict[str, Any]] = {}
         self.unreadable: frozenset[str] = frozenset()  # names whose node cannot be read
 
     def touch(self, name: str) -> None:
@@ -103,19 +107,30 @@ class _RecordIndex:
         self.records[name] = record
         if self._key is not None:
             self.keyed.setdefault(self._key(record), set()).add(name)
+        if self._group is not None:
+            self.grouped.setdefault(self._group(record), {})[name] = record
 
     def drop(self, name: str) -> None:
         old = self.records.pop(name, None)
-        if old is not None and self._key is not None:
+        if old is None:
+            return
+        if self._key is not None:
             holders = self.keyed.get(self._key(old))
             if holders is not None:
                 holders.discard(name)
                 if not holders:
                     del self.keyed[self._key(old)]
+        if self._group is not None:
+            members = self.grouped.get(self._group(old))
+            if members is not None:
+                members.pop(name, None)
+                if not members:
+                    del self.grouped[self._group(old)]
 
     def clear(self) -> None:
         self.records.clear()
         self.keyed.clear()
+        self.grouped.clear()
         self.unreadable = frozenset()
 
 
@@ -199,7 +214,8 @@ class ClusterView:
         # index), kept up to date by name (see _RecordIndex): readers share them and
         # must not change them.
         indexes = {
-            "storms": _RecordIndex(StormBase, is_topology_id, by_name=lambda b: b.storm_name),
+            "storms": _RecordIndex(StormBase, is_topology_id, by_name=lambda b: b.storm_name,
+                                   group=lambda b: b.status),
             "assignments": _RecordIndex(Assignment, is_topology_id),
             "supervisors": _RecordIndex(SupervisorInfo, lambda name: True),
             # Code keys: a node's metafile is set once its upload is done.
@@ -276,6 +292,13 @@ class ClusterView:
         """Every readable StormBase (an unreadable one is logged once by the state).
         Shared: do not change it."""
         return self._indexed("storms")
+
+    def storms_in(self, status: str) -> dict[str, StormBase]:
+        """Every readable StormBase in ``status`` (KILLED, REBALANCING, ...), a copy of its
+        own: kept by status as records change, so asking costs the topologies in that
+        status, not a pass over every topology."""
+        with self._index_lock:
+            return dict(self._sync_index("storms").grouped.get(status, {}))
 
     def find_storm_by_name(self, name: str) -> tuple[str, StormBase] | None:
         """(id, StormBase) of the topology named ``name`` (the greatest id if several
