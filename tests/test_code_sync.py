@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,7 +13,7 @@ from nimbus.distribution.local_code import LocalCodeStore
 from nimbus.master.code_sync import CodeSync
 from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
 from nimbus.state.cluster_view import ClusterView
-from nimbus.state.records import ACTIVE, StormBase
+from nimbus.state.records import ACTIVE, CodeMeta, StormBase
 
 pytestmark = pytest.mark.zookeeper
 TOPOLOGY = "fresh-1-1"
@@ -388,3 +389,32 @@ def test_a_leaders_check_counts_a_copy_added_after_its_recent_listing(setup, vie
     assert store.topologies(max_age_s=sync.LISTING_MAX_AGE_S) == {TOPOLOGY}
     check = sync.check_code(leading=True)
     assert check and check.held == {TOPOLOGY, "new-2-2"}
+
+
+def test_a_replica_registering_for_code_held_here_costs_no_pass(setup, view):
+    """Every nimbus registers as a replica of every submission: for code this host
+    holds, with nothing to retry, that wakes no pass. Code not held here, its removal,
+    or a download waiting for a retry still do."""
+    state, store, _ = setup  # the store holds TOPOLOGY's copy
+    sync = CodeSync(state, store, CodeDistributor(CountedDistributor), period_s=3600,
+                    view=view)
+    woken: list[int] = []
+    sync._loop = SimpleNamespace(wake=lambda: woken.append(1))  # type: ignore[assignment]
+    view.listen(sync._on_view_change)
+    meta = CodeMeta(distributor="counted", metafile_b64=CodeMeta.pack(b"m"),
+                    uploaded_by="x", created_secs=1).encode()
+
+    def woke(change) -> bool:
+        woken.clear()
+        change()
+        view.barrier()
+        return bool(woken)
+
+    # A leader's own submission: its copy is in place before it publishes.
+    assert not woke(lambda: state.zk.create(state.code_path(TOPOLOGY), meta))
+    assert not woke(lambda: state.register_replica(TOPOLOGY, "other:6627", "x"))
+    assert woke(lambda: state.zk.create(state.code_path("other-2-2"), meta))  # not held
+    sync._retry_at["other-2-2"] = 0.0
+    assert woke(lambda: state.register_replica(TOPOLOGY, "third:6627", "x"))
+    sync._retry_at.clear()
+    assert woke(lambda: state.zk.delete(state.code_path(TOPOLOGY), recursive=True))

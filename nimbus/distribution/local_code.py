@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,7 +136,8 @@ class LocalCodeStore:
         self._sweep_temporaries()
         # ((inode, mtime) of the directory, or None if it was not quiet then; the ids
         # listed; time.monotonic() of the listing): see topologies().
-        self._listing: tuple[tuple[int, int] | None, frozenset[str], float] | None = None
+        self._listing: tuple[tuple[int, int] | None, set[str], float] | None = None
+        self._listing_lock = threading.Lock()  # the code sync's and the cycle's threads
 
     def _sweep_temporaries(self) -> None:
         # Leftovers of a crash during a download or a submit are never complete copies.
@@ -163,7 +165,16 @@ class LocalCodeStore:
         return None
 
     def has(self, topology_id: str) -> bool:
-        return self.path(topology_id).is_dir()
+        """Whether the complete copy of ``topology_id`` is here (one stat). A copy found
+        is added to the kept listing: callers of ``topologies(max_age_s)`` stat only
+        what was added since they last asked."""
+        check_topology_id(topology_id)
+        if not os.path.isdir(os.path.join(self.root, topology_id)):
+            return False
+        with self._listing_lock:
+            if self._listing is not None:
+                self._listing[1].add(topology_id)
+        return True
 
     def topologies(self, max_age_s: float = 0.0) -> set[str]:
         """Ids of every complete copy held here: one directory listing (no stat per
@@ -186,10 +197,11 @@ class LocalCodeStore:
         except (FileNotFoundError, NotADirectoryError):
             return set()
         key = (stat.st_ino, stat.st_mtime_ns)
-        kept = self._listing
-        if kept is not None and (kept[0] == key or
-                                 time.monotonic() - kept[2] <= max_age_s):
-            return set(kept[1])
+        with self._listing_lock:
+            kept = self._listing
+            if kept is not None and (kept[0] == key or
+                                     time.monotonic() - kept[2] <= max_age_s):
+                return set(kept[1])
         started, listed_at = time.time_ns(), time.monotonic()
         try:
             with os.scandir(self.root) as entries:
@@ -201,15 +213,16 @@ class LocalCodeStore:
         # with a coarse clock, so a change made during the listing could leave the
         # mtime as it was. Kept by its age always.
         quiet = started - stat.st_mtime_ns >= self.QUIET_NS
-        self._listing = (key if quiet else None, frozenset(ids), listed_at)
+        with self._listing_lock:
+            self._listing = (key if quiet else None, set(ids), listed_at)
         return ids
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)
-        kept = self._listing
-        if kept is not None and topology_id in kept[1]:
-            # A listing answered by its age must not name a copy this store removed.
-            self._listing = (None, kept[1] - {topology_id}, kept[2])
+        with self._listing_lock:
+            if self._listing is not None:
+                # A listing answered by its age must not name a copy this store removed.
+                self._listing[1].discard(topology_id)
 
     def resolve_served_file(self, requested: str) -> Path:
         """Map a file a peer asks for (``<id>/<file>`` or an absolute path) to a file here."""

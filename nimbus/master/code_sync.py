@@ -156,11 +156,28 @@ class CodeSync:
     def stop(self) -> None:
         self._loop.stop(join_timeout=30)  # a download under way is finished first
 
-    def _on_view_change(self, directory: str, _topology_id: str) -> None:
+    def _on_view_change(self, directory: str, code_key: str) -> None:
         if directory == "code-distributor":
+            if code_key and self._changes_nothing_here(code_key):
+                return
             self._on_replica_change(None)  # maybe a new place to fetch from
         elif directory == "storms":
             self._loop.wake()
+
+    def _changes_nothing_here(self, code_key: str) -> bool:
+        """Whether a change under ``code_key``'s code node (told on the view's thread)
+        can give a pass nothing to do: this host holds that code, the node is still
+        published, and no download waits for a retry. So another nimbus's replica
+        registering for code held here costs no pass: at a submit every nimbus
+        registers, and a pass reads every topology's code key."""
+        if self._retry_at or self._view is None:
+            return False
+        try:
+            if self._view.code_meta(code_key) is None:
+                return False  # removed, or no metafile yet
+            return self._store.has(code_key)
+        except Exception:  # unreadable, not loaded, not a code key: let a pass judge
+            return False
 
     def wake(self, _event: object = None) -> None:
         """Ask for a run soon; also the callback of every watch this sync leaves."""
