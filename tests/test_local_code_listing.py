@@ -122,3 +122,21 @@ def test_a_recent_listing_is_answered_when_asked_for_and_never_names_a_copy_it_r
     clock[0] += 6
     assert store.topologies(max_age_s=10) == {"a-1-1", "c-3-3", "d-4-4"}
     assert scans.count(str(store.root)) == 3  # (removing a copy scans that copy)
+
+
+@pytest.mark.parametrize("how", ["made again", "replaced by a file"])
+def test_a_wiped_directory_is_listed_at_once_however_recent_the_listing(store, how):
+    """Age answers only for the same directory: one an operator wiped and made again,
+    or replaced, is listed at once even when a recent listing was asked for."""
+    import shutil
+
+    add(store, "a-1-1")
+    assert store.topologies(max_age_s=3600) == {"a-1-1"}
+    store.root.rename(store.root.with_name("stormdist.lost"))
+    shutil.rmtree(store.root.with_name("stormdist.lost"))
+    if how == "made again":
+        store.root.mkdir()
+    else:
+        store.root.write_bytes(b"")
+    assert store.topologies(max_age_s=3600) == set()
+    assert not store.has("a-1-1")

@@ -21,6 +21,8 @@ from nimbus.distribution.distributors import DistributorError
 from nimbus.state.component_ids import TOPOLOGY_ID_RE
 
 TEMP_PREFIX = ".incoming-"
+# A file each listing leaves in the directory: gone, the directory was wiped since.
+LISTING_MARK = ".listed"
 CLUSTER_ID_FILE = "cluster-id"
 
 
@@ -135,9 +137,12 @@ class LocalCodeStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._sweep_temporaries()
         # ((inode, mtime) of the directory, or None if it was not quiet then; the ids
-        # listed; time.monotonic() of the listing): see topologies().
-        self._listing: tuple[tuple[int, int] | None, set[str], float] | None = None
+        # listed; time.monotonic() of the listing; the directory's inode): topologies().
+        self._listing: tuple[tuple[int, int] | None, set[str], float, int] | None = None
         self._listing_lock = threading.Lock()  # the code sync's and the cycle's threads
+        self._mark = self.root / LISTING_MARK
+        with contextlib.suppress(OSError):
+            self._mark.touch()
 
     def _sweep_temporaries(self) -> None:
         # Leftovers of a crash during a download or a submit are never complete copies.
@@ -188,7 +193,8 @@ class LocalCodeStore:
         ``max_age_s`` > 0 also answers a listing at most that old when the directory
         changed since: it may lack copies added since, which a caller checks with
         :meth:`has`, and hold copies removed since by anyone but this store's
-        :meth:`remove` (an operator's deletion is then seen that much later). A leader
+        :meth:`remove` (an operator's deletion is then seen that much later; a directory
+        wiped and made again, or replaced, is listed at once). A leader
         taking submissions changes the directory several times a second, and a listing
         of 10,000 copies costs milliseconds at each of its checks.
         """
@@ -199,8 +205,9 @@ class LocalCodeStore:
         key = (stat.st_ino, stat.st_mtime_ns)
         with self._listing_lock:
             kept = self._listing
-            if kept is not None and (kept[0] == key or
-                                     time.monotonic() - kept[2] <= max_age_s):
+            if kept is not None and (kept[0] == key or (
+                    time.monotonic() - kept[2] <= max_age_s and self._same_directory(
+                        kept[3], stat.st_ino))):
                 return set(kept[1])
         started, listed_at = time.time_ns(), time.monotonic()
         try:
@@ -214,8 +221,17 @@ class LocalCodeStore:
         # mtime as it was. Kept by its age always.
         quiet = started - stat.st_mtime_ns >= self.QUIET_NS
         with self._listing_lock:
-            self._listing = (key if quiet else None, set(ids), listed_at)
+            self._listing = (key if quiet else None, set(ids), listed_at, stat.st_ino)
+        if not os.path.exists(self._mark):
+            with contextlib.suppress(OSError):
+                self._mark.touch()
         return ids
+
+    def _same_directory(self, inode: int, now: int) -> bool:
+        """Whether the directory listed then is still this one: the same inode, and the
+        mark a listing leaves in it still there (a file system reuses the inode of a
+        directory wiped and made again)."""
+        return inode == now and os.path.exists(self._mark)
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)
