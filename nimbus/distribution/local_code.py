@@ -21,8 +21,6 @@ from nimbus.distribution.distributors import DistributorError
 from nimbus.state.component_ids import TOPOLOGY_ID_RE
 
 TEMP_PREFIX = ".incoming-"
-# A file each listing leaves in the directory: gone, the directory was wiped since.
-LISTING_MARK = ".listed"
 CLUSTER_ID_FILE = "cluster-id"
 
 
@@ -124,6 +122,25 @@ def list_files(root: Path) -> list[Path]:
     return out
 
 
+class _Pinned:
+    """A directory held open: while it is, its inode cannot be given to another, so the
+    same inode number at the same path means the same directory (a file system reuses
+    the inode of a directory wiped and made again at once)."""
+
+    def __init__(self, path: Path):
+        self._fd = -1  # (closed by __del__ even if the open below fails)
+        self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        self.inode = os.fstat(self._fd).st_ino
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class LocalCodeStore:
     """The directory of complete topology copies on this host."""
 
@@ -137,12 +154,9 @@ class LocalCodeStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._sweep_temporaries()
         # ((inode, mtime) of the directory, or None if it was not quiet then; the ids
-        # listed; time.monotonic() of the listing; the directory's inode): topologies().
-        self._listing: tuple[tuple[int, int] | None, set[str], float, int] | None = None
+        # listed; time.monotonic() of the listing; the directory listed): topologies().
+        self._listing: tuple[tuple[int, int] | None, set[str], float, _Pinned] | None = None
         self._listing_lock = threading.Lock()  # the code sync's and the cycle's threads
-        self._mark = self.root / LISTING_MARK
-        with contextlib.suppress(OSError):
-            self._mark.touch()
 
     def _sweep_temporaries(self) -> None:
         # Leftovers of a crash during a download or a submit are never complete copies.
@@ -194,7 +208,8 @@ class LocalCodeStore:
         changed since: it may lack copies added since, which a caller checks with
         :meth:`has`, and hold copies removed since by anyone but this store's
         :meth:`remove` (an operator's deletion is then seen that much later; a directory
-        wiped and made again, or replaced, is listed at once). A leader
+        wiped and made again, or replaced, is listed at once: the one listed is held open
+        meanwhile, so its inode number cannot come back). A leader
         taking submissions changes the directory several times a second, and a listing
         of 10,000 copies costs milliseconds at each of its checks.
         """
@@ -206,11 +221,11 @@ class LocalCodeStore:
         with self._listing_lock:
             kept = self._listing
             if kept is not None and (kept[0] == key or (
-                    time.monotonic() - kept[2] <= max_age_s and self._same_directory(
-                        kept[3], stat.st_ino))):
+                    time.monotonic() - kept[2] <= max_age_s and kept[3].inode == stat.st_ino)):
                 return set(kept[1])
         started, listed_at = time.time_ns(), time.monotonic()
         try:
+            pinned = _Pinned(self.root)
             with os.scandir(self.root) as entries:
                 ids = {e.name for e in entries
                        if e.is_dir() and not e.name.startswith(TEMP_PREFIX)}
@@ -221,17 +236,11 @@ class LocalCodeStore:
         # mtime as it was. Kept by its age always.
         quiet = started - stat.st_mtime_ns >= self.QUIET_NS
         with self._listing_lock:
-            self._listing = (key if quiet else None, set(ids), listed_at, stat.st_ino)
-        if not os.path.exists(self._mark):
-            with contextlib.suppress(OSError):
-                self._mark.touch()
+            before, self._listing = self._listing, (
+                key if quiet else None, set(ids), listed_at, pinned)
+        if before is not None:
+            before[3].close()
         return ids
-
-    def _same_directory(self, inode: int, now: int) -> bool:
-        """Whether the directory listed then is still this one: the same inode, and the
-        mark a listing leaves in it still there (a file system reuses the inode of a
-        directory wiped and made again)."""
-        return inode == now and os.path.exists(self._mark)
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)
