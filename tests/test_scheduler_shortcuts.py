@@ -35,23 +35,21 @@ class FakeView:
         for listener in self._listeners:
             listener(directory, topology_id)
 
-    def set_storm(self, topology_id: str, base: StormBase | None) -> None:
-        storms = dict(self.storms_)
-        if base is None:
-            storms.pop(topology_id, None)
+    def _replace(self, directory: str, attribute: str, topology_id: str,
+                 record: object | None) -> None:
+        records = dict(getattr(self, attribute))
+        if record is None:
+            records.pop(topology_id, None)
         else:
-            storms[topology_id] = base
-        self.storms_ = storms
-        self.notify("storms", topology_id)
+            records[topology_id] = record
+        setattr(self, attribute, records)
+        self.notify(directory, topology_id)
+
+    def set_storm(self, topology_id: str, base: StormBase | None) -> None:
+        self._replace("storms", "storms_", topology_id, base)
 
     def set_assignment(self, topology_id: str, assignment: Assignment | None) -> None:
-        assignments = dict(self.assignments_)
-        if assignment is None:
-            assignments.pop(topology_id, None)
-        else:
-            assignments[topology_id] = assignment
-        self.assignments_ = assignments
-        self.notify("assignments", topology_id)
+        self._replace("assignments", "assignments_", topology_id, assignment)
 
     def barrier(self, **_: object) -> None:
         pass
