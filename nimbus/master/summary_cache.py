@@ -251,8 +251,9 @@ class ClusterSummaryCache:
             # time (the same shared dict while nothing changed): the per-topology parts
             # below are reconciled against the topologies as they are now.
             storms = view.storms()
-            orphans = self._note_orphan_assignments(storms, changed)
-            assignments = self._assignments(orphans) \
+            every = view.assignments()
+            orphans = self._note_orphan_assignments(storms, every, changed)
+            assignments = self._assignments(every, orphans) \
                 if dirty & {"storms", "assignments"} or storms is not previous.storms \
                 else previous.assignments
             supervisors = view.supervisors() if "supervisors" in dirty \
@@ -274,11 +275,11 @@ class ClusterSummaryCache:
                                taken_at=time.monotonic(), version=previous.version + 1)
 
     def _note_orphan_assignments(self, storms: dict[str, StormBase],
+                                 every: dict[str, Assignment],
                                  changed: set[str] | None) -> set[str]:
         """The assignments the view holds without a StormBase in ``storms`` (a submission
         or a removal half seen), brought up to date from the topologies that ``changed``
-        (None: all of them)."""
-        every = self._view.assignments()
+        (None: all of them); ``every`` is the view's assignments."""
         if changed is None:
             self._orphan_assignments = set(every.keys() - storms.keys())
         else:
@@ -289,10 +290,11 @@ class ClusterSummaryCache:
                     self._orphan_assignments.discard(topology_id)
         return self._orphan_assignments
 
-    def _assignments(self, orphans: set[str]) -> dict[str, Assignment]:
+    @staticmethod
+    def _assignments(every: dict[str, Assignment], orphans: set[str]
+                     ) -> dict[str, Assignment]:
         """The view's assignments of live topologies: its own shared dict when it holds
         no other, a copy without the ``orphans`` otherwise."""
-        every = self._view.assignments()
         if not orphans:
             return every
         kept = dict(every)
