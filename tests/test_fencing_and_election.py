@@ -28,7 +28,7 @@ class CodeFacts:
     def check_code(self, leading=False):
         return self._check()
 
-    def wake(self, _event=None):
+    def resync(self):
         self.syncs_asked += 1
 
 

@@ -47,7 +47,7 @@ class FakeCode:
             raise self.error
         return self.check
 
-    def wake(self, _event=None):
+    def resync(self):
         self.syncs_asked += 1
 
 

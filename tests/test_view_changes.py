@@ -40,3 +40,20 @@ def test_a_change_of_the_directory_itself_or_a_restart_is_everything():
     changes.everything()
     assert changes.take() is None
     assert changes.take() == set()
+
+
+def test_a_reader_that_stops_taking_keeps_a_bounded_set(monkeypatch):
+    """A leader's code check takes only while it leads: once more ids than MOST
+    changed since its last take, it keeps none and its next take is everything."""
+    monkeypatch.setattr(ViewChanges, "MOST", 3)
+    view = Told()
+    changes = ViewChanges(view, ("storms",))
+    changes.take()
+    for n in range(3):
+        view.tell("storms", f"t-{n}-1")
+    assert changes.take() == {"t-0-1", "t-1-1", "t-2-1"}
+    for n in range(4):
+        view.tell("storms", f"t-{n}-1")
+    assert len(changes._ids) == 0
+    assert changes.take() is None
+    assert changes.take() == set()

@@ -221,7 +221,8 @@ class LocalCodeStore:
         with self._listing_lock:
             kept = self._listing
             if kept is not None and (kept[0] == key or (
-                    time.monotonic() - kept[2] <= max_age_s and kept[3].inode == stat.st_ino)):
+                    max_age_s > 0 and time.monotonic() - kept[2] <= max_age_s
+                    and kept[3].inode == stat.st_ino)):
                 return set(kept[1])
         started, listed_at = time.time_ns(), time.monotonic()
         try:

@@ -28,6 +28,7 @@ this release cannot read (``RecordError``) fetches nothing but keeps the copy he
 from __future__ import annotations
 
 import logging
+import math
 import tempfile
 import threading
 import time
@@ -40,10 +41,13 @@ from kazoo.exceptions import KazooException
 from nimbus.background_loop import BackgroundLoop
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore
-from nimbus.master.version_rules import required_code_keys, view_code_keys
-from nimbus.state.cluster_state import LayoutMissingError, StormClusterState
+from nimbus.master.needed_code import NeededCode
+from nimbus.master.version_rules import required_code_keys
+from nimbus.state.cluster_state import LayoutMissingError, StormClusterState, is_topology_id
 from nimbus.state.cluster_view import ClusterView, ViewNotLoadedError
 from nimbus.state.code_versions import is_version_key, topology_of
+from nimbus.state.records import CodeMeta, RecordError
+from nimbus.state.view_changes import ViewChanges
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ log = logging.getLogger(__name__)
 class CodeCheck:
     """One reading of whether this host holds every live topology's code: the code keys
     the live topologies need, read from ZooKeeper (their ids, and their kept versions'
-    keys), and, of those, the ones found on disk right after.
+    keys), and, of those, the ones missing on disk right after.
 
     True when nothing is missing. The elector grants leadership on such a reading and logs
     this very reading (``str()``), so the log shows the evidence the decision used, not a
@@ -60,14 +64,14 @@ class CodeCheck:
     """
 
     live: frozenset[str]
-    held: frozenset[str]
+    missing: frozenset[str] = frozenset()
     # Missing topologies whose code no nimbus or store has offered for the grace period
     # (nimbus.code.lost.grace.secs): leading without them is allowed, degraded.
     lost: frozenset[str] = frozenset()
 
     @property
-    def missing(self) -> frozenset[str]:
-        return self.live - self.held
+    def held(self) -> frozenset[str]:
+        return self.live - self.missing
 
     @property
     def degraded(self) -> bool:
@@ -78,12 +82,13 @@ class CodeCheck:
         return not (self.missing - self.lost)
 
     def __str__(self) -> str:
+        held = len(self.live) - len(self.missing)
         if any(is_version_key(k) for k in self.live):
             topologies = len({topology_of(k) for k in self.live})
-            text = (f"held {len(self.held)} of {len(self.live)} code versions of "
+            text = (f"held {held} of {len(self.live)} code versions of "
                     f"{topologies} live topologies [{','.join(sorted(self.live))}]")
         else:
-            text = (f"held {len(self.held)} of {len(self.live)} live topologies "
+            text = (f"held {held} of {len(self.live)} live topologies "
                     f"[{','.join(sorted(self.live))}]")
         if self.degraded:
             text += (f"; DEGRADED, code lost on every nimbus: "
@@ -135,6 +140,7 @@ class CodeSync:
         self._reported_lost: frozenset[str] = frozenset()  # guarded by _lost_lock
         self._lost_lock = threading.Lock()
         self._retry_at: dict[str, float] = {}
+        self._protected_now: set[str] = set()  # read by each pass (see _begin)
         self._failures: dict[str, int] = {}
         self._complete: bool | None = None
         #: Live topologies whose code this host lacked after the last pass (a metric).
@@ -147,6 +153,17 @@ class CodeSync:
         self._pause_s = period_s  # until the next pass; each pass sets it
         self._loop = BackgroundLoop("code-sync", self._pass, period=lambda: self._pause_s)
         self.runs = 0
+        # What the live topologies need, and what changed, each kept for one thread from
+        # the view's changes: a pass and a leader's check cost what changed since the
+        # last, with a look at every topology at least every LISTING_MAX_AGE_S.
+        self._needed = NeededCode(view) if view is not None else None  # the sync's
+        self._changes = ViewChanges(view, self.READS) if view is not None else None
+        self._missing: set[str] = set()  # needed keys not held after the last pass
+        self._full_at = -math.inf  # when the last pass that looked at everything began
+        self._full_asked = threading.Event()
+        self._check_needed = NeededCode(view) if view is not None else None  # the cycle's
+        self._check_missing: set[str] = set()
+        self._check_full_at = -math.inf
 
     def start(self) -> None:
         if self._view is not None:
@@ -183,48 +200,62 @@ class CodeSync:
         """Ask for a run soon; also the callback of every watch this sync leaves."""
         self._loop.wake()
 
+    def resync(self) -> None:
+        """Ask for a run soon that looks at every topology and lists the disk afresh
+        (the leader found code missing: a copy may have been deleted by hand)."""
+        self._full_asked.set()
+        self._loop.wake()
+
     def check_cluster(self) -> None:
         """Raise LayoutMissingError unless ZooKeeper's root still holds the cluster this
         nimbus joined (nothing to check when it was built without a cluster id)."""
         if self._cluster_id is not None:
             self._state.check_cluster(self._cluster_id)
 
-    def _needed_by_view(self) -> frozenset[str] | None:
-        """The code keys of the live topologies from the view, after a barrier (as
-        current as a listing, without re-reading thousands of names); None when the
-        view cannot answer (not loaded: the caller lists ZooKeeper instead)."""
-        if self._view is None:
-            return None
-        try:
-            self._view.barrier(directories=self.READS)
-            return frozenset(view_code_keys(self._view, self._view.active_storms()))
-        except ViewNotLoadedError:
-            return None
-
     def check_code(self, leading: bool = False) -> CodeCheck:
         """Read the live topologies and the code keys they need (one listing of storms,
         one of code-versions and a read per upgraded topology), then which of those this
         host holds. Lost code (STORM-3664) is judged per code key.
 
-        ``leading``: this nimbus leads (its view is loaded and watched): the live
-        topologies come from the view after a barrier rather than from a listing of
-        every topology at each cycle; a nimbus about to take the lock lists ZooKeeper.
+        ``leading``: this nimbus leads (its view is loaded and watched) and checks at
+        every cycle: the answer comes from the view after a barrier, brought up to date
+        by what changed since the last check, with a look at every topology and a fresh
+        listing of the disk at least every LISTING_MAX_AGE_S. A nimbus about to take the
+        lock lists ZooKeeper and the disk.
 
         Raises LayoutMissingError when that cannot be known (see the module docstring).
         """
         self.check_cluster()
-        needed = self._needed_by_view() if leading else None
-        if needed is None:
+        checked = self._leaders_check() if leading else None
+        if checked is None:
             needed = required_code_keys(self._state, self._state.active_storms())
             # About to take the lock: a listing now, not a recent one.
-            held = needed & self._store.topologies()  # one listing, not a stat per key
+            missing = needed - self._store.topologies()  # one listing, not a stat per key
         else:
-            # A leader checks at every cycle: a recent listing, and a stat for each code
-            # key it lacks (the ones added since, at a submit or two per cycle).
-            held = needed & self._store.topologies(max_age_s=self.LISTING_MAX_AGE_S)
-            held |= {k for k in needed - held if self._store.has(k)}
-        return CodeCheck(live=needed, held=held,
-                         lost=self._note_unavailable(needed - held))
+            needed, missing = checked
+        return CodeCheck(live=needed, missing=missing,
+                         lost=self._note_unavailable(missing))
+
+    def _leaders_check(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """(needed, missing) from the view, kept by change (see :meth:`check_code`); None
+        when the view cannot answer (not loaded: the caller lists ZooKeeper instead)."""
+        needs = self._check_needed
+        if needs is None or self._view is None:
+            return None
+        try:
+            self._view.barrier(directories=self.READS)
+            delta = needs.update()
+        except ViewNotLoadedError:
+            return None
+        now = time.monotonic()
+        if delta is None or now - self._check_full_at >= self.LISTING_MAX_AGE_S:
+            self._check_full_at = now
+            missing = needs.keys - self._store.topologies()
+        else:
+            # Only what was missing and what was added can be missing now: a stat each.
+            missing = self._check_missing | delta[0]
+        self._check_missing = {k for k in missing if k in needs and not self._store.has(k)}
+        return needs.keys, frozenset(self._check_missing)
 
     def _note_unavailable(self, missing: frozenset[str]) -> frozenset[str]:
         """Of ``missing`` (code keys), those no source has offered for the grace period.
@@ -308,54 +339,130 @@ class CodeSync:
             return flagged
 
     def sync_once(self) -> None:
-        """One pass: fetch what is missing, drop what is gone."""
+        """One pass: fetch what is missing, drop what is gone.
+
+        A pass looks at the code keys that changed since the last one (the topologies
+        and code nodes named by the view's changes, and any download waiting to be
+        retried). It looks at every topology, with a fresh listing of the disk, when
+        the last such pass began LISTING_MAX_AGE_S ago or more, when the view was read
+        again, and when :meth:`resync` asked."""
         self.runs += 1
-        # Read the disk first, then the submissions in flight, then ZooKeeper: a copy on
-        # disk is then either still protected or already visible as a storm or a published
-        # metafile, never mistaken for the code of a removed topology.
-        # A recent listing: what it lacks is checked with a stat before any fetch, and a
-        # copy it still names after an operator deleted it is fetched again later.
-        held = self._store.topologies(max_age_s=self.LISTING_MAX_AGE_S)
-        protected = self._protected()
+        if self._view is None or self._changes is None or self._needed is None:
+            raise RuntimeError("CodeSync.sync_once needs a ClusterView")
+        # Taken before anything is read (see ViewChanges); given back if the pass fails.
+        changed = self._changes.take()
+        try:
+            if (changed is None or self._full_asked.is_set()
+                    or time.monotonic() - self._full_at >= self.LISTING_MAX_AGE_S):
+                self._sync_everything()
+            else:
+                self._sync_changed(changed)
+        except BaseException:
+            self._changes.everything()
+            raise
+
+    def _begin(self) -> None:
+        """After the disk was read: the submissions in flight, then ZooKeeper. A copy on
+        disk is then either still protected or already visible as a storm or a published
+        metafile, never mistaken for the code of a removed topology."""
+        self._protected_now = self._protected()
         self.check_cluster()
         if self._take_retry_now():
             self._retry_at = dict.fromkeys(self._retry_at, 0.0)
-        view = self._view
-        if view is None:
-            raise RuntimeError("CodeSync.sync_once needs a ClusterView")
         # A constant number of round trips; the listing and the metafiles come from memory.
-        view.barrier(directories=self.READS)
-        live = set(view.active_storms())
-        needed = view_code_keys(view, live)
-        # Set operations on the view's shared records: a pass costs the keys that differ
-        # from what is held, not a Python step per topology. A code node this release
-        # cannot read (logged by the state) gives nothing to fetch from, but a copy held
-        # here is kept: an unreadable node (say, a newer release's) is not a removal.
+        assert self._view is not None
+        self._view.barrier(directories=self.READS)
+
+    def _sync_everything(self) -> None:
+        assert self._view is not None and self._needed is not None
+        self._full_asked.clear()
+        self._full_at = time.monotonic()
+        view, needs = self._view, self._needed
+        held = self._store.topologies()  # the disk first (see _begin)
+        self._begin()
+        needs.update()
+        needed = needs.keys
+        # Set operations on the view's shared records. A code node this release cannot
+        # read (logged by the state) gives nothing to fetch from, but a copy held here is
+        # kept: an unreadable node (say, a newer release's) is not a removal.
         published = view.code_metas()
         wanted = needed | published.keys() | view.unreadable("code-distributor")
-        for topology_id in sorted(wanted - held):
-            if topology_id not in published:
+        missing_before = needed - held
+        self._fetch_missing(sorted(wanted - held), published.get)
+        self._remove_unwanted(sorted(held - wanted - self._protected_now))
+        for code_key in list(self._retry_at):
+            if code_key not in wanted or self._store.has(code_key):
+                self._forget_retry(code_key)
+        self._missing = {k for k in missing_before if not self._store.has(k)}
+        self._report_completeness(missing_before, len(needed))
+
+    def _sync_changed(self, changed: set[str]) -> None:
+        """A pass over the code keys named by ``changed`` (topology ids and code keys)."""
+        assert self._view is not None and self._needed is not None
+        view, needs = self._view, self._needed
+        keys = {name for name in changed if is_topology_id(name)}  # code keys, ids
+        for topology_id in {topology_of(name) for name in keys}:
+            keys |= needs.keys_of(topology_id)  # what it needed before the change
+        held = {k for k in keys if self._store.has(k)}  # the disk first (see _begin)
+        self._begin()
+        delta = needs.update()
+        if delta is None:  # the view was read again meanwhile
+            self._sync_everything()
+            return
+        unreadable = view.unreadable("code-distributor")
+        metas = {k: self._published(k) for k in keys | delta[0] | self._retry_at.keys()}
+
+        def wanted(code_key: str) -> bool:
+            return (code_key in needs or metas.get(code_key) is not None
+                    or code_key in unreadable)
+
+        looked_at = (keys | delta[0] | self._missing) & needs.keys
+        missing_before = {k for k in looked_at if not self._store.has(k)}
+        self._fetch_missing(sorted(metas.keys() - held), metas.get)
+        self._remove_unwanted(sorted(k for k in held - self._protected_now
+                                     if not wanted(k)))
+        for code_key in list(self._retry_at):
+            if not wanted(code_key) or self._store.has(code_key):
+                self._forget_retry(code_key)
+        self._missing = {k for k in missing_before if not self._store.has(k)}
+        self._report_completeness(missing_before, len(needs))
+
+    def _published(self, code_key: str) -> CodeMeta | None:
+        """``code_key``'s published metafile; None when it has none, or none that this
+        release can read (``wanted`` then keeps a copy held here: see _sync_everything)."""
+        assert self._view is not None
+        try:
+            return self._view.code_meta(code_key)
+        except RecordError:
+            return None
+
+    def _fetch_missing(self, code_keys: list[str],
+                       published: Callable[[str], CodeMeta | None]) -> None:
+        for code_key in code_keys:
+            meta = published(code_key)
+            if meta is None:
                 continue  # live, but no metafile yet: a submission in flight
-            if self._store.has(topology_id):
-                continue  # arrived since the listing (this leader's own submission)
-            if time.monotonic() >= self._retry_at.get(topology_id, 0):
-                self._fetch(topology_id, published[topology_id].metafile)
-        for topology_id in sorted(held - wanted - protected):
+            if self._store.has(code_key):
+                continue  # arrived since the disk was read (this leader's own submission)
+            if time.monotonic() >= self._retry_at.get(code_key, 0):
+                self._fetch(code_key, meta.metafile)
+
+    def _remove_unwanted(self, code_keys: list[str]) -> None:
+        for code_key in code_keys:
             if self._cleanup_blocked:
-                log.error("not removing code of %s: %s", topology_id, self._cleanup_blocked)
+                log.error("not removing code of %s: %s", code_key, self._cleanup_blocked)
                 continue
-            if self._still_there(topology_id):
+            if self._still_there(code_key):
                 continue  # the view trailed ZooKeeper; the next pass sees it
-            log.info("removing code of %s: the topology is gone", topology_id)
+            log.info("removing code of %s: the topology is gone", code_key)
             try:
-                self._distributor.cleanup(topology_id)
+                self._distributor.cleanup(code_key)
             finally:
-                self._store.remove(topology_id)
-        for topology_id in list(self._retry_at):
-            if topology_id not in wanted or self._store.has(topology_id):
-                self._retry_at.pop(topology_id, None)
-                self._failures.pop(topology_id, None)
-        self._report_completeness(needed, len(live), held)
+                self._store.remove(code_key)
+
+    def _forget_retry(self, code_key: str) -> None:
+        self._retry_at.pop(code_key, None)
+        self._failures.pop(code_key, None)
 
     def _still_there(self, code_key: str) -> bool:
         """Read ZooKeeper itself before removing anything: the code node of ``code_key``
@@ -369,26 +476,25 @@ class CodeSync:
             return False
         return code_key in required_code_keys(self._state, [topology_id])
 
-    def _report_completeness(self, needed: set[str], topologies: int,
-                             held_before: set[str]) -> None:
+    def _report_completeness(self, missing_before: set[str], needed: int) -> None:
         # Logged when it changes, and after a pass that fetched missing code, so that an
         # operator (or a test) sees the moment this host became able to lead.
-        # Only the keys missing at the pass's start can be missing now (a stat each,
-        # not a second listing of every copy).
-        missing = sorted(k for k in needed - held_before if not self._store.has(k))
+        assert self._view is not None
+        topologies = len(self._view.active_storms())
+        missing = sorted(self._missing)
         self.missing_count = len(missing)
-        versions = f" ({len(needed)} code versions)" if len(needed) != topologies else ""
+        versions = f" ({needed} code versions)" if needed != topologies else ""
         if missing:
             if self._complete is not False:
                 if versions:
                     log.info("code incomplete: missing %d of %d code versions of %d live "
-                             "topologies [%s]", len(missing), len(needed), topologies,
+                             "topologies [%s]", len(missing), needed, topologies,
                              ",".join(missing))
                 else:
                     log.info("code incomplete: missing %d of %d live topologies [%s]",
                              len(missing), topologies, ",".join(missing))
             self._complete = False
-        elif self._complete is not True or needed - held_before:
+        elif self._complete is not True or missing_before:
             log.info("code complete: holds all %d live topologies%s", topologies, versions)
             self._complete = True
 

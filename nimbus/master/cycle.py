@@ -88,7 +88,7 @@ class CodeFacts(Protocol):
 
     def check_code(self, leading: bool = False) -> CodeCheck: ...
 
-    def wake(self, _event: object = None) -> None: ...
+    def resync(self) -> None: ...
 
 
 class ViewFacts(Protocol):
@@ -178,7 +178,7 @@ class NimbusCycle:
             view_current = self._view_current()               # 2
             step = self._decide()                             # 3, 4
             if step.lacks_code:
-                self._code.wake()
+                self._code.resync()
             self._note_leadership(step.leadership)            # 5
             if step.leadership is not None and view_current:  # 6
                 self._run_duties(step.leadership, force_duties)

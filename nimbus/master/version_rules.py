@@ -75,6 +75,18 @@ def required_code_keys(state: StormClusterState, live: Iterable[str]) -> frozens
     return frozenset(keys)
 
 
+def view_code_keys_of(view: ClusterView, topology_id: str) -> frozenset[str]:
+    """:func:`required_code_keys` of one live topology, read from a view's memory (a
+    lookup, and a pass over the code nodes only when its /code-versions is unreadable)."""
+    try:
+        got = view.code_versions(topology_id)
+    except RecordError:
+        return frozenset([topology_id, *(
+            k for k in view.code_topologies()
+            if is_version_key(k) and topology_of(k) == topology_id)])
+    return frozenset(code_keys(topology_id, got[0] if got is not None else None))
+
+
 def view_code_keys(view: ClusterView, live: Iterable[str]) -> set[str]:
     """:func:`required_code_keys`, read from a view's memory."""
     live = set(live)

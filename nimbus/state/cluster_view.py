@@ -284,6 +284,12 @@ class ClusterView:
         Shared: do not change it."""
         return self._ids("storms")
 
+    def has_storm(self, topology_id: str) -> bool:
+        """Whether ``topology_id`` is under /storms (one of :meth:`active_storms`, its
+        node read or not), in constant time."""
+        tree = self._tree("storms")
+        return is_topology_id(topology_id) and tree.holds(tree.join(topology_id))
+
     def storm_base(self, topology_id: str) -> StormBase | None:
         """RecordError if unreadable."""
         return self._record(StormBase, "storms", topology_id)

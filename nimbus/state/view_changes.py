@@ -27,6 +27,12 @@ class ViewChanges:
     barrier and a take the records read hold every change taken.
     """
 
+    #: More ids than this since the last take: "every topology" instead. A reader that
+    #: stops taking for a while (a leader's check, once it no longer leads) keeps a
+    #: bounded set, and a reader that takes after a burst this size reads everything
+    #: once, which costs about as much as applying each change.
+    MOST = 4096
+
     def __init__(self, view: ListenedView, directories: tuple[str, ...]):
         self._directories = frozenset(directories)
         self._lock = threading.Lock()
@@ -38,10 +44,14 @@ class ViewChanges:
         if directory not in self._directories:
             return
         with self._lock:
+            if self._all:
+                return  # every id will be read: nothing to keep
             if topology_id:
                 self._ids.add(topology_id)
+                if len(self._ids) > self.MOST:
+                    self._ids, self._all = set(), True
             else:  # the directory itself: loaded again, reconnected
-                self._all = True
+                self._ids, self._all = set(), True
 
     def everything(self) -> None:
         """Have the next :meth:`take` answer "every topology" (a reader starting over,
