@@ -17,7 +17,12 @@ topology:
   the ZooKeeper server's share is not counted);
 * the scheduler pass alone (wall time, median);
 * the summary's reload alone (``refresh_now``, wall time, median);
-* one supervisor heartbeat (a rewritten SupervisorInfo) until the summary shows it.
+* one supervisor heartbeat (a rewritten SupervisorInfo) until the summary shows it;
+* the leader's code work after a submit: a code sync pass and the cycle's code check
+  (``CodeSync``, over a local store holding every topology's copy), wall time, median;
+* getClusterInfo's reply (``ClusterInfoReplies``) at a new second, and after a heartbeat
+  within the second (the topology list's encoding kept); as a same-run baseline, the
+  reply with every struct built and encoded afresh.
 
 The view's client holds recursive watches, as a nimbus's does; ``--child-watches`` puts it
 on kazoo's own client instead, which lists a directory again for every new child (what
@@ -41,14 +46,22 @@ from kazoo.client import KazooClient
 
 from nimbus.config import load_config
 from nimbus.dev.zookeeper import ZooKeeperServer
+from nimbus.distribution.distributors import CodeDistributor
+from nimbus.distribution.hookspecs import hookimpl
+from nimbus.distribution.local_code import LocalCodeStore
+from nimbus.master.code_sync import CodeSync
 from nimbus.master.elector import LeaderElector
 from nimbus.master.scheduler import Scheduler
 from nimbus.master.summary_cache import ClusterSummaryCache
 from nimbus.state.cluster_state import StormClusterState
 from nimbus.state.cluster_view import ClusterView
-from nimbus.state.records import INACTIVE, Assignment, StormBase, SupervisorInfo
+from nimbus.state.records import INACTIVE, Assignment, CodeMeta, StormBase, SupervisorInfo
 from nimbus.state.recursive_watch import RecursiveWatchClient
 from nimbus.state.zk_handler import PollingThreadingHandler
+from nimbus.thrift import nimbus_ha, storm
+from nimbus.thrift.cluster_info import ClusterInfoReplies
+from nimbus.thrift.server import EncodedResult
+from nimbus.thrift.topology_summaries import TopologySummaries
 
 ROOT = "/storm"
 
@@ -70,13 +83,55 @@ def topology_nodes(topology_id: str, index: int) -> tuple[StormBase, Assignment]
                             code_sha256={"stormjar.jar": "0" * 64})
 
 
-def grow(zk: KazooClient, state: StormClusterState, upto: int, have: int) -> None:
-    """Write topologies ``have``..``upto`` - 1 as ``activate_storm`` does, pipelined."""
+META = CodeMeta(distributor="bench", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="bench",
+                created_secs=1).encode()
+
+
+class NoDownloads:
+    """The leader's distributor in this benchmark: it holds every copy, fetches none."""
+
+    name = "bench"
+
+    @hookimpl
+    def prepare(self, conf, context):
+        pass
+
+    @hookimpl
+    def upload(self, dir_path, topology_id):
+        return dir_path
+
+    @hookimpl
+    def delete_shared(self, topology_id):
+        pass
+
+    @hookimpl
+    def close(self, conf):
+        pass
+
+    @hookimpl
+    def download(self, dest_dir, topology_id, metafile):
+        raise RuntimeError("the benchmark's leader holds every copy")
+
+    @hookimpl
+    def get_replication_count(self, topology_id):
+        return 1
+
+    @hookimpl
+    def cleanup(self, topology_id):
+        pass
+
+
+def grow(zk: KazooClient, state: StormClusterState, store: LocalCodeStore, upto: int,
+         have: int) -> None:
+    """Write topologies ``have``..``upto`` - 1 as a leader's submit does (the copy, the
+    code node, then ``activate_storm``'s nodes), pipelined."""
     pending = []
     for index in range(have, upto):
         topology_id = f"bench{index}-{index}-1700000000"
+        store.path(topology_id).mkdir()
         base, assignment = topology_nodes(topology_id, index)
         txn = zk.transaction()
+        txn.create(state.code_path(topology_id), META)
         txn.create(state.storm_path(topology_id), base.encode())
         txn.create(state.path("assignments", topology_id), assignment.encode())
         txn.create(state.path("workerbeats", topology_id), b"")
@@ -90,18 +145,38 @@ def grow(zk: KazooClient, state: StormClusterState, upto: int, have: int) -> Non
         result.get(timeout=60)
 
 
+def supervisor_summaries(snapshot) -> list:
+    return [storm.SupervisorSummary(host=info.hostname, uptime_secs=info.uptime_secs,
+                                    num_workers=4, num_used_workers=0, supervisor_id=sid)
+            for sid, info in snapshot.supervisors.items()]
+
+
+def encode_afresh(snapshot, now: float) -> None:
+    """getClusterInfo's reply at ``now``, every struct built and encoded anew."""
+    EncodedResult(nimbus_ha.NimbusHa.getClusterInfo_result(success=storm.ClusterSummary(
+        supervisors=supervisor_summaries(snapshot),
+        topologies=TopologySummaries().at(snapshot, now), nimbuses=[],
+        nimbus_uptime_secs=1)))
+
+
 def measure(state: StormClusterState, elector: LeaderElector, view: ClusterView,
-            scheduler: Scheduler, cache: ClusterSummaryCache, beat_zk: KazooClient,
-            size: int, trials: int) -> dict[str, float]:
-    cpu, passes, reloads, beats = [], [], [], []
+            scheduler: Scheduler, cache: ClusterSummaryCache, sync: CodeSync,
+            store: LocalCodeStore, beat_zk: KazooClient, size: int,
+            trials: int) -> dict[str, float]:
+    cpu, passes, reloads, beats, code, kept, beat, fresh = [], [], [], [], [], [], [], []
     fence = elector.fence()
     scheduler.schedule(fence)  # warm: the first pass after growing reads everything
+    sync.resync()
+    sync.sync_once()  # warm: a pass over everything, as every LISTING_MAX_AGE_S
+    sync.check_code(leading=True)
     for trial in range(trials):
         topology_id = f"probe{size}x{trial}-{trial}-1700000000"
         base, assignment = topology_nodes(topology_id, 10**7 + trial)
         base = StormBase(storm_name=f"probe{size}x{trial}", launch_time_secs=base.launch_time_secs,
                          status=INACTIVE, num_workers=1)
         started = time.process_time()
+        store.path(topology_id).mkdir()
+        state.zk.create(state.code_path(topology_id), META)
         state.activate_storm(fence, topology_id, base, assignment)
         view.barrier()
         if view.find_storm_by_name(base.storm_name) is None:
@@ -114,7 +189,25 @@ def measure(state: StormClusterState, elector: LeaderElector, view: ClusterView,
         t0 = time.perf_counter()
         scheduler.schedule(fence)
         passes.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        sync.sync_once()
+        if not sync.check_code(leading=True) or sync.missing_count:
+            raise AssertionError("the code check missed a copy")
+        code.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - started)
+    replies, now, snapshot = ClusterInfoReplies(), time.time(), cache.snapshot
+    replies.encode(snapshot, now, supervisor_summaries(snapshot), [], 1)
+    for second in range(1, 6):
+        t0 = time.perf_counter()  # a new second: the topology list is encoded again
+        replies.encode(snapshot, now + second, supervisor_summaries(snapshot), [], 1)
+        kept.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()  # a heartbeat within the second: it is not
+        replies.encode(snapshot, now + second, supervisor_summaries(snapshot), [], 1)
+        beat.append(time.perf_counter() - t0)
+    for second in range(6, 11):  # apart: each built-afresh reply leaves 10,000 structs
+        t0 = time.perf_counter()  # for the collector
+        encode_afresh(snapshot, now + second)
+        fresh.append(time.perf_counter() - t0)
     for trial in range(min(trials, 5)):
         info = SupervisorInfo(time_secs=trial + 2, hostname="host-0", meta=[6700],
                               uptime_secs=trial + 2)
@@ -130,7 +223,11 @@ def measure(state: StormClusterState, elector: LeaderElector, view: ClusterView,
             "pass_ms": statistics.median(passes) * 1000,
             "pass_max_ms": max(passes) * 1000,
             "reload_ms": statistics.median(reloads) * 1000,
-            "beat_shown_ms": statistics.median(beats) * 1000}
+            "beat_shown_ms": statistics.median(beats) * 1000,
+            "code_ms": statistics.median(code) * 1000,
+            "gci_second_ms": statistics.median(kept) * 1000,
+            "gci_beat_ms": statistics.median(beat) * 1000,
+            "gci_afresh_ms": statistics.median(fresh) * 1000}
 
 
 def main() -> int:
@@ -177,14 +274,17 @@ def main() -> int:
             scheduler = Scheduler(conf, state, view, quarantine_s=lambda: 0.0)
             cache = ClusterSummaryCache(view.state, ReplicaCounter(view), view)
             cache.start()
+            store = LocalCodeStore(Path(work) / "stormdist")
+            sync = CodeSync(state, store, CodeDistributor(NoDownloads), period_s=3600,
+                            view=view)
             results = {}
             have = 0
             for size in (args.baseline, args.topologies):
-                grow(sessions, state, size, have)
+                grow(sessions, state, store, size, have)
                 have = size
                 view.barrier(timeout_s=120)
-                results[size] = measure(state, elector, view, scheduler, cache, sessions,
-                                        size, args.trials)
+                results[size] = measure(state, elector, view, scheduler, cache, sync, store,
+                                        sessions, size, args.trials)
                 have += args.trials
                 print(f"at {size}: " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                  results[size].items()), flush=True)

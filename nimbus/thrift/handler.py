@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -48,13 +49,15 @@ from nimbus.state.cluster_state import (
 from nimbus.state.cluster_view import ViewNotLoadedError
 from nimbus.state.code_versions import ALL, topology_of
 from nimbus.state.records import ACTIVE, INACTIVE, RecordError
-from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha, page_info, storm
+from nimbus.thrift import NOT_LEADER_PREFIX, page_info, storm
 from nimbus.thrift.authorizer import (
     READONLY_USERS_KEY,
     SimpleAclAuthorizer,
     read_refusal,
     topology_users,
 )
+from nimbus.thrift.cluster_info import ClusterInfoReplies
+from nimbus.thrift.numbers import i32
 from nimbus.thrift.server import EncodedResult, call_context, client_gone, current_client
 from nimbus.thrift.tls import caller
 
@@ -62,15 +65,6 @@ log = logging.getLogger(__name__)
 _PROTO = TBinaryProtocolFactory()
 # Storm's per-worker system component; stands for a worker that reports no component yet.
 SYSTEM_COMPONENT = "__system"
-
-
-def _i32(value: float) -> int:
-    """``value`` as a Thrift i32: numbers read from ZooKeeper (uptimes, ports) can be
-    anything, and one out of range must not make the whole reply unwritable."""
-    number = int(value)
-    if -2147483648 <= number <= 2147483647:
-        return number
-    return 2147483647 if number > 0 else -2147483648
 
 
 def _check_id(topology_id: str) -> None:
@@ -120,9 +114,8 @@ class NimbusHandler:
         self.transfers = transfers
         self.store = store
         self.started_at = started_at
-        # ((storms, assignments, replication), second, TopologySummary list) of the last
-        # getClusterInfo
-        self._summaries: tuple[tuple[Any, ...], int, list[Any]] | None = None
+        self._replies = ClusterInfoReplies()  # guarded by _cluster_info_lock
+        self._cluster_info_lock = threading.Lock()
         # (snapshot, second, leading, its encoded reply) of the last getClusterInfo
         self._cluster_info: tuple[Any, int, bool, EncodedResult] | None = None
         self.address = str(conf.nimbus_address)
@@ -416,8 +409,8 @@ class NimbusHandler:
             is_leader = leading if address == self.address else (
                 not leading and address == snap.leader)
             out.append(storm.NimbusSummary(
-                host=info.host, port=_i32(info.port),
-                uptime_secs=_i32(now - info.start_time_secs),
+                host=info.host, port=i32(info.port),
+                uptime_secs=i32(now - info.start_time_secs),
                 isLeader=is_leader, version=info.version))
         if leading and not any(s.isLeader for s in out):
             # A leader whose summary does not list it yet: a nimbus restarted moments
@@ -425,63 +418,45 @@ class NimbusHandler:
             # counted) takes seconds at 10,000 topologies. It leads, and says so.
             host, _, port = self.address.rpartition(":")
             out.append(storm.NimbusSummary(
-                host=host, port=_i32(int(port)), uptime_secs=_i32(now - self.started_at),
+                host=host, port=i32(int(port)), uptime_secs=i32(now - self.started_at),
                 isLeader=True, version=__version__))
         return out
-
-    def _topology_summaries(self, snap: Any, now: float) -> list[Any]:
-        """The TopologySummary list of ``snap`` at ``now``: built at most once per snapshot
-        and second (uptimes are whole seconds) and shared by the calls in between, so
-        that at thousands of topologies a call costs about its serialisation only."""
-        second = int(now)
-        # The summary cache keeps the parts that did not change (a supervisor's heartbeat
-        # makes a new snapshot with the same storms), so the parts are the key.
-        key = (snap.storms, snap.assignments, snap.replication)
-        built = self._summaries
-        if built is not None and all(a is b for a, b in zip(built[0], key, strict=True)) \
-                and built[1] == second:
-            return built[2]
-        found = snap.assignments
-        topologies = []
-        for topology_id, base in sorted(snap.storms.items()):
-            # Workers placed by the scheduler (Storm reports assigned, not requested,
-            # workers). Each worker is one executor (worker-<i>) of the Assignment:
-            # there are no finer tasks.
-            assignment = found.get(topology_id)
-            workers = _i32(len(assignment.executor_node_port)) if assignment is not None else 0
-            topologies.append(storm.TopologySummary(
-                id=topology_id, name=base.storm_name, num_tasks=workers,
-                num_executors=workers, num_workers=workers,
-                uptime_secs=_i32(second - base.launch_time_secs), status=base.status,
-                owner=base.owner or None,
-                replication_count=_i32(snap.replication.get(topology_id, 0))))
-        self._summaries = (key, second, topologies)
-        return topologies
 
     def getClusterInfo(self) -> Any:
         """The cluster summary, encoded once per snapshot, second (uptimes are whole
         seconds) and leadership, and shared by the calls in between: at 10,000
         topologies the encoding alone costs about 15 ms of Python, which each call
-        would otherwise pay again."""
+        would otherwise pay again. The topology list, most of it, is encoded once per
+        second and change of the topologies (:mod:`nimbus.thrift.cluster_info`)."""
         snap = self.cache.snapshot  # memory only: no ZooKeeper round trip per call
         now = time.time()
         leading = self.elector.is_leader()
+        hit = self._cluster_info_for(snap, now, leading)
+        if hit is not None:
+            return hit
+        with self._cluster_info_lock:  # one build at a time: its structs are shared
+            # A call that held the lock before this one may have built it meanwhile.
+            hit = self._cluster_info_for(snap, now, leading)
+            return hit if hit is not None else self._encode_cluster_info(snap, now, leading)
+
+    def _cluster_info_for(self, snap: Any, now: float, leading: bool) -> EncodedResult | None:
         cached = self._cluster_info
         if cached is not None and cached[0] is snap and cached[1] == int(now) \
                 and cached[2] == leading:
             return cached[3]
-        topologies = self._topology_summaries(snap, now)
+        return None
+
+    def _encode_cluster_info(self, snap: Any, now: float, leading: bool) -> EncodedResult:
         supervisors = [storm.SupervisorSummary(
-            host=row["host"], uptime_secs=_i32(row["uptime_secs"]), num_workers=row["slots"],
+            host=row["host"], uptime_secs=i32(row["uptime_secs"]), num_workers=row["slots"],
             # Used slots are the leader's assignments; the supervisor's own used_ports
             # lags them by a heartbeat.
             num_used_workers=row["used_slots"],
             supervisor_id=row["id"], version=row["version"] or None)
             for row in runtime_view.supervisor_rows(snap)]
-        summary = storm.ClusterSummary(supervisors=supervisors, topologies=topologies,
-                                       nimbuses=self._nimbus_summaries(snap, now, leading),
-                                       nimbus_uptime_secs=int(now - self.started_at))
-        encoded = EncodedResult(nimbus_ha.NimbusHa.getClusterInfo_result(success=summary))
+        encoded = EncodedResult(data=self._replies.encode(
+            snap, now, supervisors, self._nimbus_summaries(snap, now, leading),
+            int(now - self.started_at)))
         self._cluster_info = (snap, int(now), leading, encoded)
         return encoded
 
@@ -591,17 +566,17 @@ class NimbusHandler:
             task = worker["index"] + 1
             for component in sorted(worker["components"]) or [SYSTEM_COMPONENT]:
                 executors.append(storm.ExecutorSummary(
-                    executor_info=storm.ExecutorInfo(task_start=_i32(task), task_end=_i32(task)),
-                    component_id=component, host=worker["host"], port=_i32(worker["port"]),
-                    uptime_secs=_i32(worker["uptime_secs"])))
+                    executor_info=storm.ExecutorInfo(task_start=i32(task), task_end=i32(task)),
+                    component_id=component, host=worker["host"], port=i32(worker["port"]),
+                    uptime_secs=i32(worker["uptime_secs"])))
         errors = {component: [storm.ErrorInfo(error=e["error"],
-                                              error_time_secs=_i32(e["time_secs"]),
+                                              error_time_secs=i32(e["time_secs"]),
                                               host=e["host"] or None,
-                                              port=_i32(e["port"]) or None)
+                                              port=i32(e["port"]) or None)
                               for e in kept]
                   for component, kept in info["errors"].items()}
         return storm.TopologyInfo(
-            id=id, name=info["name"], uptime_secs=_i32(info["uptime_secs"]), executors=executors,
+            id=id, name=info["name"], uptime_secs=i32(info["uptime_secs"]), executors=executors,
             status=info["status"], errors=errors, owner=info["owner"] or None,
             replication_count=self.lifecycle.distributor.get_replication_count(
                 self._running_key(id)))

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from nimbus.thrift import storm
+from nimbus.thrift.numbers import i32
 
 ALL_TIME = ":all-time"
 #: The windows Storm's UI asks for (any other string is answered the same way).
@@ -35,12 +36,6 @@ WINDOWS = (ALL_TIME, "600", "10800", "86400")
 #: Storm's per-worker system component: stands for a worker that reports no component yet
 #: (as in getTopologyInfo).
 SYSTEM_COMPONENT = "__system"
-
-
-def _i32(value: float) -> int:
-    """``value`` clamped to a Thrift i32 (numbers from ZooKeeper can be anything)."""
-    number = int(value)
-    return max(-2147483648, min(2147483647, number))
 
 
 def window_key(window: str | None) -> str:
@@ -66,17 +61,17 @@ def executors(info: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
 
 def executor_summary(worker: dict[str, Any], component: str) -> Any:
     """The ExecutorSummary getTopologyInfo gives this executor."""
-    task = _i32(worker["index"] + 1)
+    task = i32(worker["index"] + 1)
     return storm.ExecutorSummary(
         executor_info=storm.ExecutorInfo(task_start=task, task_end=task),
-        component_id=component, host=worker["host"], port=_i32(worker["port"]),
-        uptime_secs=_i32(worker["uptime_secs"]))
+        component_id=component, host=worker["host"], port=i32(worker["port"]),
+        uptime_secs=i32(worker["uptime_secs"]))
 
 
 def error_info(error: dict[str, Any]) -> Any:
     """One of runtime_view's errors as Storm's ErrorInfo (as getTopologyInfo gives it)."""
-    return storm.ErrorInfo(error=error["error"], error_time_secs=_i32(error["time_secs"]),
-                           host=error["host"] or None, port=_i32(error["port"]) or None)
+    return storm.ErrorInfo(error=error["error"], error_time_secs=i32(error["time_secs"]),
+                           host=error["host"] or None, port=i32(error["port"]) or None)
 
 
 def _rows(worker: dict[str, Any], component: str) -> int:
@@ -90,7 +85,7 @@ def aggregate(num_executors: int, rows: int, last_error: Any = None) -> Any:
     return storm.ComponentAggregateStats(
         type=storm.ComponentType.BOLT,
         common_stats=storm.CommonAggregateStats(
-            num_executors=_i32(num_executors), num_tasks=_i32(num_executors),
+            num_executors=i32(num_executors), num_tasks=i32(num_executors),
             emitted=rows, transferred=rows, acked=0, failed=0),
         specific_stats=storm.SpecificAggregateStats(bolt=storm.BoltAggregateStats(
             execute_latency_ms=0.0, process_latency_ms=0.0, executed=rows, capacity=0.0)),
@@ -121,10 +116,10 @@ def worker_summary(info: dict[str, Any], worker: dict[str, Any], include_sys: bo
     tasks = {c: 1 for c in components if include_sys or not is_system(c)}
     return storm.WorkerSummary(
         supervisor_id=worker["supervisor_id"], host=worker["host"],
-        port=_i32(worker["port"]), topology_id=info["id"], topology_name=info["name"],
-        num_executors=_i32(len(components)),
+        port=i32(worker["port"]), topology_id=info["id"], topology_name=info["name"],
+        num_executors=i32(len(components)),
         component_to_num_tasks=tasks if readable else None,
-        uptime_secs=_i32(worker["uptime_secs"]))
+        uptime_secs=i32(worker["uptime_secs"]))
 
 
 def topology_stats(info: dict[str, Any], window: str, include_sys: bool) -> Any:
@@ -148,10 +143,10 @@ def topology_page(info: dict[str, Any], window: str | None, include_sys: bool,
                                   _last_error(info, component))
              for component, workers in _by_component(info).items()
              if include_sys or not is_system(component)}
-    count = _i32(len(executors(info)))
+    count = i32(len(executors(info)))
     return storm.TopologyPageInfo(
-        id=info["id"], name=info["name"], uptime_secs=_i32(info["uptime_secs"]),
-        status=info["status"], num_tasks=count, num_workers=_i32(len(info["workers"])),
+        id=info["id"], name=info["name"], uptime_secs=i32(info["uptime_secs"]),
+        status=info["status"], num_tasks=count, num_workers=i32(len(info["workers"])),
         num_executors=count, topology_conf=topology_conf, id_to_spout_agg_stats={},
         id_to_bolt_agg_stats=bolts, topology_stats=topology_stats(info, key, include_sys),
         owner=info["owner"] or None, replication_count=replication_count,
@@ -182,7 +177,7 @@ def component_page(info: dict[str, Any], component_id: str, window: str | None,
     return storm.ComponentPageInfo(
         component_id=component_id, component_type=storm.ComponentType.BOLT,
         topology_id=info["id"], topology_name=info["name"],
-        num_executors=_i32(len(workers)), num_tasks=_i32(len(workers)),
+        num_executors=i32(len(workers)), num_tasks=i32(len(workers)),
         window_to_stats={key: aggregate(len(workers), rows,
                                         _last_error(info, component_id))},
         gsid_to_input_stats={}, sid_to_output_stats={},
@@ -197,6 +192,6 @@ def supervisor_summary(supervisor_id: str, info: Any, used_ports: Iterable[int])
     """The SupervisorSummary getClusterInfo gives a supervisor (``info``: its
     SupervisorInfo; ``used_ports``: the slots the leader's assignments use)."""
     return storm.SupervisorSummary(
-        host=info.hostname, uptime_secs=_i32(info.uptime_secs), num_workers=len(info.meta),
+        host=info.hostname, uptime_secs=i32(info.uptime_secs), num_workers=len(info.meta),
         num_used_workers=len(list(used_ports)), supervisor_id=supervisor_id,
         version=info.version or None)

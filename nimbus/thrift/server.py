@@ -197,8 +197,9 @@ class EncodedResult:
 
     __slots__ = ("data",)
 
-    def __init__(self, result: Any):
-        self.data = serialize(result, TBinaryProtocolFactory())
+    def __init__(self, result: Any = None, *, data: bytes | None = None):
+        """``result`` to encode, or ``data``: its encoding, made by the caller."""
+        self.data = data if data is not None else serialize(result, TBinaryProtocolFactory())
 
 
 class _Processor(TProcessor):
