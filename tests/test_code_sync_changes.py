@@ -223,3 +223,27 @@ def test_a_leaders_check_by_change_agrees_with_a_listing(cluster, tmp_path, monk
     assert sync.check_code(leading=True).missing == frozenset(), "not seen by change"
     clock[0] += sync.LISTING_MAX_AGE_S
     assert sync.check_code(leading=True).missing == {held[0]}
+
+
+def test_a_store_wiped_whole_is_seen_at_the_next_check_and_pass(cluster, tmp_path,
+                                                                monkeypatch):
+    """Within LISTING_MAX_AGE_S of the last look at everything, a directory wiped whole
+    (and made again) is seen at once by the leader's check and fetched by the next
+    pass: one stat tells that the directory listed is gone."""
+    state, view = cluster
+    clock = [1000.0]
+    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: clock[0])
+    store = LocalCodeStore(tmp_path)
+    submit(state, "a-1-1")
+    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
+                    view=view)
+    view.barrier()
+    sync.sync_once()
+    assert sync.check_code(leading=True)
+    assert not store.replaced()
+    shutil.rmtree(store.root)
+    store.root.mkdir()
+    assert store.replaced()
+    assert sync.check_code(leading=True).missing == {"a-1-1"}
+    sync.sync_once()
+    assert store.has("a-1-1") and sync.check_code(leading=True)

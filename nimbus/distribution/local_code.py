@@ -243,6 +243,17 @@ class LocalCodeStore:
             before[3].close()
         return ids
 
+    def replaced(self) -> bool:
+        """Whether the directory this store listed last is no longer its directory (wiped
+        whole, or replaced), or none was listed yet: one stat. A caller that keeps what
+        listings and stats told it (the code sync by change) lists again when it is."""
+        try:
+            inode = os.stat(self.root).st_ino
+        except (FileNotFoundError, NotADirectoryError):
+            return True
+        with self._listing_lock:
+            return self._listing is None or self._listing[3].inode != inode
+
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)
         with self._listing_lock:

@@ -164,6 +164,7 @@ class CodeSync:
         self._check_needed = NeededCode(view) if view is not None else None  # the cycle's
         self._check_missing: set[str] = set()
         self._check_full_at = -math.inf
+        self._check_full_asked = threading.Event()
 
     def start(self) -> None:
         if self._view is not None:
@@ -220,8 +221,9 @@ class CodeSync:
         ``leading``: this nimbus leads (its view is loaded and watched) and checks at
         every cycle: the answer comes from the view after a barrier, brought up to date
         by what changed since the last check, with a look at every topology and a fresh
-        listing of the disk at least every LISTING_MAX_AGE_S. A nimbus about to take the
-        lock lists ZooKeeper and the disk.
+        listing of the disk at least every LISTING_MAX_AGE_S and whenever the store's
+        directory was wiped whole. A nimbus about to take the lock lists ZooKeeper and
+        the disk.
 
         Raises LayoutMissingError when that cannot be known (see the module docstring).
         """
@@ -248,7 +250,9 @@ class CodeSync:
         except ViewNotLoadedError:
             return None
         now = time.monotonic()
-        if delta is None or now - self._check_full_at >= self.LISTING_MAX_AGE_S:
+        if self._store_replaced() or self._check_full_asked.is_set() or delta is None \
+                or now - self._check_full_at >= self.LISTING_MAX_AGE_S:
+            self._check_full_asked.clear()
             self._check_full_at = now
             missing = needs.keys - self._store.topologies()
         else:
@@ -345,14 +349,15 @@ class CodeSync:
         and code nodes named by the view's changes, and any download waiting to be
         retried). It looks at every topology, with a fresh listing of the disk, when
         the last such pass began LISTING_MAX_AGE_S ago or more, when the view was read
-        again, and when :meth:`resync` asked."""
+        again, when the store's directory was wiped whole or replaced, and when
+        :meth:`resync` asked."""
         self.runs += 1
         if self._view is None or self._changes is None or self._needed is None:
             raise RuntimeError("CodeSync.sync_once needs a ClusterView")
         # Taken before anything is read (see ViewChanges); given back if the pass fails.
         changed = self._changes.take()
         try:
-            if (changed is None or self._full_asked.is_set()
+            if (self._store_replaced() or self._full_asked.is_set() or changed is None
                     or time.monotonic() - self._full_at >= self.LISTING_MAX_AGE_S):
                 self._sync_everything()
             else:
@@ -360,6 +365,16 @@ class CodeSync:
         except BaseException:
             self._changes.everything()
             raise
+
+    def _store_replaced(self) -> bool:
+        """Whether the store's directory was wiped whole or replaced (one stat). Then the
+        next pass and the next leader's check both look at everything: whichever lists
+        the new directory first hides the change from the other."""
+        if not self._store.replaced():
+            return False
+        self._full_asked.set()
+        self._check_full_asked.set()
+        return True
 
     def _begin(self) -> None:
         """After the disk was read: the submissions in flight, then ZooKeeper. A copy on
