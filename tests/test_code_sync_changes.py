@@ -247,3 +247,25 @@ def test_a_store_wiped_whole_is_seen_at_the_next_check_and_pass(cluster, tmp_pat
     assert sync.check_code(leading=True).missing == {"a-1-1"}
     sync.sync_once()
     assert store.has("a-1-1") and sync.check_code(leading=True)
+
+
+def test_a_leaders_check_that_fails_looks_at_everything_next(cluster, tmp_path,
+                                                            monkeypatch):
+    """A check by change whose stat fails after it took the view's changes gives them
+    back: the next check looks at everything, and the copy it could not stat is seen
+    missing."""
+    state, view = cluster
+    store = LocalCodeStore(tmp_path)
+    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
+                    view=view)
+    assert sync.check_code(leading=True)
+    submit(state, "new-1-1")  # needed now, and not held here
+
+    def unreadable(code_key: str) -> bool:
+        raise PermissionError("storm.local.dir unreadable")
+
+    monkeypatch.setattr(store, "has", unreadable)
+    with pytest.raises(PermissionError):
+        sync.check_code(leading=True)
+    monkeypatch.undo()
+    assert sync.check_code(leading=True).missing == {"new-1-1"}

@@ -124,13 +124,14 @@ def list_files(root: Path) -> list[Path]:
 
 class _Pinned:
     """A directory held open: while it is, its inode cannot be given to another, so the
-    same inode number at the same path means the same directory (a file system reuses
-    the inode of a directory wiped and made again at once)."""
+    same device and inode number at the same path mean the same directory (a file
+    system reuses the inode of a directory wiped and made again at once)."""
 
     def __init__(self, path: Path):
         self._fd = -1  # (closed by __del__ even if the open below fails)
         self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        self.inode = os.fstat(self._fd).st_ino
+        got = os.fstat(self._fd)
+        self.identity = (got.st_dev, got.st_ino)
 
     def close(self) -> None:
         fd, self._fd = self._fd, -1
@@ -217,12 +218,12 @@ class LocalCodeStore:
             stat = os.stat(self.root)
         except (FileNotFoundError, NotADirectoryError):
             return set()
-        key = (stat.st_ino, stat.st_mtime_ns)
+        key = (stat.st_dev, stat.st_ino, stat.st_mtime_ns)
         with self._listing_lock:
             kept = self._listing
             if kept is not None and (kept[0] == key or (
                     max_age_s > 0 and time.monotonic() - kept[2] <= max_age_s
-                    and kept[3].inode == stat.st_ino)):
+                    and kept[3].identity == (stat.st_dev, stat.st_ino))):
                 return set(kept[1])
         started, listed_at = time.time_ns(), time.monotonic()
         try:
@@ -248,11 +249,12 @@ class LocalCodeStore:
         whole, or replaced), or none was listed yet: one stat. A caller that keeps what
         listings and stats told it (the code sync by change) lists again when it is."""
         try:
-            inode = os.stat(self.root).st_ino
-        except (FileNotFoundError, NotADirectoryError):
+            got = os.stat(self.root)
+        except OSError:  # gone, or unreadable: the caller's listing says which
             return True
         with self._listing_lock:
-            return self._listing is None or self._listing[3].inode != inode
+            return self._listing is None or \
+                self._listing[3].identity != (got.st_dev, got.st_ino)
 
     def remove(self, topology_id: str) -> None:
         shutil.rmtree(self.path(topology_id), ignore_errors=True)

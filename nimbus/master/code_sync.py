@@ -231,6 +231,7 @@ class CodeSync:
         checked = self._leaders_check() if leading else None
         if checked is None:
             needed = required_code_keys(self._state, self._state.active_storms())
+            self._store_replaced()  # told before this listing hides it from the others
             # About to take the lock: a listing now, not a recent one.
             missing = needed - self._store.topologies()  # one listing, not a stat per key
         else:
@@ -244,21 +245,33 @@ class CodeSync:
         needs = self._check_needed
         if needs is None or self._view is None:
             return None
+        now = time.monotonic()
+        full = self._store_replaced() or self._check_full_asked.is_set() \
+            or now - self._check_full_at >= self.LISTING_MAX_AGE_S
+        if full:
+            needs.everything()  # the needed keys computed afresh too, not only the disk
         try:
             self._view.barrier(directories=self.READS)
             delta = needs.update()
         except ViewNotLoadedError:
             return None
-        now = time.monotonic()
-        if self._store_replaced() or self._check_full_asked.is_set() or delta is None \
-                or now - self._check_full_at >= self.LISTING_MAX_AGE_S:
+        try:
+            if full or delta is None:
+                missing = needs.keys - self._store.topologies()
+            else:
+                # Only what was missing and what was added can be missing now: a stat
+                # each.
+                missing = self._check_missing | delta[0]
+            self._check_missing = {k for k in missing
+                                   if k in needs and not self._store.has(k)}
+        except BaseException:
+            # The changes were taken: the next check looks at everything instead.
+            needs.everything()
+            self._check_full_asked.set()
+            raise
+        if full or delta is None:
             self._check_full_asked.clear()
             self._check_full_at = now
-            missing = needs.keys - self._store.topologies()
-        else:
-            # Only what was missing and what was added can be missing now: a stat each.
-            missing = self._check_missing | delta[0]
-        self._check_missing = {k for k in missing if k in needs and not self._store.has(k)}
         return needs.keys, frozenset(self._check_missing)
 
     def _note_unavailable(self, missing: frozenset[str]) -> frozenset[str]:
@@ -374,6 +387,7 @@ class CodeSync:
             return False
         self._full_asked.set()
         self._check_full_asked.set()
+        self._loop.wake()
         return True
 
     def _begin(self) -> None:
@@ -395,8 +409,10 @@ class CodeSync:
         view, needs = self._view, self._needed
         held = self._store.topologies()  # the disk first (see _begin)
         self._begin()
+        needs.everything()  # the needed keys computed afresh too, not only the disk
         needs.update()
         needed = needs.keys
+        topologies = len(view.active_storms())  # counted with the keys, not after fetches
         # Set operations on the view's shared records. A code node this release cannot
         # read (logged by the state) gives nothing to fetch from, but a copy held here is
         # kept: an unreadable node (say, a newer release's) is not a removal.
@@ -409,7 +425,7 @@ class CodeSync:
             if code_key not in wanted or self._store.has(code_key):
                 self._forget_retry(code_key)
         self._missing = {k for k in missing_before if not self._store.has(k)}
-        self._report_completeness(missing_before, len(needed))
+        self._report_completeness(missing_before, len(needed), topologies)
 
     def _sync_changed(self, changed: set[str]) -> None:
         """A pass over the code keys named by ``changed`` (topology ids and code keys)."""
@@ -424,6 +440,7 @@ class CodeSync:
         if delta is None:  # the view was read again meanwhile
             self._sync_everything()
             return
+        topologies = len(view.active_storms())  # counted with the keys, not after fetches
         unreadable = view.unreadable("code-distributor")
         metas = {k: self._published(k) for k in keys | delta[0] | self._retry_at.keys()}
 
@@ -440,7 +457,7 @@ class CodeSync:
             if not wanted(code_key) or self._store.has(code_key):
                 self._forget_retry(code_key)
         self._missing = {k for k in missing_before if not self._store.has(k)}
-        self._report_completeness(missing_before, len(needs))
+        self._report_completeness(missing_before, len(needs), topologies)
 
     def _published(self, code_key: str) -> CodeMeta | None:
         """``code_key``'s published metafile; None when it has none, or none that this
@@ -491,11 +508,10 @@ class CodeSync:
             return False
         return code_key in required_code_keys(self._state, [topology_id])
 
-    def _report_completeness(self, missing_before: set[str], needed: int) -> None:
+    def _report_completeness(self, missing_before: set[str], needed: int,
+                             topologies: int) -> None:
         # Logged when it changes, and after a pass that fetched missing code, so that an
         # operator (or a test) sees the moment this host became able to lead.
-        assert self._view is not None
-        topologies = len(self._view.active_storms())
         missing = sorted(self._missing)
         self.missing_count = len(missing)
         versions = f" ({needed} code versions)" if needed != topologies else ""

@@ -435,7 +435,9 @@ class NimbusHandler:
         if hit is not None:
             return hit
         with self._cluster_info_lock:  # one build at a time: its structs are shared
-            # A call that held the lock before this one may have built it meanwhile.
+            # Read again: a call that held the lock before this one may have built the
+            # answer meanwhile, and a newer snapshot or second may have come.
+            snap, now, leading = self.cache.snapshot, time.time(), self.elector.is_leader()
             hit = self._cluster_info_for(snap, now, leading)
             return hit if hit is not None else self._encode_cluster_info(snap, now, leading)
 
