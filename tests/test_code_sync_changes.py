@@ -73,6 +73,19 @@ def cluster(make_zk, zk_root):
     view.close()
 
 
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """The code sync's monotonic clock, moved by the test."""
+    now = [1000.0]
+    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: now[0])
+    return now
+
+
+def sync_of(state: StormClusterState, view: ClusterView, store: LocalCodeStore) -> CodeSync:
+    return CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
+                    view=view)
+
+
 def submit(state: StormClusterState, topology_id: str, published: bool = True) -> None:
     state.zk.create(state.storm_path(topology_id), StormBase(
         storm_name=topology_id, launch_time_secs=1, status=ACTIVE).encode())
@@ -88,10 +101,8 @@ def test_each_pass_by_change_does_what_a_pass_over_everything_does(cluster, tmp_
     state, view = cluster
     zk = state.zk
     rng = random.Random(27)
-    by_change = CodeSync(state, LocalCodeStore(tmp_path / "a"), CodeDistributor(
-        CopyingDistributor), period_s=3600, view=view)
-    whole = CodeSync(state, LocalCodeStore(tmp_path / "b"), CodeDistributor(
-        CopyingDistributor), period_s=3600, view=view)
+    by_change = sync_of(state, view, LocalCodeStore(tmp_path / "a"))
+    whole = sync_of(state, view, LocalCodeStore(tmp_path / "b"))
     ids = [f"t{n}-{n}-1" for n in range(15)]
     retried = 0
     for step in range(160):
@@ -141,8 +152,7 @@ def test_a_pass_after_a_submit_costs_what_changed(cluster, tmp_path, monkeypatch
     for n in range(300):
         submit(state, f"held{n}-{n}-1")
         store.path(f"held{n}-{n}-1").mkdir()
-    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
-                    view=view)
+    sync = sync_of(state, view, store)
     view.barrier()
     sync.sync_once()  # the first pass looks at everything
     calls: dict[str, int] = {"has": 0, "topologies": 0, "code_meta": 0, "code_metas": 0}
@@ -169,16 +179,13 @@ def test_a_pass_after_a_submit_costs_what_changed(cluster, tmp_path, monkeypatch
 
 
 def test_a_copy_deleted_by_hand_is_fetched_by_the_next_pass_over_everything(
-        cluster, tmp_path, monkeypatch):
+        cluster, tmp_path, clock):
     """A pass by change does not see an operator's deletion; the next pass over
     everything does (LISTING_MAX_AGE_S later at most, or at once after resync())."""
     state, view = cluster
-    clock = [1000.0]
-    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: clock[0])
     store = LocalCodeStore(tmp_path)
     submit(state, "a-1-1")
-    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
-                    view=view)
+    sync = sync_of(state, view, store)
     view.barrier()
     sync.sync_once()
     assert store.has("a-1-1")
@@ -194,16 +201,13 @@ def test_a_copy_deleted_by_hand_is_fetched_by_the_next_pass_over_everything(
     assert store.has("a-1-1")
 
 
-def test_a_leaders_check_by_change_agrees_with_a_listing(cluster, tmp_path, monkeypatch):
+def test_a_leaders_check_by_change_agrees_with_a_listing(cluster, tmp_path, clock):
     """Through submits, kills and copies added, the leader's check by change answers
     what a check that lists ZooKeeper and the disk answers; a copy deleted by hand is
     seen at the check over everything, LISTING_MAX_AGE_S after the last."""
     state, view = cluster
-    clock = [1000.0]
-    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: clock[0])
     store = LocalCodeStore(tmp_path)
-    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
-                    view=view)
+    sync = sync_of(state, view, store)
     rng = random.Random(28)
     for step in range(80):
         topology_id = f"t{rng.randrange(10)}-1-1"
@@ -225,18 +229,14 @@ def test_a_leaders_check_by_change_agrees_with_a_listing(cluster, tmp_path, monk
     assert sync.check_code(leading=True).missing == {held[0]}
 
 
-def test_a_store_wiped_whole_is_seen_at_the_next_check_and_pass(cluster, tmp_path,
-                                                                monkeypatch):
+def test_a_store_wiped_whole_is_seen_at_the_next_check_and_pass(cluster, tmp_path, clock):
     """Within LISTING_MAX_AGE_S of the last look at everything, a directory wiped whole
     (and made again) is seen at once by the leader's check and fetched by the next
     pass: one stat tells that the directory listed is gone."""
     state, view = cluster
-    clock = [1000.0]
-    monkeypatch.setattr("nimbus.master.code_sync.time.monotonic", lambda: clock[0])
     store = LocalCodeStore(tmp_path)
     submit(state, "a-1-1")
-    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
-                    view=view)
+    sync = sync_of(state, view, store)
     view.barrier()
     sync.sync_once()
     assert sync.check_code(leading=True)
@@ -256,8 +256,7 @@ def test_a_leaders_check_that_fails_looks_at_everything_next(cluster, tmp_path,
     missing."""
     state, view = cluster
     store = LocalCodeStore(tmp_path)
-    sync = CodeSync(state, store, CodeDistributor(CopyingDistributor), period_s=3600,
-                    view=view)
+    sync = sync_of(state, view, store)
     assert sync.check_code(leading=True)
     submit(state, "new-1-1")  # needed now, and not held here
 

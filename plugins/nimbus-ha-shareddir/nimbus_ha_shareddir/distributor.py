@@ -240,15 +240,32 @@ class SharedDirCodeDistributor:
 
     # -- internals ------------------------------------------------------------------------
     def _store_id(self) -> str:
-        """The share's id, created once by the first nimbus (O_EXCL: one wins a race)."""
+        """The share's id, created once by the first nimbus; every other one reads it.
+
+        It appears whole or not at all: it is written to a file of its own, then
+        linked under its name. A link is made only while the name is free, so one nimbus
+        wins a race of several, and none reads an id half written. With O_EXCL alone, a
+        nimbus starting beside the winner read the file empty and took "" for the id."""
         path = self.root / STORE_ID
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return path.read_text(encoding="utf-8").strip()
-        with os.fdopen(fd, "w") as handle:
-            handle.write(uuid.uuid4().hex + "\n")
-        return path.read_text(encoding="utf-8").strip()
+        if not path.exists():
+            temp = self.root / f"{STORE_ID}.{uuid.uuid4().hex}.tmp"
+            try:
+                with open(temp, "w", encoding="utf-8") as handle:
+                    handle.write(uuid.uuid4().hex + "\n")
+                    if self.fsync:
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                os.link(temp, path)
+            except FileExistsError:
+                pass  # another nimbus's id is in place
+            finally:
+                temp.unlink(missing_ok=True)
+        found = path.read_text(encoding="utf-8").strip()
+        if not found:
+            raise DistributorError(
+                f"{PREFIX}path {self.root}: its {STORE_ID} is empty (a nimbus of an "
+                "older release died while writing it); remove it and start again")
+        return found
 
     def _check_share(self, what: str) -> None:
         """The share ``prepare`` found is still mounted at ``path``: its ``.store-id`` reads

@@ -143,3 +143,38 @@ def test_a_share_gone_or_replaced_fails_naming_the_path(distributor_hosts, share
     else:
         assert sorted(p.name for p in share.iterdir()) == [".store-id"]  # nothing written
     assert target.distributor.get_replication_count("t-1-1") == 0
+
+
+def test_nimbuses_starting_at_once_agree_on_the_share_id(tmp_path):
+    """Several nimbuses prepare the same empty share at the same moment: every one
+    reads the winner's whole id (none takes a half-written, empty one), and no
+    temporary file is left behind."""
+    import threading
+
+    def prepare(share: Path, start: threading.Barrier, ids: list[str]) -> None:
+        plugin = SharedDirCodeDistributor()
+        plugin.root, plugin.fsync = share, False
+        start.wait()
+        ids.append(plugin._store_id())
+
+    for attempt in range(20):
+        share = tmp_path / f"share-{attempt}"
+        share.mkdir()
+        ids: list[str] = []
+        start = threading.Barrier(6)
+        threads = [threading.Thread(target=prepare, args=(share, start, ids),
+                                    name=f"prepare-{n}") for n in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert len(ids) == 6 and len(set(ids)) == 1 and len(ids[0]) == 32, ids
+        assert [p.name for p in share.iterdir()] == [".store-id"]
+
+
+def test_an_empty_share_id_is_refused_with_a_clear_error(tmp_path):
+    (tmp_path / ".store-id").write_text("")
+    plugin = SharedDirCodeDistributor()
+    plugin.root, plugin.fsync = tmp_path, False
+    with pytest.raises(DistributorError, match=r"\.store-id is empty"):
+        plugin._store_id()
