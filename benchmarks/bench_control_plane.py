@@ -42,7 +42,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import _paths  # noqa: F401 - testsupport/ on sys.path
 from kazoo.client import KazooClient
+from stub_distributors import StubDistributor
 
 from nimbus.config import load_config
 from nimbus.dev.zookeeper import ZooKeeperServer
@@ -87,38 +89,14 @@ META = CodeMeta(distributor="bench", metafile_b64=CodeMeta.pack(b"m"), uploaded_
                 created_secs=1).encode()
 
 
-class NoDownloads:
+class NoDownloads(StubDistributor):
     """The leader's distributor in this benchmark: it holds every copy, fetches none."""
 
     name = "bench"
 
     @hookimpl
-    def prepare(self, conf, context):
-        pass
-
-    @hookimpl
-    def upload(self, dir_path, topology_id):
-        return dir_path
-
-    @hookimpl
-    def delete_shared(self, topology_id):
-        pass
-
-    @hookimpl
-    def close(self, conf):
-        pass
-
-    @hookimpl
-    def download(self, dest_dir, topology_id, metafile):
-        raise RuntimeError("the benchmark's leader holds every copy")
-
-    @hookimpl
     def get_replication_count(self, topology_id):
         return 1
-
-    @hookimpl
-    def cleanup(self, topology_id):
-        pass
 
 
 def grow(zk: KazooClient, state: StormClusterState, store: LocalCodeStore, upto: int,

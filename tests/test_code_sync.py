@@ -6,6 +6,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from stub_distributors import StubDistributor
 
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.hookspecs import hookimpl
@@ -19,28 +20,12 @@ pytestmark = pytest.mark.zookeeper
 TOPOLOGY = "fresh-1-1"
 
 
-class RecordingDistributor:
+class RecordingDistributor(StubDistributor):
     """A distributor that records cleanups (the sync's behaviour is under test)."""
 
     name = "recording"
     cleaned: list[str] = []
     shared_deleted: list[str] = []
-
-    @hookimpl
-    def prepare(self, conf, context):
-        pass
-
-    @hookimpl
-    def upload(self, dir_path, topology_id):
-        return dir_path
-
-    @hookimpl
-    def download(self, dest_dir, topology_id, metafile):
-        raise RuntimeError("not expected in this test")
-
-    @hookimpl
-    def get_replication_count(self, topology_id):
-        return 0
 
     @hookimpl
     def cleanup(self, topology_id):
@@ -49,10 +34,6 @@ class RecordingDistributor:
     @hookimpl
     def delete_shared(self, topology_id):
         RecordingDistributor.shared_deleted.append(topology_id)
-
-    @hookimpl
-    def close(self, conf):
-        pass
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import random
 import shutil
 
 import pytest
+from stub_distributors import StubDistributor
 
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.hookspecs import hookimpl
@@ -19,19 +20,11 @@ from nimbus.state.records import ACTIVE, CodeMeta, StormBase
 pytestmark = pytest.mark.zookeeper
 
 
-class CopyingDistributor:
-    """Downloads make the copy (its one file holds the metafile); nothing else."""
+class CopyingDistributor(StubDistributor):
+    """Downloads make the copy (its one file holds the metafile); one replica each."""
 
     name = "copying"
     failing: set[str] = set()
-
-    @hookimpl
-    def prepare(self, conf, context):
-        pass
-
-    @hookimpl
-    def upload(self, dir_path, topology_id):
-        return dir_path
 
     @hookimpl
     def download(self, dest_dir, topology_id, metafile):
@@ -44,18 +37,6 @@ class CopyingDistributor:
     @hookimpl
     def get_replication_count(self, topology_id):
         return 1
-
-    @hookimpl
-    def cleanup(self, topology_id):
-        pass
-
-    @hookimpl
-    def delete_shared(self, topology_id):
-        pass
-
-    @hookimpl
-    def close(self, conf):
-        pass
 
 
 META = CodeMeta(distributor="copying", metafile_b64=CodeMeta.pack(b"m"), uploaded_by="x",
