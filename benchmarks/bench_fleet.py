@@ -12,8 +12,9 @@ supervisors hold a verified, unpacked copy, and the bytes of code each nimbus se
   :class:`~nimbus.supervisor.code_cache.CodeCache` with a
   :class:`~nimbus.supervisor.distributor_source.DistributorSource` on a ZooKeeper session
   of its own (the "light mode" of issue 27: everything a supervisor does to get code,
-  without workers). After its copy is verified, a supervisor keeps serving it (torrent
-  seeds) until the run ends.
+  without workers). Each prepares its distributor before the clock starts, as a
+  supervisor's fetch thread does when it starts. After its copy is verified, a
+  supervisor keeps serving it (torrent seeds) until the run ends.
 * **Uplinks**: with torrent, every host's upload (nimbuses and supervisors) is capped at
   ``--cap-mb`` MiB/s by the distributor's own setting, and the same-run client-server
   baseline is one seeder capped the same serving ``--baseline-clients`` clients
@@ -93,6 +94,8 @@ def light_supervisor(index: int, job: dict[str, Any], events: dict[str, Any],
                                fetch_file=fetch_file)
     cache = CodeCache(work / "stormdist", 1 << 40, fetch_file, distributor=source)
     try:
+        # As a supervisor's fetch thread does when it starts, before any assignment.
+        source.prepare()
         results.put(("ready", index, None))
         events["go"].wait(RUN_TIMEOUT_S)
         try:

@@ -11,7 +11,9 @@ and ``nimbus_code_served_bytes_total`` on every nimbus (the code each sent over 
 * localfs: through the distributor too, and the nimbuses together send exactly one copy
   per downloader (the follower and each supervisor), nothing more;
 * torrent, every nimbus's copy lost (STORM-3664): a nimbus started on an empty disk gets
-  the code from the swarm, whose only holder left is a supervisor, and leads with it.
+  the code from the swarm, whose only holder left is a supervisor, and leads with it;
+  the same when that supervisor was restarted meanwhile and fetches nothing (it seeds
+  what it held as soon as it starts).
 """
 
 from __future__ import annotations
@@ -174,6 +176,47 @@ def test_a_supervisor_is_the_last_source_when_every_nimbus_lost_the_code(cluster
         # The worker ran on through it all, on the copy the supervisor fetched once.
         assert metric(supervisor, "supervisor_workers") == 1
         assert metric(supervisor, "supervisor_code_fetches_total", source="distributor") == 1
+    finally:
+        state.zk.stop()
+
+
+def test_a_restarted_supervisor_seeds_its_copy_before_it_fetches_anything(
+        cluster, tmp_path):
+    """STORM-3664 after a supervisor restart: the supervisor, killed -9 and started
+    again, already holds the code and fetches nothing, yet it seeds its copy at once
+    (its distributor is prepared when its fetch thread starts), so a nimbus started on
+    an empty disk, after every nimbus lost the code, gets the code from it."""
+    require_plugin("torrent")
+    c = cluster(2, 1, **TORRENT)
+    client = c.client()
+    topology_id = client.submit("sleeper", sleeper(tmp_path, 1024 * 1024),
+                                {"topology.min.replication.count": 2})
+    wait_for(lambda: running_everywhere(c), 90, "the worker")
+    supervisor = c.supervisors[0]
+    for nimbus in c.nimbuses:
+        nimbus.kill9()
+    for nimbus in c.nimbuses:
+        shutil.rmtree(nimbus.local_dir)
+    prepared = "supervisor fetches code through code distributor 'torrent'"
+    assert supervisor.log_text().count(prepared) == 1
+    supervisor.kill9()
+    c.start_supervisor(supervisor)
+    wait_for(lambda: supervisor.log_text().count(prepared) == 2, 60,
+             "the restarted supervisor to prepare its distributor")
+    state = observer(c)
+    try:
+        wait_for(lambda: state.replica_hosts(topology_id) == [], 30,
+                 "the dead nimbuses' replica registrations to expire")
+        first = c.nimbuses[0]
+        first.start()
+        assert c.wait_for_leader(timeout_s=90) is first
+        wait_for(lambda: (first.local_dir / "nimbus" / "stormdist" / topology_id).is_dir(),
+                 60, "the restarted nimbus to hold the code again")
+        assert state.replica_hosts(topology_id) == [first.address]
+        # The restarted supervisor fetched nothing: its copy was there.
+        assert metric(supervisor, "supervisor_code_fetches_total", source="distributor") == 0
+        assert metric(supervisor, "supervisor_code_fetches_total", source="nimbus") == 0
+        assert metric(supervisor, "supervisor_workers") == 1
     finally:
         state.zk.stop()
 

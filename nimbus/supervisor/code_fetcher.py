@@ -50,6 +50,7 @@ class CodeFetcher:
         self._queue: collections.deque[str] = collections.deque()
         self.current: str | None = None   # the code key being fetched now
         self._idle = False                # the last step found nothing queued
+        self._prepared = False            # the distributor was prepared (first step)
         # Straight on to the next fetch; when none is queued, a request wakes the loop
         # (and a look every second is the safety net).
         self._loop = BackgroundLoop("supervisor-code-fetch", self._fetch_next,
@@ -100,7 +101,12 @@ class CodeFetcher:
             return None
 
     def _fetch_next(self) -> None:
-        """One step of the ``supervisor-code-fetch`` loop: the next queued fetch."""
+        """One step of the ``supervisor-code-fetch`` loop: the next queued fetch (the
+        first step prepares the code distributor, if any)."""
+        if not self._prepared:
+            self._prepared = True
+            if self.cache.distributor is not None:
+                self.cache.distributor.prepare()
         found = self._next()
         self._idle = found is None
         if found is None:

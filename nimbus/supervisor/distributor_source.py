@@ -23,7 +23,9 @@ falls back to the nimbuses over Thrift:
 * the topology's metafile is not published yet, or was written by another distributor;
 * the download fails, or its files do not match the Assignment.
 
-Only the ``supervisor-code-fetch`` thread fetches; :meth:`DistributorSource.remove_except`
+The distributor is prepared when the ``supervisor-code-fetch`` thread starts
+(:meth:`DistributorSource.prepare`), and again at a fetch after that failed. Only that
+thread fetches; :meth:`DistributorSource.remove_except`
 runs on the reconcile thread and never touches the copy being downloaded.
 """
 
@@ -100,6 +102,15 @@ class DistributorSource:
         self.delivered = 0                  # code keys delivered (tests, metrics)
 
     # -- the fetch thread --------------------------------------------------------------
+    def prepare(self) -> bool:
+        """Load and prepare the distributor now, before any fetch: the fetch thread calls
+        it as it starts. The copies this supervisor kept from an earlier run are then
+        served at once (a swarm seeds them again: a supervisor may be the last holder of
+        a topology's code), not after its next download, and the first fetch does not
+        wait for the plugin. False when the distributor cannot serve supervisors here
+        (the reason logged); each fetch tries again."""
+        return self._ready() is not None
+
     def fetch(self, code_key: str, code_sha256: dict[str, str], staging: Path,
               files: tuple[str, ...]) -> bool:
         """Put ``files`` of ``code_key``'s code, each matching ``code_sha256``, into ``staging``.
@@ -147,9 +158,10 @@ class DistributorSource:
                 zk=self._zk, zk_root=self._zk_root, address=self._address,
                 local_dir=self._local_dir / distributor.name, code_dir=self.copies,
                 fetch_file=self._fetch_file, role=ROLE_SUPERVISOR))
-        except DistributorError as exc:
+        except Exception as exc:  # a DistributorError, or ZooKeeper gone meanwhile
+            # Closed, so that the next try does not find its port or session taken.
             self._close(distributor)
-            self._say(str(exc))
+            self._say(str(exc) or type(exc).__name__)
             return None
         log.info("supervisor fetches code through code distributor %r", distributor.name)
         self._problem = ""

@@ -32,6 +32,7 @@ from nimbus.distribution import code_stream
 from nimbus.distribution.archive import PieceReader, bundle_pieces
 from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha, storm
+from nimbus.thrift.collector_pause import QuietDecoding
 from nimbus.topology_paths import resolve_path_keys
 
 CHUNK_BYTES = UPLOAD_CHUNK_BYTES
@@ -96,6 +97,9 @@ def connect(address: HostPort | str, timeout_s: float = 30.0,
                          trans_factory=TFramedTransportFactory(),
                          timeout=int(timeout_s * 1000),
                          **({"ssl_context": context} if context is not None else {}))
+    # A large reply (getClusterInfo at fleet size) decodes without the collector's
+    # futile runs: nimbus/thrift/collector_pause.py.
+    client._iprot = client._oprot = QuietDecoding(client._iprot)
     try:
         yield client
     finally:

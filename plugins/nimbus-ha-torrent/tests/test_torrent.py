@@ -375,3 +375,72 @@ def test_a_seeding_supervisor_is_announced_again_after_its_session_expired(
         zk.close()
     assert not any(t.name == "torrent-swarm-renewal" and t.is_alive()
                    for t in threading.enumerate())
+
+
+class _CountedReads:
+    """Counts a kazoo client's reads (each sync read goes through its async form)."""
+
+    def __init__(self, zk):
+        self.count = 0
+        for name in ("get_async", "get_children_async", "exists_async"):
+            original = getattr(zk, name)
+
+            def counted(*args, _original=original, **kwargs):
+                self.count += 1
+                return _original(*args, **kwargs)
+
+            setattr(zk, name, counted)
+
+    def take(self) -> int:
+        count, self.count = self.count, 0
+        return count
+
+
+def test_a_listing_reads_each_announcement_once(make_zk, zk_root):
+    """A fleet of downloaders lists the announcements twice a second each: a listing
+    that found nothing changed costs one read, a new announcement one more, and an
+    announcement removed and made again (a restarted host on a new port) between two
+    listings is read again, not served from memory."""
+    from nimbus_ha_torrent.members import SwarmMembers
+
+    writer_zk, reader_zk = make_zk(), make_zk()
+    hosts = {f"supervisor-{i}": SwarmMembers(writer_zk, zk_root, f"supervisor-{i}")
+             for i in range(5)}
+    reader = SwarmMembers(reader_zk, zk_root, "nimbus-a")
+    reads = _CountedReads(reader_zk)
+    topology = "fleet-1-1"
+    try:
+        for i, members in enumerate(hosts.values()):
+            members.join(topology, f"127.0.0.1:{7000 + i}")
+        expected = {f"supervisor-{i}": f"127.0.0.1:{7000 + i}" for i in range(5)}
+        assert reader.endpoints(topology) == expected
+        assert reads.take() == 1 + 5
+        for _ in range(3):
+            assert reader.endpoints(topology) == expected
+        assert reads.take() == 3
+
+        late = SwarmMembers(writer_zk, zk_root, "supervisor-late")
+        late.join(topology, "127.0.0.1:7100")
+        assert reader.endpoints(topology) == {**expected, "supervisor-late": "127.0.0.1:7100"}
+        assert reads.take() == 1 + 1
+        late.leave(topology)
+        assert reader.endpoints(topology) == expected
+        assert reads.take() == 1
+
+        # supervisor-2 restarts on another port between two listings: same names.
+        hosts["supervisor-2"].leave(topology)
+        hosts["supervisor-2"].join(topology, "127.0.0.1:7202")
+        expected["supervisor-2"] = "127.0.0.1:7202"
+        assert reader.endpoints(topology) == expected
+        assert reads.take() == 1 + 5
+
+        # Everyone leaves (the directory goes), then one host downloads it again.
+        for members in hosts.values():
+            members.leave(topology)
+        hosts["supervisor-4"].join(topology, "127.0.0.1:7404")
+        assert reader.endpoints(topology) == {"supervisor-4": "127.0.0.1:7404"}
+        assert reads.take() == 1 + 1
+    finally:
+        for members in hosts.values():
+            members.close()
+        reader.close()
