@@ -206,3 +206,30 @@ def test_a_prepare_that_fails_is_tried_again_at_the_next_fetch(source, tmp_path,
     monkeypatch.setattr(distributors_module, "resolve_distributor_class",
                         lambda _name: ServingPlugin)
     assert src.fetch(TOPOLOGY, SHA, staging, CODE_FILES) is True
+
+
+def test_prepare_readies_the_distributor_before_any_fetch(source, tmp_path, monkeypatch):
+    """What the fetch thread calls as it starts: the plugin is prepared once, and the
+    fetch after it downloads without preparing it again. A prepare that raises
+    something other than a DistributorError (ZooKeeper gone meanwhile) is closed and
+    tried again as well."""
+    from kazoo.exceptions import ConnectionLoss
+
+    src = source(ServingPlugin)
+
+    def lost(self, conf, context):
+        raise ConnectionLoss()
+
+    monkeypatch.setattr(CodeDistributor, "prepare", lost)
+    assert src.prepare() is False
+    assert ServingPlugin.calls == ["close"]
+    monkeypatch.undo()
+    monkeypatch.setattr(distributors_module, "resolve_distributor_class",
+                        lambda _name: ServingPlugin)
+    ServingPlugin.calls = []
+    assert src.prepare() is True
+    assert ServingPlugin.calls == ["prepare"]
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    assert src.fetch(TOPOLOGY, SHA, staging, CODE_FILES) is True
+    assert ServingPlugin.calls == ["prepare", f"download {TOPOLOGY} the metafile"]
