@@ -27,7 +27,10 @@ largest N / at N = 1 (target <= 2) and bundles all nimbuses sent (target <= 2); 
 the nimbuses sent (target 0); localfs busiest / least busy nimbus (target <= 1.5).
 
     .venv/bin/python benchmarks/bench_fleet.py [--megabytes 64] [--cap-mb 32] \
-        [--fleet 1,8,32] [--backends torrent,localfs,s3] [--nimbuses 3]
+        [--fleet 1,8,32] [--backends torrent,localfs,s3] [--nimbuses 3] [--trials 1]
+
+With ``--trials K`` each backend and N runs K times and the median run is reported (its
+time and its bytes), with every run's time beside it.
 """
 
 from __future__ import annotations
@@ -212,6 +215,8 @@ def main() -> None:
     parser.add_argument("--baseline-clients", type=int, default=8)
     parser.add_argument("--piece-kb", type=int, default=0,
                         help="torrent piece size (0: the distributor's choice)")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="runs of each backend and N; the median run is reported")
     args = parser.parse_args()
     fleet = [int(n) for n in args.fleet.split(",")]
     cap = int(args.cap_mb * MiB)
@@ -247,8 +252,14 @@ def main() -> None:
                             PREFIX + "replication.count": 2}
                 times = {}
                 for n in fleet:
-                    got = run_fleet(backend, conf, n, args.nimbuses, tmp_path / "code", sha,
-                                    zk, tmp_path / f"run-{backend}-{n}")
+                    runs = [run_fleet(backend, conf, n, args.nimbuses, tmp_path / "code", sha,
+                                      zk, tmp_path / f"run-{backend}-{n}-{trial}")
+                            for trial in range(args.trials)]
+                    runs.sort(key=lambda run: run["seconds"])
+                    got = runs[len(runs) // 2]   # the median run (the upper one of two)
+                    if args.trials > 1:
+                        each = ", ".join(f"{run['seconds']:.2f}" for run in runs)
+                        print(f"{backend:8} N={n:<3} trials: {each} s")
                     times[n] = got["seconds"]
                     sent = got["sent"]
                     busiest, least = max(sent), min(sent)
