@@ -122,9 +122,10 @@ def _torrent_upload(host: Any) -> int:
 
 
 def run_fleet(backend: str, conf: dict[str, Any], n: int, nimbuses: int, code: Path,
-              sha: dict[str, str], zk: ZooKeeperServer, work: Path) -> dict[str, Any]:
+              sha: dict[str, str], zk: ZooKeeperServer, work: Path,
+              trial: int = 0) -> dict[str, Any]:
     """One run: returns seconds until all ``n`` hold the code, and each nimbus's bytes."""
-    root = f"/fleet-{backend}-{n}"
+    root = f"/fleet-{backend}-{n}-{trial}"   # each run on a cluster of its own
     simulated = SimulatedHosts(work / "nimbuses", zk.hosts, root, backend, conf,
                                topology_ids=(TOPOLOGY,))
     ctx = multiprocessing.get_context("spawn")
@@ -253,7 +254,7 @@ def main() -> None:
                 times = {}
                 for n in fleet:
                     runs = [run_fleet(backend, conf, n, args.nimbuses, tmp_path / "code", sha,
-                                      zk, tmp_path / f"run-{backend}-{n}-{trial}")
+                                      zk, tmp_path / f"run-{backend}-{n}-{trial}", trial)
                             for trial in range(args.trials)]
                     runs.sort(key=lambda run: run["seconds"])
                     got = runs[len(runs) // 2]   # the median run (the upper one of two)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -208,24 +209,18 @@ def test_a_prepare_that_fails_is_tried_again_at_the_next_fetch(source, tmp_path,
     assert src.fetch(TOPOLOGY, SHA, staging, CODE_FILES) is True
 
 
-def test_prepare_readies_the_distributor_before_any_fetch(source, tmp_path, monkeypatch):
+def test_prepare_readies_the_distributor_before_any_fetch(source, tmp_path):
     """What the fetch thread calls as it starts: the plugin is prepared once, and the
-    fetch after it downloads without preparing it again. A prepare that raises
-    something other than a DistributorError (ZooKeeper gone meanwhile) is closed and
-    tried again as well."""
-    from kazoo.exceptions import ConnectionLoss
-
+    fetch after it downloads without preparing it again. A prepare that fails for a
+    reason of this host's (its copies' directory cannot be made) is closed, reported,
+    and tried again."""
     src = source(ServingPlugin)
-
-    def lost(self, conf, context):
-        raise ConnectionLoss()
-
-    monkeypatch.setattr(CodeDistributor, "prepare", lost)
+    blocker = tmp_path / "supervisor" / "code"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where the copies go")
     assert src.prepare() is False
     assert ServingPlugin.calls == ["close"]
-    monkeypatch.undo()
-    monkeypatch.setattr(distributors_module, "resolve_distributor_class",
-                        lambda _name: ServingPlugin)
+    blocker.unlink()
     ServingPlugin.calls = []
     assert src.prepare() is True
     assert ServingPlugin.calls == ["prepare"]
@@ -233,3 +228,45 @@ def test_prepare_readies_the_distributor_before_any_fetch(source, tmp_path, monk
     staging.mkdir()
     assert src.fetch(TOPOLOGY, SHA, staging, CODE_FILES) is True
     assert ServingPlugin.calls == ["prepare", f"download {TOPOLOGY} the metafile"]
+
+
+class SlowPreparingPlugin(ServingPlugin):
+    """Prepares until ``release`` is set (a swarm hash-checking the copies it kept)."""
+
+    entered = threading.Event()
+    release = threading.Event()
+
+    @hookimpl
+    def prepare(self, conf, context):
+        self.calls.append("prepare")
+        self.entered.set()
+        assert self.release.wait(10)
+
+
+def test_while_it_prepares_copies_stay_and_a_close_is_not_outlived(source, tmp_path):
+    """The reconcile thread's clean-up leaves the copies alone while the plugin may be
+    taking them up (it would delete them behind the plugin's back), and a close() that
+    comes during the prepare closes the plugin once the prepare ends: no session or
+    port outlives the supervisor."""
+    SlowPreparingPlugin.entered.clear()
+    SlowPreparingPlugin.release.clear()
+    src = source(SlowPreparingPlugin)
+    kept = tmp_path / "supervisor" / "code" / "gone-1-1"
+    kept.mkdir(parents=True)
+    (kept / "stormjar.jar").write_bytes(b"kept from an earlier run")
+    result = []
+    thread = threading.Thread(target=lambda: result.append(src.prepare()),
+                              name="test-prepare")
+    thread.start()
+    try:
+        assert SlowPreparingPlugin.entered.wait(10)
+        assert src.remove_except(set()) == []
+        assert kept.is_dir()
+        src.close()
+    finally:
+        SlowPreparingPlugin.release.set()
+        thread.join(10)
+    assert result == [False]
+    assert SlowPreparingPlugin.calls == ["prepare", "close"]
+    assert src.prepare() is False   # closed: nothing is prepared again
+    assert SlowPreparingPlugin.calls == ["prepare", "close"]

@@ -98,6 +98,8 @@ class DistributorSource:
         self._distributor: CodeDistributor | None = None
         self._current: str | None = None   # the code key being downloaded
         self._problem = ""                  # the last reason not to use the distributor
+        self._preparing = False             # _ready is preparing the plugin (see there)
+        self._closed = False                # close() was called: prepare nothing more
         self.name = str(conf["storm.codedistributor.class"])
         self.delivered = 0                  # code keys delivered (tests, metrics)
 
@@ -141,6 +143,8 @@ class DistributorSource:
     def _ready(self) -> CodeDistributor | None:
         if self._distributor is not None:
             return self._distributor
+        if self._closed:
+            return None
         try:
             distributor = CodeDistributor.from_conf(self._conf)
         except DistributorError as exc:
@@ -150,23 +154,37 @@ class DistributorSource:
             self._say(f"code distributor {distributor.name!r} does not serve supervisors "
                       "(its plugin does not set serves_supervisors)")
             return None
-        self.copies.mkdir(parents=True, exist_ok=True)
-        for leftover in self.copies.glob(TEMP_PREFIX + "*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        with self._lock:
+            if self._closed:
+                return None
+            # remove_except leaves the copies alone meanwhile: the plugin may be taking
+            # them up (a swarm seeding them again) and must be asked to drop them.
+            self._preparing = True
         try:
+            self.copies.mkdir(parents=True, exist_ok=True)
+            for leftover in self.copies.glob(TEMP_PREFIX + "*"):
+                shutil.rmtree(leftover, ignore_errors=True)
             distributor.prepare(self._conf, DistributorContext(
                 zk=self._zk, zk_root=self._zk_root, address=self._address,
                 local_dir=self._local_dir / distributor.name, code_dir=self.copies,
                 fetch_file=self._fetch_file, role=ROLE_SUPERVISOR))
-        except Exception as exc:  # a DistributorError, or ZooKeeper gone meanwhile
+        except Exception as exc:  # a DistributorError, or a disk that refuses the copies
             # Closed, so that the next try does not find its port or session taken.
             self._close(distributor)
             self._say(str(exc) or type(exc).__name__)
             return None
+        finally:
+            with self._lock:
+                self._preparing = False
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._distributor = distributor
+        if closed:  # close() ran while this prepared: nothing may outlive it
+            self._close(distributor)
+            return None
         log.info("supervisor fetches code through code distributor %r", distributor.name)
         self._problem = ""
-        with self._lock:
-            self._distributor = distributor
         return distributor
 
     def _say(self, problem: str) -> None:
@@ -227,6 +245,8 @@ class DistributorSource:
         if not self.copies.is_dir():
             return []
         with self._lock:
+            if self._preparing:   # see _ready: the next pass drops them
+                return []
             distributor, current = self._distributor, self._current
             held = {p.name for p in self.copies.iterdir()
                     if p.is_dir() and not p.name.startswith(TEMP_PREFIX)}
@@ -244,8 +264,10 @@ class DistributorSource:
         shutil.rmtree(self.copies / code_key, ignore_errors=True)
 
     def close(self) -> None:
-        """Release the distributor (its threads, sessions and swarm)."""
+        """Release the distributor (its threads, sessions and swarm); one still being
+        prepared is released when its prepare ends, and none is prepared after."""
         with self._lock:
+            self._closed = True
             distributor, self._distributor = self._distributor, None
         if distributor is not None:
             self._close(distributor)

@@ -409,6 +409,7 @@ def test_a_listing_reads_each_announcement_once(make_zk, zk_root):
     reader = SwarmMembers(reader_zk, zk_root, "nimbus-a")
     reads = _CountedReads(reader_zk)
     topology = "fleet-1-1"
+    late = None
     try:
         for i, members in enumerate(hosts.values()):
             members.join(topology, f"127.0.0.1:{7000 + i}")
@@ -441,6 +442,6 @@ def test_a_listing_reads_each_announcement_once(make_zk, zk_root):
         assert reader.endpoints(topology) == {"supervisor-4": "127.0.0.1:7404"}
         assert reads.take() == 1 + 1
     finally:
-        for members in hosts.values():
+        for members in [*hosts.values(), *([late] if late is not None else [])]:
             members.close()
         reader.close()
