@@ -38,6 +38,10 @@ Figures, measured at ``--baseline`` topologies and again at ``--topologies``:
 * bulk submit rate: of the first ``--baseline`` submits and of the last ``--baseline``;
 * one scheduler pass: the leader's own DEBUG line "scheduler pass: ... in X ms";
 * nimbus RSS (VmRSS) of the leader and a follower;
+* the nimbuses' full garbage collections while measured (their /metrics
+  ``nimbus_gc_pause_seconds{generation="2"}``): how many, and the slowest's bucket.
+  ``--gc-freeze-secs 0`` turns the heap freeze off (``nimbus.gc.freeze.secs``), for
+  the figures without it;
 * at ``--topologies`` only: kill -9 failover time over ``--failover-trials`` trials, as a
   ratio to the session timeout (until a survivor answers getLeader naming itself), and
   from the survivor's own "gained leadership" log line.
@@ -58,6 +62,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -65,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from nimbus.dev.cluster import LocalCluster, NimbusProcess, sample_topology, wait_for
 from nimbus.distribution.archive import pack_directory
@@ -399,12 +405,17 @@ def cluster_info_latencies(nimbus: NimbusProcess, calls: int, expected: int,
     at 10,000 topologies is 11,000 structs, which a Python client collects often)."""
     out: list[float] = []
     was_enabled = gc.isenabled()
+    # This benchmark's own objects (its clients, results, ZooKeeper session) are frozen
+    # out of its collections meanwhile: a user's client process has none of them, and
+    # each full collection here walked them (15-25 ms, in the timed calls).
+    gc.collect()
+    gc.freeze()
     if not client_collects:
-        gc.collect()
         gc.disable()
     try:
         return _timed_cluster_info(nimbus, calls, expected, budget_s, out)
     finally:
+        gc.unfreeze()
         if was_enabled:
             gc.enable()
 
@@ -422,6 +433,40 @@ def _timed_cluster_info(nimbus: NimbusProcess, calls: int, expected: int,
             client.getClusterInfo()
             out.append(time.perf_counter() - started)
     return out
+
+
+def full_collections(nimbus: NimbusProcess) -> dict[str, Any]:
+    """The nimbus's full garbage collections so far, from its /metrics: how many, their
+    seconds in all, and each bucket's cumulative count."""
+    with urllib.request.urlopen(nimbus.metrics_url, timeout=30) as answer:
+        text = answer.read().decode()
+    out: dict[str, Any] = {"count": 0, "sum": 0.0, "buckets": {}}
+    for family in text_string_to_metric_families(text):
+        if family.name != "nimbus_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            if sample.labels.get("generation") != "2":
+                continue
+            if sample.name.endswith("_count"):
+                out["count"] = sample.value
+            elif sample.name.endswith("_sum"):
+                out["sum"] = sample.value
+            elif sample.name.endswith("_bucket"):
+                out["buckets"][float(sample.labels["le"])] = sample.value
+    return out
+
+
+def collections_between(before: dict[str, Any], after: dict[str, Any],
+                        seconds: float) -> dict[str, float]:
+    """Full collections from ``before`` to ``after``: count, mean and the bound of the
+    slowest's bucket (nan when none)."""
+    count = after["count"] - before["count"]
+    slowest = next((bound for bound in sorted(after["buckets"])
+                    if after["buckets"][bound] - before["buckets"].get(bound, 0) >= count),
+                   float("nan")) if count else float("nan")
+    return {"count": count, "seconds": seconds,
+            "mean": (after["sum"] - before["sum"]) / count if count else float("nan"),
+            "slowest_le": slowest}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -594,6 +639,8 @@ class Bench:
         followers = [n for n in self.cluster.nimbuses if n is not self.leader and n.alive()]
         follower = followers[0]
         result: dict[str, Any] = {"topologies": count}
+        collected = {n.index: full_collections(n) for n in (self.leader, follower)}
+        window_start = time.monotonic()
         result["check"] = time_code_check(self.zk, follower, count)
         for key, nimbus in (("gci_leader", self.leader), ("gci_follower", follower)):
             result[key] = cluster_info_latencies(nimbus, self.args.cluster_info_calls, count,
@@ -609,6 +656,10 @@ class Bench:
             lambda: (lambda p: p if len(p) >= 2 else None)(
                 scheduler_passes(self.leader, reached, count)),
             6 * self.args.monitor_freq_secs + 600, "two scheduler passes")
+        window_s = time.monotonic() - window_start
+        for key, nimbus in (("gc_leader", self.leader), ("gc_follower", follower)):
+            result[key] = collections_between(collected[nimbus.index],
+                                              full_collections(nimbus), window_s)
         result.update(self.probe_requests())
         self.results[count] = result
         self.results[count]["label"] = label
@@ -736,6 +787,11 @@ def report(args: argparse.Namespace, bench: Bench, fill: dict[int, dict[str, flo
     row("nimbus RSS, follower", "(reported)", f"{small['rss_follower']:.0f} MB",
         f"{large['rss_follower']:.0f} MB",
         f"x{large['rss_follower'] / small['rss_follower']:.2f}")
+    for key, who in (("gc_leader", "leader"), ("gc_follower", "follower")):
+        if key in small and key in large:
+            row(f"nimbus full collections, {who}", "(reported)",
+                collections_text(small[key]), collections_text(large[key]),
+                "count in the window, mean, slowest <=")
     if failover:
         timeout_s = args.session_timeout_ms / 1000
         med, worst = statistics.median(failover["thrift"]), max(failover["thrift"])
@@ -755,6 +811,13 @@ def report(args: argparse.Namespace, bench: Bench, fill: dict[int, dict[str, flo
         print(f"\nbulk submits cost a + b*n per submit here; {args.full_size} topologies "
               f"would take about {projected / 3600:.1f} h to submit "
               f"({args.submit_threads} threads)")
+
+
+def collections_text(gc_: dict[str, float]) -> str:
+    if not gc_["count"]:
+        return f"0 in {gc_['seconds']:.0f}s"
+    return (f"{gc_['count']:.0f}/{gc_['seconds']:.0f}s {gc_['mean'] * 1000:.0f}ms "
+            f"<={gc_['slowest_le'] * 1000:.0f}")
 
 
 def view_findings(work_dir: Path) -> None:
@@ -790,6 +853,9 @@ def main() -> None:
     parser.add_argument("--cluster-info-budget", type=float, default=60.0,
                         help="seconds of getClusterInfo calls per nimbus at most (>= 20 calls)")
     parser.add_argument("--failover-trials", type=int, default=3)
+    parser.add_argument("--gc-freeze-secs", type=int, default=None,
+                        help="nimbus.gc.freeze.secs of the nimbuses (0: no heap freeze; "
+                             "default: the nimbus's own)")
     parser.add_argument("--full-size", type=int, default=5000,
                         help="size whose submit time is projected from the measured fills")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (logs)")
@@ -817,8 +883,11 @@ def run(args: argparse.Namespace, work: Path) -> None:
     directory = sample_topology(work / "topology", args.bundle_kb * 1024)
     (directory / "topology.yaml").write_text('command: ["sleep", "3600"]\n')
     bundle = pack_directory(directory)
+    freeze = {} if args.gc_freeze_secs is None else {"nimbus.gc.freeze.secs": args.gc_freeze_secs}
     cluster = LocalCluster(work / "cluster", args.nimbuses, supervisors=args.real_supervisors,
-                           conf={"storm.zookeeper.session.timeout": args.session_timeout_ms,
+                           metrics=True,
+                           conf={**freeze,
+                                 "storm.zookeeper.session.timeout": args.session_timeout_ms,
                                  "nimbus.monitor.freq.secs": args.monitor_freq_secs,
                                  # The pass timing is a DEBUG line; DEBUG for everything
                                  # would cost the daemons CPU of its own (every kazoo

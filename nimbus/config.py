@@ -460,6 +460,13 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
     for key in ("nimbus.view.audit.nodes.per.sec", "supervisor.view.audit.nodes.per.sec"):
         if values[key] < 0:
             raise ConfigError(f"key {key!r} must be 0 (no audit) or more, got {values[key]}")
+    freeze, thaw = values["nimbus.gc.freeze.secs"], values["nimbus.gc.thaw.secs"]
+    if freeze < 0:
+        raise ConfigError(f"key 'nimbus.gc.freeze.secs' must be 0 (never freeze) or more, "
+                          f"got {freeze}")
+    if freeze and thaw < freeze:
+        raise ConfigError(f"key 'nimbus.gc.thaw.secs' must be at least nimbus.gc.freeze.secs "
+                          f"({freeze}), got {thaw}")
     if values["topology.min.replication.count"] < 1:
         raise ConfigError("key 'topology.min.replication.count' must be at least 1")
     for key in ("topology.code.versions.kept", "topology.upgrade.timeout.secs"):

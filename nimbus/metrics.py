@@ -16,7 +16,9 @@ nimbus (``NimbusMetrics``)
     ``nimbus_code_sync_bytes_total{distributor}``,
     ``nimbus_code_sync_duration_seconds{distributor,outcome}`` (histogram),
     ``nimbus_thrift_calls_total{method,outcome}``,
-    ``nimbus_thrift_call_duration_seconds{method}`` (histogram).
+    ``nimbus_thrift_call_duration_seconds{method}`` (histogram),
+    ``nimbus_gc_pause_seconds{generation}`` (histogram), ``nimbus_gc_frozen_objects``
+    (:mod:`nimbus.gc_pauses`).
 
 supervisor (``SupervisorMetrics``)
     ``supervisor_workers``, ``supervisor_worker_restarts_total{topology_id,port}``,
@@ -47,6 +49,7 @@ from prometheus_client.registry import Collector
 
 from nimbus.cluster_security import ClusterSecurity
 from nimbus.config import Config, ConfigError
+from nimbus.gc_pauses import GcPauseCollector, recorder
 from nimbus.state.cluster_view import NIMBUS_DIRECTORIES
 from nimbus.state.records import ACTIVE, INACTIVE, KILLED
 from nimbus.state.worker_state import RUNNING
@@ -280,6 +283,8 @@ class NimbusMetrics:
             registry=self.registry)
         for directory in NIMBUS_DIRECTORIES:
             self.stale_view_nodes.labels(directory)   # exported as 0 until one is found
+        # The process's collections, not this daemon's alone (there is one collector).
+        self.registry.register(GcPauseCollector(recorder()))
         if is_leader is not None and snapshot is not None:
             self.watch(is_leader, snapshot, min_replication, served_bytes, code_missing)
 

@@ -22,6 +22,7 @@ from nimbus.config import Config, ConfigError
 from nimbus.daemon_base import StopOnce
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.file_transfer import FileTransfers
+from nimbus.heap_freeze import FreezeSettings, freezer
 from nimbus.master.master import Master
 from nimbus.metrics import NimbusMetrics, min_replication_reader, serve_metrics
 from nimbus.state.cluster_snapshot import ClusterSnapshot
@@ -45,6 +46,7 @@ class NimbusDaemon:
         self._stop_once = StopOnce()
         self.ui = None
         self.metrics_server = None
+        self._heap_freeze = None
 
         check_timing(conf)  # unsafe timing settings: refused before anything starts
         # Fail fast on bad security settings, before anything is started: the client
@@ -120,6 +122,9 @@ class NimbusDaemon:
         if self.metrics_server is not None:
             self.metrics_server.start()
         self.master.start()
+        # The cluster model just loaded is what the freezes keep out of full collections.
+        self._heap_freeze = freezer(FreezeSettings(
+            float(self.conf["nimbus.gc.freeze.secs"]), float(self.conf["nimbus.gc.thaw.secs"])))
         log.info("nimbus %s started (distributor %s)", self.address,
                  self.master.distributor.name)
         log.info("nimbus %s configuration, keys that differ from the defaults (secrets "
@@ -171,6 +176,8 @@ class NimbusDaemon:
             self.ui.stop()
         self.transfers.close()
         self.master.close()
+        if self._heap_freeze is not None:
+            self._heap_freeze.release()
         log.info("nimbus %s stopped", self.address)
 
     @property
