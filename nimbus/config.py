@@ -464,6 +464,8 @@ def _check_semantics(values: Mapping[str, Any]) -> None:
     if freeze < 0:
         raise ConfigError(f"key 'nimbus.gc.freeze.secs' must be 0 (never freeze) or more, "
                           f"got {freeze}")
+    if thaw < 0:
+        raise ConfigError(f"key 'nimbus.gc.thaw.secs' must be 0 or more, got {thaw}")
     if freeze and thaw < freeze:
         raise ConfigError(f"key 'nimbus.gc.thaw.secs' must be at least nimbus.gc.freeze.secs "
                           f"({freeze}), got {thaw}")

@@ -3,17 +3,19 @@
 A nimbus holds the whole cluster in memory (the view, the summary, the code index): at
 10,000 topologies some millions of objects. CPython's cyclic collector walks every one of
 them at each full collection, with the interpreter stopped, and the heartbeats of a large
-fleet make long-lived objects fast enough to start one every 15-25 seconds. Measured with
-1,000 supervisors (``docs/fleet.md``): 400-750 ms a time, on whichever thread allocated
-last (a Thrift call, the kazoo event loop, the elector), while each found only some
-hundreds of objects to free.
+fleet make long-lived objects fast enough to start one every 15-25 seconds. Measured
+inside the nimbuses of ``benchmarks/bench_scale.py`` at 10,000 topologies and 1,000
+supervisors (``docs/fleet.md``): 360-750 ms a time when idle, on whichever thread
+allocated last (a Thrift call, the kazoo event loop, the elector), while each found only
+some hundreds of objects to free.
 
 :class:`HeapFreezer` moves what survived into the collector's permanent generation
-(:func:`gc.freeze`) every ``refreeze_s``: the collections in between, full ones
-included, walk only what was made since. Frozen objects are still freed by reference
-counting when the last reference goes; only a *cycle* among them waits for the next
-thaw. Every ``thaw_s`` the freezer unfreezes everything and collects it in full once
-(one long pause per ``thaw_s`` instead of several a minute), then freezes again.
+(:func:`gc.freeze`) every ``refreeze_s``, after collecting what was not frozen yet: the
+collections in between, full ones included, walk only what was made since. Frozen
+objects are still freed by reference counting when the last reference goes; only a
+*cycle* among them waits for the next thaw. Every ``thaw_s`` the freezer unfreezes
+everything and collects it in full once (one long pause per ``thaw_s`` instead of
+several a minute), then freezes again.
 
 The permanent generation belongs to the process, not to one daemon: :func:`freezer`
 hands out one shared freezer, started by its first user and stopped by its last (tests
@@ -56,19 +58,29 @@ class FreezeSettings:
         return self.refreeze_s > 0
 
 
+def _full_collections() -> int:
+    return gc.get_stats()[2]["collections"]
+
+
 class HeapFreezer:
     """Freeze survivors every ``refreeze_s``, thaw and collect in full every ``thaw_s``,
-    on a named thread (see the module docstring). ``clock`` is for tests."""
+    on a named thread (see the module docstring). ``clock`` and ``collect`` are for
+    tests."""
 
     def __init__(self, settings: FreezeSettings,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 collect: Callable[[], int] = gc.collect):
         self.settings = settings
         self._clock = clock
+        self._collect = collect
         self._thawed_at = clock()
+        self._thaw_due = False
+        # Held by a step and by stop(): a step that outlasts stop()'s join cannot freeze
+        # after stop() has unfrozen.
+        self._lock = threading.Lock()
         self.full_collections = 0      # thaws done (tests and logs)
         self.last_full_s = 0.0         # how long the last thaw's full collection took
-        self._loop = BackgroundLoop(THREAD_NAME, self.step, settings.refreeze_s or None,
-                                    wait_first=False)
+        self._loop = BackgroundLoop(THREAD_NAME, self.step, settings.refreeze_s or None)
 
     def start(self) -> HeapFreezer:
         if self.settings.enabled:
@@ -79,25 +91,34 @@ class HeapFreezer:
         """Stop the thread, then unfreeze: the process is left as it was found."""
         self._loop.stop(join_timeout)
         if self.settings.enabled:
-            gc.unfreeze()
+            with self._lock:
+                gc.unfreeze()
 
     def step(self) -> None:
         """Collect what is not frozen (little, once frozen), then freeze the survivors;
         when a thaw is due, unfreeze first, so that this one collection is full."""
-        now = self._clock()
-        thaw = now - self._thawed_at >= self.settings.thaw_s
-        if thaw:
-            gc.unfreeze()
-            self._thawed_at = now
-        started = time.perf_counter()
-        gc.collect()
-        took = time.perf_counter() - started
-        gc.freeze()
-        if thaw:
-            self.full_collections += 1
-            self.last_full_s = took
-            log.info("full garbage collection (thaw) took %.0f ms; %d objects frozen again",
-                     took * 1000, gc.get_freeze_count())
+        with self._lock:
+            if self._loop.stopping:
+                return
+            now = self._clock()
+            if now - self._thawed_at >= self.settings.thaw_s:
+                self._thaw_due = True
+            if self._thaw_due:
+                gc.unfreeze()
+            before = _full_collections()
+            started = time.perf_counter()
+            self._collect()
+            took = time.perf_counter() - started
+            # gc.collect() returns at once, collecting nothing, while another collection
+            # is under way (its finalizers may let this thread in): a thaw stays due.
+            collected = _full_collections() > before
+            gc.freeze()
+            if self._thaw_due and collected:
+                self._thaw_due = False
+                self._thawed_at = now
+                self.full_collections += 1
+                self.last_full_s = took
+                log.info("full garbage collection (thaw) took %.0f ms", took * 1000)
 
 
 # -- one per process -----------------------------------------------------------------------
@@ -122,8 +143,10 @@ class _Lease:
             last = _shared if _users == 0 else None
             if last is not None:
                 _shared = None
-        if last is not None:
-            last.stop()
+            # Stopped under the lock: a new first user must not freeze before this one
+            # has unfrozen.
+            if last is not None:
+                last.stop()
 
 
 def freezer(settings: FreezeSettings) -> _Lease:
@@ -131,7 +154,7 @@ def freezer(settings: FreezeSettings) -> _Lease:
     users share it as it is). Release the lease when the daemon stops."""
     global _shared, _users
     with _lock:
-        _users += 1
         if _shared is None:
             _shared = HeapFreezer(settings).start()
+        _users += 1
     return _Lease()

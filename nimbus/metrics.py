@@ -17,8 +17,7 @@ nimbus (``NimbusMetrics``)
     ``nimbus_code_sync_duration_seconds{distributor,outcome}`` (histogram),
     ``nimbus_thrift_calls_total{method,outcome}``,
     ``nimbus_thrift_call_duration_seconds{method}`` (histogram),
-    ``nimbus_gc_pause_seconds{generation}`` (histogram), ``nimbus_gc_frozen_objects``
-    (:mod:`nimbus.gc_pauses`).
+    ``nimbus_gc_pause_seconds{generation}`` (histogram, :mod:`nimbus.gc_pauses`).
 
 supervisor (``SupervisorMetrics``)
     ``supervisor_workers``, ``supervisor_worker_restarts_total{topology_id,port}``,

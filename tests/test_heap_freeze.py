@@ -31,7 +31,10 @@ class Clock:
 
 @pytest.fixture(autouse=True)
 def _thawed():
-    """Every test starts and ends with nothing frozen (the freeze is process-wide)."""
+    """Every test starts and ends with nothing frozen (the freeze is process-wide), and
+    with no daemon's freezer left running by an earlier test in this process."""
+    assert heap_freeze._shared is None and heap_freeze._users == 0, \
+        "an earlier test left a daemon's heap freezer running"
     gc.unfreeze()
     yield
     gc.unfreeze()
@@ -131,6 +134,7 @@ def wait_for_freeze() -> None:
 @pytest.mark.parametrize(("freeze", "thaw", "expected"), [
     (-1, 3600, r"must be 0 \(never freeze\) or more"),
     (60, 30, "must be at least nimbus.gc.freeze.secs"),
+    (0, -1, r"'nimbus.gc.thaw.secs' must be 0 or more"),
 ])
 def test_bad_periods_are_refused(freeze, thaw, expected):
     with pytest.raises(ConfigError, match=expected):
@@ -143,3 +147,77 @@ def test_no_freeze_needs_no_thaw():
     conf = load_config(overrides={"nimbus.gc.freeze.secs": 0, "nimbus.gc.thaw.secs": 0})
     assert not FreezeSettings(conf["nimbus.gc.freeze.secs"],
                               conf["nimbus.gc.thaw.secs"]).enabled
+
+
+def test_a_thaw_that_found_a_collection_under_way_is_tried_again():
+    """gc.collect() does nothing while another collection runs (its finalizers may let
+    other threads in): the thaw stays due, and nothing is counted."""
+    clock = Clock()
+    collections = {"skip": True}
+
+    def collect() -> int:
+        if collections.pop("skip", False):
+            return 0  # what CPython's gc.collect() does while another one runs
+        return gc.collect()
+
+    freezer_ = HeapFreezer(FreezeSettings(60, 3600), clock=clock, collect=collect)
+    clock.now += 3600
+    freezer_.step()
+    assert freezer_.full_collections == 0
+    freezer_.step()
+    assert freezer_.full_collections == 1
+
+
+def test_a_stop_that_outwaits_its_join_still_leaves_nothing_frozen(caplog):
+    """A step still collecting when stop() gives up joining must not freeze afterwards."""
+    started, release = threading.Event(), threading.Event()
+
+    def slow_collect() -> int:
+        started.set()
+        release.wait(10)
+        return gc.collect()
+
+    freezer_ = HeapFreezer(FreezeSettings(60, 3600), collect=slow_collect).start()
+    assert started.wait(10)
+    stopper = threading.Thread(target=freezer_.stop, kwargs={"join_timeout": 0.1},
+                               name="test-stopper")
+    with caplog.at_level("WARNING", logger="nimbus.background_loop"):
+        stopper.start()
+        wait_for(lambda: any("did not stop" in r.getMessage() for r in caplog.records),
+                 10, "the join to give up")
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    wait_for(lambda: THREAD_NAME not in {t.name for t in threading.enumerate()}, 10,
+             "the freezer's thread to end")
+    assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.zookeeper
+def test_a_nimbus_freezes_while_it_runs_and_leaves_nothing_frozen(zk_server, zk_root,
+                                                                   tmp_path, monkeypatch):
+    """Also when its stop fails part-way: the freezer is released all the same."""
+    from nimbus.daemons.nimbus import NimbusDaemon
+    from nimbus.dev.zookeeper import free_port
+
+    host, _, zk_port = zk_server.hosts.rpartition(":")
+    port = free_port()
+    conf = load_config(overrides={
+        "storm.zookeeper.servers": [host], "storm.zookeeper.port": int(zk_port),
+        "storm.zookeeper.root": zk_root, "nimbus.thrift.port": port,
+        "nimbus.seeds": [f"127.0.0.1:{port}"], "storm.local.dir": str(tmp_path / "local")})
+    daemon = NimbusDaemon(conf)
+    daemon.start()
+    try:
+        wait_for_freeze()
+        assert THREAD_NAME in {t.name for t in threading.enumerate()}
+    finally:
+        def broken_close() -> None:
+            type(daemon.master).close(daemon.master)
+            raise RuntimeError("close failed")
+
+        monkeypatch.setattr(daemon.master, "close", broken_close)
+        with pytest.raises(RuntimeError, match="close failed"):
+            daemon.stop()
+    assert THREAD_NAME not in {t.name for t in threading.enumerate()}
+    assert gc.get_freeze_count() == 0

@@ -57,6 +57,8 @@ class NimbusDaemon:
         if refused:
             log.warning("%s", refused)
         distributor = CodeDistributor.from_conf(conf)  # fail fast on a bad name
+        self._freeze_settings = FreezeSettings(float(conf["nimbus.gc.freeze.secs"]),
+                                               float(conf["nimbus.gc.thaw.secs"]))
         self.metrics = NimbusMetrics(distributor.name)
         self.master = Master(conf, distributor, file_fetcher(self.security),
                              observer=self.metrics)
@@ -123,8 +125,7 @@ class NimbusDaemon:
             self.metrics_server.start()
         self.master.start()
         # The cluster model just loaded is what the freezes keep out of full collections.
-        self._heap_freeze = freezer(FreezeSettings(
-            float(self.conf["nimbus.gc.freeze.secs"]), float(self.conf["nimbus.gc.thaw.secs"])))
+        self._heap_freeze = freezer(self._freeze_settings)
         log.info("nimbus %s started (distributor %s)", self.address,
                  self.master.distributor.name)
         log.info("nimbus %s configuration, keys that differ from the defaults (secrets "
@@ -166,18 +167,20 @@ class NimbusDaemon:
         """Leave the election first (fast failover), then stop every thread and close."""
         if not self._stop_once.begin():
             return
-        self.master.stop_leading()
-        self.master.stop()
-        self.server.stop()
-        self.handler.close()
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
-        if self.ui is not None:
-            self.ui.stop()
-        self.transfers.close()
-        self.master.close()
-        if self._heap_freeze is not None:
-            self._heap_freeze.release()
+        try:
+            self.master.stop_leading()
+            self.master.stop()
+            self.server.stop()
+            self.handler.close()
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
+            if self.ui is not None:
+                self.ui.stop()
+            self.transfers.close()
+            self.master.close()
+        finally:
+            if self._heap_freeze is not None:
+                self._heap_freeze.release()
         log.info("nimbus %s stopped", self.address)
 
     @property
