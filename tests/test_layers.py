@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / "nimbus"
 # Bottom to top. The packages of one layer are siblings, which do not import one another,
 # except in the two layers of single modules (OPEN_LAYERS).
 GROUND = {"nimbus", "config", "redaction", "log_policy", "background_loop", "daemon_base",
-          "read_your_writes",
+          "read_your_writes", "heap_freeze", "gc_pauses",
           "timing", "topology_paths", "cluster_tls", "topology_acl", "cluster_security", "web"}
 # Composition roots and entry points: they wire the rest; nothing imports them but one
 # another.

@@ -232,8 +232,11 @@ def test_a_thawed_orphan_whose_connection_brings_no_renewal_kills_itself(lease_p
 CHILD = """
 import os, time
 state = os.environ["NIMBUS_HA_STATE_DIR"]
-with open(os.path.join(state, "child.pid"), "w") as f:
+# Written whole, then renamed: a reader that sees the file sees the pid (an open "w"
+# makes it empty first, and a reader in between read "").
+with open(os.path.join(state, "child.pid.tmp"), "w") as f:
     f.write(str(os.getpid()))
+os.replace(os.path.join(state, "child.pid.tmp"), os.path.join(state, "child.pid"))
 while True:
     with open(os.path.join(state, "ticks"), "a") as f:
         f.write(f"{time.monotonic():.3f}\\n")
