@@ -42,6 +42,9 @@ Figures, measured at ``--baseline`` topologies and again at ``--topologies``:
   ``nimbus_gc_pause_seconds{generation="2"}``): how many, and the slowest's bucket.
   ``--gc-freeze-secs 0`` turns the heap freeze off (``nimbus.gc.freeze.secs``), for
   the figures without it;
+* with ``--soak-minutes M``: M minutes at ``--topologies`` before the failover trials,
+  with each nimbus's RSS and full collections every 30 s, and what each thaw of the
+  heap freeze found to free;
 * at ``--topologies`` only: kill -9 failover time over ``--failover-trials`` trials, as a
   ratio to the session timeout (until a survivor answers getLeader naming itself), and
   from the survivor's own "gained leadership" log line.
@@ -82,6 +85,7 @@ SUPERVISOR_PORTS = [6700, 6701, 6702, 6703]  # advertised by the lightweight sup
 PASS_LINE = re.compile(r"^(\S+ \S+) (?:DEBUG|INFO) .*scheduler pass: (\d+) topologies, (\d+) "
                        r"supervisors, (\d+) assignments written in ([\d.]+) ms")
 GAINED_LINE = re.compile(r"^(\S+ \S+) INFO .* gained leadership as ")
+THAW_LINE = re.compile(r"full garbage collection \(thaw\) took (\d+) ms, found (\d+) unreachable")
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -673,6 +677,33 @@ class Bench:
         # Said at once: a later step (the failover trials) that fails loses nothing.
         print(f"  measured at {count}: {json.dumps(result, default=str)}", flush=True)
 
+    def soak(self, minutes: float) -> None:
+        """Leave the cluster at this size for ``minutes`` (the supervisors' heartbeats
+        go on) and say, every 30 s, each nimbus's RSS and full collections so far; then
+        what each thaw of the heap freeze found (nimbus/heap_freeze.py): the cyclic
+        garbage that was held while frozen."""
+        print(f"soak: {minutes:g} min at {self.submitted} topologies", flush=True)
+        nimbuses = [n for n in self.cluster.nimbuses if n.alive()]
+        started = time.monotonic()
+        first = {n.index: full_collections(n) for n in nimbuses}
+        rss_first = {n.index: rss_mb(n.process.pid) for n in nimbuses}
+        while time.monotonic() - started < minutes * 60:
+            time.sleep(min(30.0, max(0.0, minutes * 60 - (time.monotonic() - started))))
+            parts = []
+            for n in nimbuses:
+                gc_ = collections_between(first[n.index], full_collections(n),
+                                          time.monotonic() - started)
+                role = "leader" if n is self.leader else "follower"
+                parts.append(f"{role} RSS {rss_mb(n.process.pid):.0f} MB "
+                             f"(from {rss_first[n.index]:.0f}), full collections "
+                             f"{collections_text(gc_)}")
+            print(f"  {time.monotonic() - started:4.0f}s: " + "; ".join(parts), flush=True)
+        for n in nimbuses:
+            thaws = THAW_LINE.findall(n.log_text())
+            role = "leader" if n is self.leader else "follower"
+            print(f"  {role} thaws: " + (", ".join(f"{ms} ms, {found} unreachable objects"
+                                                   for ms, found in thaws) or "none"))
+
     def failover(self) -> dict[str, list[float]]:
         timeout_s = self.args.session_timeout_ms / 1000
         thrift: list[float] = []
@@ -866,6 +897,9 @@ def main() -> None:
     parser.add_argument("--cluster-info-budget", type=float, default=60.0,
                         help="seconds of getClusterInfo calls per nimbus at most (>= 20 calls)")
     parser.add_argument("--failover-trials", type=int, default=3)
+    parser.add_argument("--soak-minutes", type=float, default=0,
+                        help="minutes to leave the cluster at --topologies before the "
+                             "failover trials, saying RSS and collections (0: none)")
     parser.add_argument("--gc-freeze-secs", type=int, default=None,
                         help="nimbus.gc.freeze.secs of the nimbuses (0: no heap freeze; "
                              "default: the nimbus's own)")
@@ -928,6 +962,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
             print(f"submitting up to {size} topologies", flush=True)
             fill[size] = bench.grow_to(size)
             bench.measure(f"at {size}")
+        if args.soak_minutes:
+            bench.soak(args.soak_minutes)
         failover = None
         if args.failover_trials:
             print(f"kill -9 failover at {bench.submitted} topologies", flush=True)

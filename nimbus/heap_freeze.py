@@ -107,7 +107,7 @@ class HeapFreezer:
                 gc.unfreeze()
             before = _full_collections()
             started = time.perf_counter()
-            self._collect()
+            found = self._collect()
             took = time.perf_counter() - started
             # gc.collect() returns at once, collecting nothing, while another collection
             # is under way (its finalizers may let this thread in): a thaw stays due.
@@ -118,7 +118,10 @@ class HeapFreezer:
                 self._thawed_at = now
                 self.full_collections += 1
                 self.last_full_s = took
-                log.info("full garbage collection (thaw) took %.0f ms", took * 1000)
+                # What it found is the cyclic garbage held while frozen (and since the
+                # last step): the cost of freezing, in objects.
+                log.info("full garbage collection (thaw) took %.0f ms, found %d "
+                         "unreachable objects", took * 1000, found)
 
 
 # -- one per process -----------------------------------------------------------------------
