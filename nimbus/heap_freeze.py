@@ -79,7 +79,6 @@ class HeapFreezer:
         # after stop() has unfrozen.
         self._lock = threading.Lock()
         self.full_collections = 0      # thaws done (tests and logs)
-        self.last_full_s = 0.0         # how long the last thaw's full collection took
         self._loop = BackgroundLoop(THREAD_NAME, self.step, settings.refreeze_s or None)
 
     def start(self) -> HeapFreezer:
@@ -117,7 +116,6 @@ class HeapFreezer:
                 self._thaw_due = False
                 self._thawed_at = now
                 self.full_collections += 1
-                self.last_full_s = took
                 # What it found is the cyclic garbage held while frozen (and since the
                 # last step): the cost of freezing, in objects.
                 log.info("full garbage collection (thaw) took %.0f ms, found %d "
