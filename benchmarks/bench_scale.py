@@ -134,6 +134,8 @@ def fake_supervisors_main(spec: dict[str, Any]) -> None:
     from nimbus.state.records import SupervisorInfo
     from nimbus.state.zk_handler import PollingThreadingHandler
 
+    if spec.get("nice"):
+        os.nice(spec["nice"])  # see --fleet-nice
     stop = threading.Event()
     paused = threading.Event()  # SIGUSR1: no heartbeat writes until SIGUSR2
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -193,14 +195,14 @@ class FakeSupervisors:
     """``total`` lightweight supervisors spread over ``procs`` helper processes."""
 
     def __init__(self, work_dir: Path, hosts: str, total: int, procs: int, timeout_s: float,
-                 heartbeat_s: float):
+                 heartbeat_s: float, nice: int = 0):
         self.processes: list[subprocess.Popen[bytes]] = []
         self._specs = []
         procs = max(1, min(procs, total)) if total else 0
         for index in range(procs):
             count = total // procs + (index < total % procs)
             self._specs.append({"hosts": hosts, "count": count, "timeout_s": timeout_s,
-                                "heartbeat_s": heartbeat_s, "index": index})
+                                "heartbeat_s": heartbeat_s, "index": index, "nice": nice})
         self._logs = [work_dir / f"lightweight-supervisors-{i}.log" for i in range(procs)]
 
     def start(self) -> None:
@@ -623,6 +625,7 @@ class Bench:
         before = counter.read()
         cpu_before = cpu_by_role(self.roles())
         started = time.monotonic()
+        window = [time.time()]
         with connect(self.leader.address, timeout_s=120) as client:
             for name in names:
                 t0 = time.perf_counter()
@@ -633,6 +636,7 @@ class Bench:
         time.sleep(1.0)  # watches fired by the last replica registrations
         probe_s = time.monotonic() - started
         probe = counter.since(before)
+        window.append(time.time())
         per_submit = {role: (probe.get(role, 0) - idle.get(role, 0) * probe_s / idle_s)
                       / len(names) for role in set(probe) | set(idle)}
         # CPU each daemon spent on a submit: its CPU during the probe, less its idle rate.
@@ -641,7 +645,8 @@ class Bench:
                           / len(names) for role in cpu_probe}
         background = {role: n / idle_s for role, n in idle.items()}
         return {"per_submit": per_submit, "background": background,
-                "submit_latency": latencies, "cpu_per_submit": cpu_per_submit}
+                "submit_latency": latencies, "cpu_per_submit": cpu_per_submit,
+                "probe_window": window}
 
     def measure(self, label: str) -> None:
         count = self.submitted
@@ -759,9 +764,11 @@ def report(args: argparse.Namespace, bench: Bench, fill: dict[int, dict[str, Any
         return "ok" if good else "MISSED"
 
     print()
+    niced = f", at nice {args.fleet_nice}" if args.fleet_nice else ""
     print(f"scale benchmark: {args.nimbuses} nimbuses (localfs), {args.supervisors} "
           f"supervisors ({args.real_supervisors} real, the others lightweight, each its own "
-          f"session), session timeout {args.session_timeout_ms} ms, "
+          f"session{niced}), "
+          f"session timeout {args.session_timeout_ms} ms, "
           f"nimbus.monitor.freq.secs {args.monitor_freq_secs}, {args.bundle_kb} KB bundles, "
           "topologies INACTIVE")
     row("figure", "target", f"at {a}", f"at {b}", "ratio / verdict")
@@ -890,7 +897,8 @@ def main() -> None:
                         help="nimbus.monitor.freq.secs (the default)")
     parser.add_argument("--bundle-kb", type=int, default=4)
     parser.add_argument("--submit-threads", type=int, default=4)
-    parser.add_argument("--probe-submits", type=int, default=10)
+    parser.add_argument("--probe-submits", type=int, default=40,
+                        help="sequential submits whose ZooKeeper requests are counted")
     parser.add_argument("--idle-window", type=float, default=20.0,
                         help="seconds of the idle window whose rate is subtracted")
     parser.add_argument("--cluster-info-calls", type=int, default=200)
@@ -903,6 +911,9 @@ def main() -> None:
     parser.add_argument("--gc-freeze-secs", type=int, default=None,
                         help="nimbus.gc.freeze.secs of the nimbuses (0: no heap freeze; "
                              "default: the nimbus's own)")
+    parser.add_argument("--fleet-nice", type=int, default=0,
+                        help="niceness of the lightweight supervisors' processes (they "
+                             "stand for other hosts; 0: as the daemons)")
     parser.add_argument("--full-size", type=int, default=5000,
                         help="size whose submit time is projected from the measured fills")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (logs)")
@@ -942,7 +953,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
                                  "nimbus.log.levels": {"nimbus.master.scheduler": "DEBUG"}})
     fakes = FakeSupervisors(work, cluster.zk.hosts, args.supervisors - args.real_supervisors,
                             args.supervisor_procs, args.session_timeout_ms / 1000,
-                            cluster.client_conf()["supervisor.heartbeat.frequency.secs"])
+                            cluster.client_conf()["supervisor.heartbeat.frequency.secs"],
+                            nice=args.fleet_nice)
     zk = None
     started = time.monotonic()
     daemons: set[int] = set()
