@@ -31,7 +31,9 @@ Figures, measured at ``--baseline`` topologies and again at ``--topologies``:
   submits (until every nimbus holds their code), minus the rate of an idle window just
   before, divided by the submits. The lightweight supervisors stop rewriting their
   heartbeats for both windows (their sessions and nodes stay): every nimbus re-reads a
-  rewritten node, and 1,000 supervisors' beats would swamp what ten submits cost;
+  rewritten node, and 1,000 supervisors' beats would swamp what the submits cost. 40
+  submits by default: each nimbus's view audit checks nodes in bursts of about 100, and
+  one burst in the window of ten submits moved the figure by about 10 a submit;
 * CPU per submit of each daemon (leader, follower, real supervisor): its user + system
   time during the same probe submits, minus its idle window's rate, divided by the
   submits;
@@ -53,6 +55,7 @@ Figures, measured at ``--baseline`` topologies and again at ``--topologies``:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -123,6 +126,35 @@ def group_pids(pid: int) -> set[int]:
             except OSError:
                 continue
     return out
+
+
+def pin(pids: set[int], cpus: set[int]) -> None:
+    """Every thread of each process in ``pids`` (and of its process group) onto ``cpus``;
+    threads made later inherit it."""
+    for pid in {p for leader in pids for p in group_pids(leader) | {leader}}:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cpus)
+
+
+def split_cpus(cluster: LocalCluster, fakes: FakeSupervisors) -> str:
+    """--split-cpus: the nimbuses and this client on the last CPU, ZooKeeper and the
+    supervisors (real and lightweight) on the others, as if those ran on hosts of their
+    own. A kernel's work for one process then cannot hold up the other side's CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--split-cpus needs at least 2 CPUs")
+    measured, rest = {cpus[-1]}, set(cpus[:-1])
+    pin({n.process.pid for n in cluster.nimbuses} | {os.getpid()}, measured)
+    others = {s.process.pid for s in cluster.supervisors} | fakes.pids
+    if cluster.zk.process is not None:
+        others.add(cluster.zk.process.pid)
+    pin(others, rest)
+    return f"nimbuses and client on CPU {cpus[-1]}, the rest on {sorted(rest)}"
 
 
 # -- lightweight supervisors ------------------------------------------------------------------
@@ -914,6 +946,10 @@ def main() -> None:
     parser.add_argument("--fleet-nice", type=int, default=0,
                         help="niceness of the lightweight supervisors' processes (they "
                              "stand for other hosts; 0: as the daemons)")
+    parser.add_argument("--split-cpus", action="store_true",
+                        help="the nimbuses and this client on one CPU, ZooKeeper and the "
+                             "supervisors on the others (nimbuses the failover trials "
+                             "restart are not pinned)")
     parser.add_argument("--full-size", type=int, default=5000,
                         help="size whose submit time is projected from the measured fills")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (logs)")
@@ -968,6 +1004,8 @@ def run(args: argparse.Namespace, work: Path) -> None:
                  f"{args.supervisors} supervisors to register")
         print(f"cluster up: {args.nimbuses} nimbuses, {args.supervisors} supervisors "
               f"registered ({time.monotonic() - started:.0f}s)", flush=True)
+        if args.split_cpus:
+            print(f"  {split_cpus(cluster, fakes)}", flush=True)
         bench = Bench(args, cluster, fakes, bundle, zk)
         fill = {}
         for size in (args.baseline, args.topologies):
