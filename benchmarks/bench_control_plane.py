@@ -22,7 +22,13 @@ topology:
   (``CodeSync``, over a local store holding every topology's copy), wall time, median;
 * getClusterInfo's reply (``ClusterInfoReplies``) at a new second, and after a heartbeat
   within the second (the topology list's encoding kept); as a same-run baseline, the
-  reply with every struct built and encoded afresh.
+  reply with every struct built and encoded afresh;
+* at ``--topologies`` only, a restarted nimbus's first summary: a new
+  :class:`ClusterSummaryCache` on the loaded view, counting replicas as localfs does (a
+  listing of the code node in ZooKeeper each; none registered here, so one round trip),
+  from its start until its first snapshot and until every topology is counted. The
+  same-run baseline counts every topology before the first snapshot, as it did before
+  ``COUNTS_PER_LOAD``.
 
 The view's client holds recursive watches, as a nimbus's does; ``--child-watches`` puts it
 on kazoo's own client instead, which lists a directory again for every new child (what
@@ -39,6 +45,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +73,46 @@ from nimbus.thrift.server import EncodedResult
 from nimbus.thrift.topology_summaries import TopologySummaries
 
 ROOT = "/storm"
+
+
+class ZooKeeperReplicaCounter:
+    """localfs's count on a nimbus: the registered replicas, listed in ZooKeeper."""
+
+    def __init__(self, state: StormClusterState):
+        self._state = state
+        self.calls = 0
+
+    def get_replication_count(self, code_key: str) -> int:
+        self.calls += 1
+        return len(self._state.replica_endpoints(code_key))
+
+
+def first_summary(view: ClusterView, state: StormClusterState, topologies: int,
+                  counts_per_load: int) -> tuple[float, float]:
+    """Seconds from a new summary's start until its first snapshot, and until every
+    topology was counted."""
+    counter = ZooKeeperReplicaCounter(state)
+    cache = ClusterSummaryCache(view.state, counter, view)
+    cache.COUNTS_PER_LOAD = counts_per_load
+    marks: list[float] = []  # when the first snapshot was shown, when all were counted
+    done = threading.Event()
+
+    def listener() -> None:  # on the summary's thread, after each snapshot
+        if not marks:
+            marks.append(time.perf_counter())
+        if counter.calls >= topologies and not done.is_set():
+            marks.append(time.perf_counter())
+            done.set()
+
+    cache.listen(listener)
+    started = time.perf_counter()
+    cache.start()
+    try:
+        if not done.wait(600):
+            raise RuntimeError("the summary never counted every topology")
+    finally:
+        cache.stop()
+    return marks[0] - started, marks[-1] - started
 
 
 class ReplicaCounter:
@@ -267,6 +314,11 @@ def main() -> int:
                 print(f"at {size}: " + ", ".join(f"{k} {v:.2f}" for k, v in
                                                  results[size].items()), flush=True)
             cache.stop()
+            topologies = len(view.storms())
+            counting = StormClusterState(client(), ROOT)
+            batch = ClusterSummaryCache.COUNTS_PER_LOAD
+            restarted = {label: first_summary(view, counting, topologies, per_load)
+                         for label, per_load in (("all first", 10**9), ("in batches", batch))}
             view.close()
             elector.stop()
         finally:
@@ -280,6 +332,12 @@ def main() -> int:
     for key in small:
         ratio = large[key] / small[key] if small[key] else float("nan")
         print(f"  {key:14s} {small[key]:9.2f} / {large[key]:9.2f} = {ratio:5.2f}")
+    (base_first, base_all), (first, counted) = restarted["all first"], restarted["in batches"]
+    print(f"\na restarted nimbus's first summary at {topologies} topologies, seconds from its "
+          f"start (replicas counted {ClusterSummaryCache.COUNTS_PER_LOAD} a load / all "
+          f"before the first, the baseline):")
+    print(f"  first snapshot {first:7.2f} / {base_first:7.2f} = {first / base_first:5.2f}")
+    print(f"  all counted    {counted:7.2f} / {base_all:7.2f} = {counted / base_all:5.2f}")
     return 0
 
 

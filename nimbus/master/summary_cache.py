@@ -12,6 +12,12 @@ on each safety-net pass (for stores without watches, like S3), so a submission c
 same round trips at 100 topologies as at 5,000. getClusterInfo then never touches
 ZooKeeper. A topology whose StormBase this release cannot read is left out (the state
 logs the node once); the others are still listed.
+
+A load asks the distributor for at most COUNTS_PER_LOAD counts. The first load of a
+nimbus at 10,000 topologies would otherwise ask for every one (for localfs a listing in
+ZooKeeper each, for s3 a request to the store each), and show nothing until all were
+answered. Topologies not counted yet are shown at once with the count of replicas
+registered in the view, and are counted by the next loads, which follow at once.
 """
 
 from __future__ import annotations
@@ -49,6 +55,9 @@ class ClusterSummaryCache:
     HEARTBEAT_DELAY_S = 1.0
     # Replication counts refreshed per safety-net pass beyond those known to have changed.
     SWEEP_PER_PASS = 50
+    # Replication counts asked of the distributor per load at most; the others wait for
+    # the next loads, shown meanwhile with their registered replicas (module doc).
+    COUNTS_PER_LOAD = 500
     PARTS = ("nimbuses", "storms", "assignments", "supervisors", "code-versions")
 
     def __init__(self, state: StormClusterState, distributor: CodeDistributor,
@@ -60,6 +69,9 @@ class ClusterSummaryCache:
         self._replication: dict[str, int] = {}
         self._served_replication: dict[str, int] = {}  # the copy the snapshot holds
         self._stale_replication: set[str] = set()  # replica registrations changed
+        # Topologies shown with their registered replicas, not yet counted by the
+        # distributor (more than COUNTS_PER_LOAD were due): the cluster-summary thread's.
+        self._uncounted: set[str] = set()
         self._hosts: dict[str, list[str]] = {}
         self._served_hosts: dict[str, list[str]] = {}  # the copy the snapshot holds
         # Topologies whose StormBase or Assignment changed since the last load: the
@@ -129,6 +141,8 @@ class ClusterSummaryCache:
         """The loop's wait when nothing wakes it: until a waiting heartbeat or the safety
         net is due, and never longer than HEARTBEAT_DELAY_S (a heartbeat does not wake
         the loop, so a wait that began before it must end in time to show it)."""
+        if self._uncounted:
+            return 0.0  # the next counts are due at once
         due = min(self._next_sweep, self._beat_due())
         return max(0.0, min(due - time.monotonic(), self.HEARTBEAT_DELAY_S))
 
@@ -139,7 +153,7 @@ class ClusterSummaryCache:
         with self._stale_lock:
             others = self._dirty - {"supervisors"}
             joined = "supervisors" in self._dirty and self._beat_since is None
-            return bool(others or self._stale_replication or joined)
+            return bool(others or self._stale_replication or joined or self._uncounted)
 
     def _beat_due(self) -> float:
         with self._stale_lock:
@@ -352,7 +366,8 @@ class ClusterSummaryCache:
 
     def _count_replicas(self, storms: dict[str, StormBase], stale: set[str],
                         changed: set[str] | None, sweep: bool) -> dict[str, int]:
-        """Replication counts of ``storms``: the previous dict itself when none changed."""
+        """Replication counts of ``storms``: the previous dict itself when none changed.
+        At most COUNTS_PER_LOAD are asked of the distributor; see the module doc."""
         recount, updated = self._reconcile(self._replication, storms, changed)  # type: ignore[arg-type]
         recount |= {t for t in stale if t in storms}
         if sweep and storms:
@@ -361,7 +376,23 @@ class ClusterSummaryCache:
             batch = (later + ordered)[:self.SWEEP_PER_PASS]
             self._sweep_from = batch[-1]
             recount.update(batch)
-        for topology_id in recount:
+        self._uncounted = {t for t in self._uncounted | recount if t in storms}
+        if len(self._uncounted) > self.COUNTS_PER_LOAD:
+            # What changed since the last load first, then the oldest waiting, by id.
+            later = sorted(self._uncounted - recount)
+            recount = set(sorted(recount)[:self.COUNTS_PER_LOAD])
+            recount.update(later[:self.COUNTS_PER_LOAD - len(recount)])
+            for topology_id in self._uncounted - recount:
+                if topology_id not in self._replication or topology_id in stale:
+                    # Shown meanwhile with the replicas registered in the view.
+                    hosts = self._view.replica_hosts(self._view.running_code_key(topology_id))
+                    if self._replication.get(topology_id) != len(hosts):
+                        self._replication[topology_id] = len(hosts)
+                        updated = True
+        else:
+            recount = self._uncounted
+        self._uncounted = self._uncounted - recount
+        for topology_id in sorted(recount):  # by id, as the batches are
             try:
                 count = self._distributor.get_replication_count(
                     self._view.running_code_key(topology_id))
