@@ -28,7 +28,7 @@ topology:
   listing of the code node in ZooKeeper each; none registered here, so one round trip),
   from its start until its first snapshot and until every topology is counted. The
   same-run baseline counts every topology before the first snapshot, as it did before
-  ``COUNTS_PER_LOAD``.
+  ``COUNTS_PER_LOAD``. Each is run twice, in turns, and the faster kept.
 
 The view's client holds recursive watches, as a nimbus's does; ``--child-watches`` puts it
 on kazoo's own client instead, which lists a directory again for every new child (what
@@ -80,10 +80,10 @@ class ZooKeeperReplicaCounter:
 
     def __init__(self, state: StormClusterState):
         self._state = state
-        self.calls = 0
+        self.counted: set[str] = set()
 
     def get_replication_count(self, code_key: str) -> int:
-        self.calls += 1
+        self.counted.add(code_key)
         return len(self._state.replica_endpoints(code_key))
 
 
@@ -100,7 +100,7 @@ def first_summary(view: ClusterView, state: StormClusterState, topologies: int,
     def listener() -> None:  # on the summary's thread, after each snapshot
         if not marks:
             marks.append(time.perf_counter())
-        if counter.calls >= topologies and not done.is_set():
+        if len(counter.counted) >= topologies and not done.is_set():
             marks.append(time.perf_counter())
             done.set()
 
@@ -317,8 +317,13 @@ def main() -> int:
             topologies = len(view.storms())
             counting = StormClusterState(client(), ROOT)
             batch = ClusterSummaryCache.COUNTS_PER_LOAD
-            restarted = {label: first_summary(view, counting, topologies, per_load)
-                         for label, per_load in (("all first", 10**9), ("in batches", batch))}
+            # Each way twice, in turns (neither always meets the warmer caches); the
+            # faster of each figure is kept.
+            tries: dict[str, list[tuple[float, float]]] = {"in batches": [], "all first": []}
+            for label, per_load in [("in batches", batch), ("all first", 10**9)] * 2:
+                tries[label].append(first_summary(view, counting, topologies, per_load))
+            restarted = {label: (min(t[0] for t in got), min(t[1] for t in got))
+                         for label, got in tries.items()}
             view.close()
             elector.stop()
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import pytest
 from test_cluster_view import add, view  # noqa: F401 - the fixture
 from waiting import wait_until
 
@@ -43,7 +44,11 @@ def test_the_first_load_shows_every_topology_and_counts_a_batch(writer, fence, v
     cache.listen(listener)
     cache.start()
     try:
-        wait_until(lambda: len(counted) == 7, 10)
+        def loads() -> int:
+            with lock:
+                return len(shown)
+
+        wait_until(lambda: loads() >= 3, 10)  # a load is shown after its last count
         first_replication, counted_then = shown[0]
         assert counted_then == ids[:3], "the first load asks for one batch, by id"
         assert first_replication == {
@@ -79,3 +84,23 @@ def test_what_changed_is_counted_before_what_waits(writer, fence, view):  # noqa
     assert got == dict.fromkeys([*ids[:2], added, *ids[3:]], STORE_COUNT)
     cache._count_replicas(storms, stale=set(), changed=set(), sweep=False)
     assert len(counted) == 6, "nothing left to count"
+
+
+def test_a_failing_load_is_not_retried_at_once(writer, fence, view):  # noqa: F811
+    """While topologies wait to be counted the next load follows at once, but not after
+    a load that raised: that one would spin a core and flood the log."""
+    for i in range(4):
+        add(writer, fence, i)
+    view.start()
+    cache = ClusterSummaryCache(view.state, counting([], threading.Lock()), view)
+    cache.COUNTS_PER_LOAD = 1
+    cache._reload()
+    assert cache._next_wait() == 0.0, "more to count: at once"
+
+    def broken(*_args: object) -> dict:
+        raise RuntimeError("a bug")
+
+    cache._replica_hosts = broken
+    with pytest.raises(RuntimeError, match="a bug"):
+        cache._reload()
+    assert cache._next_wait() > 0.0

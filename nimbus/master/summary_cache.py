@@ -72,6 +72,7 @@ class ClusterSummaryCache:
         # Topologies shown with their registered replicas, not yet counted by the
         # distributor (more than COUNTS_PER_LOAD were due): the cluster-summary thread's.
         self._uncounted: set[str] = set()
+        self._load_failed = False  # the last load raised: no load at once (_next_wait)
         self._hosts: dict[str, list[str]] = {}
         self._served_hosts: dict[str, list[str]] = {}  # the copy the snapshot holds
         # Topologies whose StormBase or Assignment changed since the last load: the
@@ -141,8 +142,8 @@ class ClusterSummaryCache:
         """The loop's wait when nothing wakes it: until a waiting heartbeat or the safety
         net is due, and never longer than HEARTBEAT_DELAY_S (a heartbeat does not wake
         the loop, so a wait that began before it must end in time to show it)."""
-        if self._uncounted:
-            return 0.0  # the next counts are due at once
+        if self._uncounted and not self._load_failed:
+            return 0.0  # the next counts are due at once; a failed load waits as before
         due = min(self._next_sweep, self._beat_due())
         return max(0.0, min(due - time.monotonic(), self.HEARTBEAT_DELAY_S))
 
@@ -204,7 +205,7 @@ class ClusterSummaryCache:
     def _reload(self) -> None:
         """One pass of the ``cluster-summary`` loop: a new snapshot, served at once."""
         # The first load, and every safety-net pass (no wake-up for a whole interval),
-        # recounts some replicas: the first load counts every topology's anyway.
+        # recounts some replicas (the first load also counts a first batch of all).
         now = time.monotonic()
         sweep = not self._loop.woken and now >= self._next_sweep
         if not (self._loop.woken or sweep or now >= self._beat_due() or self._pending()):
@@ -212,8 +213,10 @@ class ClusterSummaryCache:
         if sweep:
             self._next_sweep = now + self.SAFETY_INTERVAL_S
         generation, asked = self._reloads.begin()
+        self._load_failed = True  # until this load is served (see _next_wait)
         try:
             snapshot = self._load(barrier=asked, sweep=sweep)
+            self._load_failed = False
             with self._reloads.finish(generation):
                 self._snapshot = snapshot
                 self._layout_error = ""
@@ -370,7 +373,7 @@ class ClusterSummaryCache:
         At most COUNTS_PER_LOAD are asked of the distributor; see the module doc."""
         recount, updated = self._reconcile(self._replication, storms, changed)  # type: ignore[arg-type]
         recount |= {t for t in stale if t in storms}
-        if sweep and storms:
+        if sweep and storms and not self._uncounted:  # catching up visits every one
             ordered = sorted(storms)
             later = ordered[bisect.bisect_right(ordered, self._sweep_from):]
             batch = (later + ordered)[:self.SWEEP_PER_PASS]
@@ -378,20 +381,20 @@ class ClusterSummaryCache:
             recount.update(batch)
         self._uncounted = {t for t in self._uncounted | recount if t in storms}
         if len(self._uncounted) > self.COUNTS_PER_LOAD:
-            # What changed since the last load first, then the oldest waiting, by id.
+            # What changed since the last load first, then the others waiting, by id.
             later = sorted(self._uncounted - recount)
             recount = set(sorted(recount)[:self.COUNTS_PER_LOAD])
             recount.update(later[:self.COUNTS_PER_LOAD - len(recount)])
             for topology_id in self._uncounted - recount:
                 if topology_id not in self._replication or topology_id in stale:
-                    # Shown meanwhile with the replicas registered in the view.
-                    hosts = self._view.replica_hosts(self._view.running_code_key(topology_id))
-                    if self._replication.get(topology_id) != len(hosts):
-                        self._replication[topology_id] = len(hosts)
+                    # Shown meanwhile with the replicas registered in the view, as
+                    # _replica_hosts has just read them for new and changed topologies.
+                    registered = len(self._hosts.get(topology_id, ()))
+                    if self._replication.get(topology_id) != registered:
+                        self._replication[topology_id] = registered
                         updated = True
         else:
-            recount = self._uncounted
-        self._uncounted = self._uncounted - recount
+            recount = set(self._uncounted)
         for topology_id in sorted(recount):  # by id, as the batches are
             try:
                 count = self._distributor.get_replication_count(
@@ -402,6 +405,7 @@ class ClusterSummaryCache:
             if self._replication.get(topology_id) != count:
                 self._replication[topology_id] = count
                 updated = True
+            self._uncounted.discard(topology_id)  # one by one: a load may stop part-way
         if updated:
             self._served_replication = dict(self._replication)
         return self._served_replication
