@@ -36,6 +36,11 @@ DEFAULTS_SOURCE = "defaults.yaml (built in)"
 # nimbus must accept a frame of this size (nimbus.thrift.max_buffer_size).
 UPLOAD_CHUNK_BYTES = 512 * 1024
 UPLOAD_FRAME_OVERHEAD_BYTES = 4096
+# A client's token for one submission (nimbus-ha's key in the topology conf): a retry of
+# that submission, e.g. after the client's call timed out, is answered with the topology
+# it created instead of "already alive". Here, not in the master, so that a client does
+# not load the master to name it.
+SUBMISSION_TOKEN_KEY = "topology.submission.token"
 # The code stream (nimbus/distribution/code_stream.py) shares the Thrift port: a
 # connection whose first four bytes are its magic, read as a frame length, is the stream.
 # So Thrift frames stay below that length, and nimbus.thrift.max_buffer_size with them.

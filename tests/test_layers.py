@@ -175,3 +175,18 @@ def test_the_checker_sees_an_upward_import_and_a_circle(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "ROOT", fake)
     assert _crossings() == {("nimbus.state.low", "nimbus.master.high")}
     assert _circles() == {("nimbus.master.high", "nimbus.state.low")}
+
+
+def test_the_thrift_client_loads_no_daemon_code():
+    """The CLI, the UI and every script connect through nimbus.thrift.client: importing it
+    must not load the master's or the supervisor's modules (a third of its import time
+    once went to nimbus.master.lifecycle, for one constant)."""
+    import subprocess
+    import sys
+
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, nimbus.thrift.client; print(' '.join(sorted("
+         "m for m in sys.modules if m.startswith(('nimbus.master', 'nimbus.supervisor', "
+         "'nimbus.daemons')))))"],
+        capture_output=True, text=True, check=True, timeout=60).stdout.split()
+    assert loaded == []

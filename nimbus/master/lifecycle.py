@@ -30,7 +30,7 @@ from typing import Any
 from kazoo.exceptions import KazooException
 from kazoo.protocol.states import KazooState
 
-from nimbus.config import Config, ConfigError
+from nimbus.config import SUBMISSION_TOKEN_KEY, Config, ConfigError
 from nimbus.distribution.archive import bundle_kind
 from nimbus.distribution.distributors import CodeDistributor
 from nimbus.distribution.local_code import LocalCodeStore, atomic_dir, sha256_file
@@ -55,10 +55,6 @@ log = logging.getLogger(__name__)
 BUNDLE_FILE = "stormjar.jar"   # Storm's names for a topology's files
 CONF_FILE = "stormconf.json"
 TOPOLOGY_FILE = "stormcode.ser"
-# A client's token for one submission (nimbus-ha's key in the topology conf): a retry of
-# that submission, e.g. after the client's call timed out, is answered with the topology
-# it created instead of "already alive".
-SUBMISSION_TOKEN_KEY = "topology.submission.token"
 # Storm refuses these characters in topology names; we also refuse a leading dot.
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_ -]{0,127}$")
 # A topology's replication wait, and the cluster's ceiling on it (which -1 asks for).

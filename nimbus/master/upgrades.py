@@ -37,10 +37,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nimbus.config import SUBMISSION_TOKEN_KEY
 from nimbus.master.lifecycle import (
     BUNDLE_FILE,
     CONF_FILE,
-    SUBMISSION_TOKEN_KEY,
     TOPOLOGY_FILE,
     InvalidTopologyError,
     TopologyLifecycle,

@@ -27,10 +27,9 @@ from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TFramedTransportFactory, TTransportException
 
 from nimbus.cluster_security import ClusterSecurity
-from nimbus.config import UPLOAD_CHUNK_BYTES, Config, HostPort
+from nimbus.config import SUBMISSION_TOKEN_KEY, UPLOAD_CHUNK_BYTES, Config, HostPort
 from nimbus.distribution import code_stream
 from nimbus.distribution.archive import PieceReader, bundle_pieces
-from nimbus.master.lifecycle import SUBMISSION_TOKEN_KEY
 from nimbus.thrift import NOT_LEADER_PREFIX, nimbus_ha, storm
 from nimbus.thrift.collector_pause import QuietDecoding
 from nimbus.topology_paths import resolve_path_keys
